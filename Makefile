@@ -1,0 +1,45 @@
+# FluxMQ. `make run` and `make test` work on a fresh machine: they build .venv themselves.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint fmt proto proto-check bench sysdeps clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Debian packages the test suite uses (promtool lints /metrics). Installed only when missing.
+sysdeps:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "installing Debian package prometheus (for promtool)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+run: $(STAMP)
+	$(PY) -m fluxmq serve
+
+test: $(STAMP) sysdeps
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy storage raft fluxmq/core
+	$(VENV)/bin/lint-imports
+	$(PY) tools/gen_proto.py --check
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+proto: $(STAMP)
+	$(PY) tools/gen_proto.py
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) data .mypy_cache .ruff_cache .pytest_cache

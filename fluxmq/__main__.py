@@ -1,0 +1,3 @@
+from fluxmq.daemon import main
+
+raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""Node configuration: defaults, then ``FLUXMQ_*`` environment variables, then command-line
+flags. Validated once at start; a bad value stops the node with a message naming the setting."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+from fluxmq.core.errors import FluxError
+from fluxmq.core.units import parse_bytes
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    data_dir: str = "./data"
+    listen: str = "127.0.0.1:7070"
+    metrics_listen: str = "127.0.0.1:7071"  # empty: no metrics endpoint
+    request_bytes_max: str = "64MiB"
+    storage_map_size: str = "64GiB"  # LMDB map size: the most the store may grow to
+    retention_interval_ms: int = 1000
+    log_level: str = "INFO"
+    log_json: bool = False
+
+    @property
+    def request_bytes_max_value(self) -> int:
+        return parse_bytes(self.request_bytes_max, "request_bytes_max")
+
+    @property
+    def storage_map_size_bytes(self) -> int:
+        return parse_bytes(self.storage_map_size, "storage_map_size")
+
+
+HELP = {
+    "data_dir": "directory of the node's LMDB store",
+    "listen": "host:port of the gRPC server",
+    "metrics_listen": "host:port of the Prometheus /metrics endpoint ('' to disable)",
+    "request_bytes_max": "largest request the server accepts (e.g. 64MiB)",
+    "storage_map_size": "largest size the store may grow to (e.g. 64GiB)",
+    "retention_interval_ms": "how often the leader checks retention and dedup expiry",
+    "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "log_json": "log one JSON object per line",
+}
+
+
+def _host_port(value: str, name: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{name}: {value!r} is not host:port")
+
+
+def _coerce(name: str, raw: str, kind: type) -> object:
+    if kind is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{name}: {raw!r} is not a boolean")
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{name}: {raw!r} is not a whole number") from None
+    return raw
+
+
+def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeConfig:
+    environ = os.environ if environ is None else environ
+    kinds = {f.name: type(getattr(NodeConfig(), f.name)) for f in fields(NodeConfig)}
+    values: dict[str, object] = {}
+    for name, kind in kinds.items():
+        env = environ.get(f"FLUXMQ_{name.upper()}")
+        if env is not None:
+            values[name] = _coerce(f"FLUXMQ_{name.upper()}", env, kind)
+    parser = argparse.ArgumentParser(prog="fluxmq serve", description="Run a FluxMQ node.")
+    for name, kind in kinds.items():
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(flag, dest=name, action="store_true", default=None, help=HELP[name])
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=HELP[name])
+    args = parser.parse_args(list(argv))
+    for name, kind in kinds.items():
+        raw = getattr(args, name)
+        if raw is not None:
+            values[name] = raw if kind is bool else _coerce("--" + name.replace("_", "-"), raw, kind)
+    config = NodeConfig(**values)  # type: ignore[arg-type]
+    validate(config)
+    return config
+
+
+def validate(config: NodeConfig) -> None:
+    _host_port(config.listen, "listen")
+    if config.metrics_listen:
+        _host_port(config.metrics_listen, "metrics_listen")
+    try:
+        if config.request_bytes_max_value < 1024 * 1024:
+            raise ConfigError("request_bytes_max: at least 1MiB")
+        if config.storage_map_size_bytes < 16 * 1024 * 1024:
+            raise ConfigError("storage_map_size: at least 16MiB")
+    except FluxError as err:
+        raise ConfigError(err.message) from None
+    if not 10 <= config.retention_interval_ms <= 3_600_000:
+        raise ConfigError("retention_interval_ms: must be 10..3600000")
+    if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"log_level: {config.log_level!r} is not DEBUG, INFO, WARNING or ERROR")

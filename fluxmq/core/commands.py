@@ -1,0 +1,59 @@
+"""Binary commands of the queue state machine.
+
+Wire form: one op-code byte, then the serialized protobuf message of that op code
+(proto/fluxmq/internal/commands.proto). An op code never changes meaning; a new operation is a
+new op code. Decoding an unknown op code fails loudly rather than skipping an entry, because a
+replica that skipped a command would diverge from the others.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+from fluxmq._pb.internal import commands_pb2 as cpb
+
+Command = Any  # one of the *Cmd protobuf messages of commands_pb2
+
+
+class Op(IntEnum):
+    CREATE_QUEUE = 1
+    UPDATE_QUEUE = 2
+    DELETE_QUEUE = 3
+    APPEND = 4
+    PURGE = 5
+    APPLY_RETENTION = 6
+
+
+_TYPES: dict[Op, type[Any]] = {
+    Op.CREATE_QUEUE: cpb.CreateQueueCmd,
+    Op.UPDATE_QUEUE: cpb.UpdateQueueCmd,
+    Op.DELETE_QUEUE: cpb.DeleteQueueCmd,
+    Op.APPEND: cpb.AppendCmd,
+    Op.PURGE: cpb.PurgeCmd,
+    Op.APPLY_RETENTION: cpb.ApplyRetentionCmd,
+}
+_OPS: dict[type[Any], Op] = {t: op for op, t in _TYPES.items()}
+
+
+class UnknownCommandError(ValueError):
+    pass
+
+
+def encode(cmd: Command) -> bytes:
+    op = _OPS.get(type(cmd))
+    if op is None:
+        raise TypeError(f"not a command: {type(cmd).__name__}")
+    return bytes((op,)) + cmd.SerializeToString()
+
+
+def decode(payload: bytes) -> tuple[Op, Command]:
+    if not payload:
+        raise UnknownCommandError("empty command")
+    try:
+        op = Op(payload[0])
+    except ValueError:
+        raise UnknownCommandError(f"unknown op code {payload[0]}") from None
+    cmd = _TYPES[op]()
+    cmd.ParseFromString(payload[1:])
+    return op, cmd

@@ -1,0 +1,77 @@
+"""Domain errors. Each carries a stable ``reason`` (the ErrorInfo reason on the wire), whether a
+retry can help, and for bad input the offending fields. The gRPC edge maps reasons to status
+codes in one table (fluxmq/server/errors.py); nothing here knows about gRPC."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+@dataclass(eq=False)
+class FluxError(Exception):
+    reason: str
+    message: str
+    retriable: bool = False
+    violations: tuple[FieldViolation, ...] = ()
+    retry_after_ms: int | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        Exception.__init__(self, f"{self.reason}: {self.message}")
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+def invalid_argument(field_path: str, description: str) -> FluxError:
+    return FluxError(
+        "INVALID_ARGUMENT",
+        f"{field_path}: {description}",
+        violations=(FieldViolation(field_path, description),),
+        metadata={"field": field_path},
+    )
+
+
+def queue_not_found(name: str) -> FluxError:
+    return FluxError("QUEUE_NOT_FOUND", f"queue {name!r} does not exist", metadata={"queue": name})
+
+
+def queue_exists(name: str) -> FluxError:
+    return FluxError("QUEUE_EXISTS", f"queue {name!r} already exists", metadata={"queue": name})
+
+
+def partition_out_of_range(name: str, partition: int, partitions: int, field_path: str) -> FluxError:
+    return FluxError(
+        "PARTITION_OUT_OF_RANGE",
+        f"queue {name!r} has partitions 0..{partitions - 1}; got {partition}",
+        violations=(FieldViolation(field_path, f"must be < {partitions}"),),
+        metadata={"queue": name, "field": field_path},
+    )
+
+
+def offset_out_of_range(name: str, partition: int, offset: int, low: int, high: int) -> FluxError:
+    return FluxError(
+        "OFFSET_OUT_OF_RANGE",
+        f"offset {offset} of {name!r}/{partition} is outside [{low}, {high}]"
+        + (" (removed by retention or purge)" if offset < low else ""),
+        metadata={"queue": name, "low_watermark": str(low), "high_watermark": str(high)},
+    )
+
+
+def message_too_large(field_path: str, size: int, limit: int) -> FluxError:
+    return FluxError(
+        "MESSAGE_TOO_LARGE",
+        f"{field_path} is {size} bytes; the queue allows {limit}",
+        violations=(FieldViolation(field_path, f"at most {limit} bytes"),),
+        metadata={"field": field_path, "limit_bytes": str(limit)},
+    )
+
+
+def failed_precondition(reason: str, message: str) -> FluxError:
+    return FluxError(reason, message)

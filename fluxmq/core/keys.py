@@ -1,0 +1,47 @@
+"""Layout of the state machine's rows in the store's key/value table.
+
+Every key starts with a one-letter table tag and a slash. Integers are big-endian so that key
+order is numeric order (scans by queue, then by time, are sequential).
+"""
+
+from __future__ import annotations
+
+import struct
+
+APPLIED = b"M/applied"  # u64: last applied log index (same transaction as the effects)
+NEXT_QUEUE_ID = b"M/next_queue_id"  # u64
+QUEUE = b"Q/"  # + name -> fluxmq.v1.Queue
+DEDUP = b"D/"  # + queue_id u64 + idempotency key -> partition u32, offset u64, timestamp i64
+DEDUP_EXPIRY = b"X/"  # + queue_id u64 + timestamp u64 + idempotency key -> b""
+TRASH = b"T/"  # + log_id u64 -> b"": logs of deleted queues, dropped in chunks by retention
+
+U64 = struct.Struct(">Q")
+DEDUP_VALUE = struct.Struct(">IQq")
+PARTITION_BITS = 20  # log_id = queue_id << 20 | partition; partitions are < 1024
+
+
+def log_id(queue_id: int, partition: int) -> int:
+    assert 0 <= partition < (1 << PARTITION_BITS)
+    return (queue_id << PARTITION_BITS) | partition
+
+
+def queue_key(name: str) -> bytes:
+    return QUEUE + name.encode()
+
+
+def dedup_key(queue_id: int, idempotency_key: str) -> bytes:
+    return DEDUP + U64.pack(queue_id) + idempotency_key.encode()
+
+
+def dedup_expiry_key(queue_id: int, timestamp_ms: int, idempotency_key: str) -> bytes:
+    return DEDUP_EXPIRY + U64.pack(queue_id) + U64.pack(max(timestamp_ms, 0)) + idempotency_key.encode()
+
+
+def split_dedup_expiry_key(key: bytes) -> tuple[int, int, str]:
+    """-> (queue_id, timestamp_ms, idempotency_key)"""
+    n = len(DEDUP_EXPIRY)
+    return (
+        U64.unpack_from(key, n)[0],
+        U64.unpack_from(key, n + 8)[0],
+        key[n + 16 :].decode(),
+    )

@@ -1,0 +1,108 @@
+"""The composition root: builds a node from its configuration and runs it until SIGTERM/SIGINT.
+
+``fluxmq serve`` with no flags is a single node on embedded defaults: LocalShard, data in
+./data, gRPC on 127.0.0.1:7070, metrics on 127.0.0.1:7071.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import PlatformCollector, ProcessCollector, start_http_server
+
+from fluxmq import config as config_mod
+from fluxmq import logging_setup, metrics
+from fluxmq.core import keys
+from fluxmq.core.state_machine import QueueStateMachine
+from fluxmq.server.app import build_server, set_serving
+from fluxmq.server.broker import Broker
+from raft import LocalShard
+from storage import LmdbStore
+
+log = logging.getLogger("fluxmq")
+SHUTDOWN_GRACE_S = 5.0
+
+
+def _partition_rows(state: QueueStateMachine) -> Iterator[tuple[str, int, int, int, int]]:
+    with state.store.read() as txn:
+        for entry in list(state.catalog.values()):
+            for p in range(entry.policy.partitions):
+                lg = txn.log(keys.log_id(entry.queue_id, p))
+                wm = lg.watermarks()
+                yield entry.name, p, wm.low, wm.high, lg.size_bytes()
+
+
+def _register_collectors(state: QueueStateMachine, store: LmdbStore) -> None:
+    def storage() -> tuple[int, int]:
+        st = store.stat()
+        return st.file_bytes, st.used_bytes
+
+    metrics.REGISTRY.register(metrics.StateCollector(lambda: _partition_rows(state), storage))
+    ProcessCollector(registry=metrics.REGISTRY)
+    PlatformCollector(registry=metrics.REGISTRY)
+
+
+async def serve(cfg: config_mod.NodeConfig) -> None:
+    store = LmdbStore(cfg.data_dir, map_size_bytes=cfg.storage_map_size_bytes)
+    state = QueueStateMachine(store)
+    shard = LocalShard(state)
+    broker = Broker(state, shard, retention_interval_ms=cfg.retention_interval_ms)
+    server, health_servicer, port = build_server(
+        broker, cfg.listen, request_bytes_max=cfg.request_bytes_max_value
+    )
+    if cfg.metrics_listen:
+        _register_collectors(state, store)
+        host, _, mport = cfg.metrics_listen.rpartition(":")
+        start_http_server(int(mport), addr=host, registry=metrics.REGISTRY)
+    await broker.start()
+    await server.start()
+    await set_serving(health_servicer, True)
+    log.warning(
+        "FluxMQ single node serving on %s (data: %s, metrics: %s, applied index %d). "
+        "Authentication is OFF: anyone who can reach this port can use it.",
+        cfg.listen.rpartition(":")[0] + f":{port}",
+        cfg.data_dir,
+        cfg.metrics_listen or "off",
+        state.last_applied_index(),
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+    log.info("shutting down: refusing new calls, finishing in-flight ones")
+    await set_serving(health_servicer, False)
+    await server.stop(SHUTDOWN_GRACE_S)
+    await broker.close()
+    store.close()
+    log.info("stopped cleanly")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "serve":
+        print("usage: fluxmq serve [--help]", file=sys.stderr)
+        return 1
+    try:
+        cfg = config_mod.load(args[1:])
+    except config_mod.ConfigError as err:
+        print(f"fluxmq: configuration error: {err}", file=sys.stderr)
+        return 1
+    logging_setup.setup(cfg.log_level, cfg.log_json)
+    try:
+        import uvloop
+    except ImportError:  # uvloop is a dependency; this only keeps odd platforms running
+        asyncio.run(serve(cfg))
+    else:
+        uvloop.run(serve(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

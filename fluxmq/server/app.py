@@ -1,0 +1,50 @@
+"""Assembles the gRPC server of a node: QueueService, health, reflection, the edge interceptor."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from fluxmq._pb.v1 import queue_pb2
+from fluxmq.server import queue_service
+from fluxmq.server.broker import Broker
+from fluxmq.server.interceptors import EdgeInterceptor
+
+QUEUE_SERVICE = queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name
+
+
+def build_server(
+    broker: Broker, listen: str, *, request_bytes_max: int
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """-> (server, health servicer, bound port). The server is not started."""
+    server = grpc.aio.server(
+        interceptors=[EdgeInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", request_bytes_max),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    queue_service.register(server, broker)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (QUEUE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME),
+        server,
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return server, health_servicer, port
+
+
+async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", QUEUE_SERVICE):
+        await health_servicer.set(name, status)

@@ -1,0 +1,276 @@
+"""The node's queue operations on the asyncio side: turns requests into commands, proposes them
+to the shard, waits for data (long polls, tails), and times the leader's periodic commands.
+
+Pure policy lives in fluxmq.core; this module only adds I/O and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from fluxmq import metrics
+from fluxmq._pb.internal import commands_pb2 as cpb
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core import commands, keys, validation
+from fluxmq.core.errors import FluxError
+from fluxmq.core.partitioner import choose_partitions
+from fluxmq.core.queue_config import merge_update, normalize_new
+from fluxmq.core.reader import FetchResult, QueueReader
+from fluxmq.core.state_machine import (
+    AppendResult,
+    QueueEntry,
+    QueueStateMachine,
+    RetentionResult,
+    retention_due,
+)
+from fluxmq.server.errors import domain_error
+from raft import Shard
+from storage import Record
+
+log = logging.getLogger(__name__)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PartitionNotifier:
+    """Wakes long polls and tails when a partition grows. An event exists only while somebody
+    waits on it, so memory is bounded by the number of waiters."""
+
+    def __init__(self) -> None:
+        self._events: dict[int, asyncio.Event] = {}
+
+    def event(self, log_id: int) -> asyncio.Event:
+        ev = self._events.get(log_id)
+        if ev is None:
+            ev = self._events[log_id] = asyncio.Event()
+        return ev
+
+    def notify(self, log_ids: Sequence[int]) -> None:
+        for log_id in log_ids:
+            ev = self._events.pop(log_id, None)
+            if ev is not None:
+                ev.set()
+
+
+class Broker:
+    def __init__(
+        self,
+        state: QueueStateMachine,
+        shard: Shard,
+        *,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        retention_interval_ms: int = 1000,
+    ) -> None:
+        self.state = state
+        self.reader = QueueReader(state)
+        self.shard = shard
+        self.notifier = PartitionNotifier()
+        self._clock_ms = clock_ms
+        self._retention_interval_ms = retention_interval_ms
+        self._rr_cursor: dict[int, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.shard.start()
+        self._tasks.append(asyncio.create_task(self._retention_routine(), name="retention"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.shard.close()
+
+    # -- proposing --------------------------------------------------------------------------
+
+    async def _submit(self, cmd: commands.Command, timeout_ms: int | None = None) -> object:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000
+        try:
+            result = await self.shard.propose(commands.encode(cmd), deadline)
+        except Exception as exc:
+            err = domain_error(exc)
+            if err is None:
+                raise
+            raise err from exc
+        if isinstance(result, FluxError):
+            raise result
+        return result
+
+    # -- queues -----------------------------------------------------------------------------
+
+    async def create_queue(self, config: pb.QueueConfig) -> pb.Queue:
+        normalized = normalize_new(config)
+        cmd = cpb.CreateQueueCmd(config=normalized, now_ms=self._clock_ms())
+        queue = await self._submit(cmd)
+        assert isinstance(queue, pb.Queue)
+        return queue
+
+    async def update_queue(self, patch: pb.QueueConfig, paths: list[str]) -> pb.Queue:
+        entry = self.reader.entry(patch.name, "config.name")
+        merged = merge_update(entry.queue.config, patch, paths)
+        queue = await self._submit(cpb.UpdateQueueCmd(config=merged, now_ms=self._clock_ms()))
+        assert isinstance(queue, pb.Queue)
+        return queue
+
+    async def delete_queue(self, name: str) -> None:
+        self.reader.entry(name, "name")
+        await self._submit(cpb.DeleteQueueCmd(name=name, now_ms=self._clock_ms()))
+
+    async def purge_queue(self, name: str) -> int:
+        entry = self.reader.entry(name, "name")
+        purged = await self._submit(
+            cpb.PurgeCmd(name=name, queue_id=entry.queue_id, now_ms=self._clock_ms())
+        )
+        assert isinstance(purged, int)
+        return purged
+
+    # -- publish ----------------------------------------------------------------------------
+
+    async def publish(
+        self, queue: str, messages: Sequence[pb.PublishMessage], timeout_ms: int
+    ) -> AppendResult:
+        entry = self.reader.entry(queue)
+        payload_bytes = validation.publish_messages(messages, entry.policy)
+        cursor = self._rr_cursor.get(entry.queue_id, 0)
+        partitions, cursor = choose_partitions(queue, messages, entry.policy.partitions, cursor)
+        self._rr_cursor[entry.queue_id] = cursor
+        cmd = cpb.AppendCmd(queue=queue, queue_id=entry.queue_id, now_ms=self._clock_ms())
+        cmd.messages.extend(messages)
+        cmd.partitions.extend(partitions)
+        result = await self._submit(cmd, timeout_ms)
+        assert isinstance(result, AppendResult)
+        self.notifier.notify([keys.log_id(entry.queue_id, p) for p in result.high_watermarks])
+        duplicates = sum(1 for r in result.messages if r.duplicate)
+        metrics.PUBLISHED_MESSAGES.labels(queue).inc(len(messages) - duplicates)
+        metrics.PUBLISHED_BYTES.labels(queue).inc(payload_bytes)
+        if duplicates:
+            metrics.DUPLICATE_MESSAGES.labels(queue).inc(duplicates)
+        return result
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        queue: str,
+        partition: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        wait_ms: int,
+    ) -> FetchResult:
+        max_messages, max_bytes, wait_ms = validation.fetch_limits(max_messages, max_bytes, wait_ms)
+        entry = self.reader.entry(queue)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        while True:
+            # Take the event before reading, so an append between the read and the wait wakes us.
+            event = self.notifier.event(keys.log_id(entry.queue_id, partition))
+            result = self.reader.fetch(entry, partition, offset, max_messages, max_bytes)
+            remaining = deadline - loop.time()
+            if result.records or remaining <= 0:
+                self._count_fetched(queue, result.records)
+                return result
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+            entry = self.reader.entry(queue)  # the queue may have been deleted meanwhile
+
+    def _count_fetched(self, queue: str, records: list[Record]) -> None:
+        if records:
+            metrics.FETCHED_MESSAGES.labels(queue).inc(len(records))
+            metrics.FETCHED_BYTES.labels(queue).inc(sum(len(r.value) for r in records))
+
+    def start_offsets(
+        self, entry: QueueEntry, partitions: Sequence[int], start: pb.StartPosition
+    ) -> dict[int, int]:
+        which = start.WhichOneof("position") or "earliest"
+        offsets = {}
+        for p in partitions:
+            wm = self.reader.watermarks(entry, p)
+            if which == "earliest":
+                offsets[p] = wm.low
+            elif which == "latest":
+                offsets[p] = wm.high
+            elif which == "offset":
+                offsets[p] = min(max(start.offset, wm.low), wm.high)
+            else:
+                offsets[p] = self.reader.offset_for_timestamp(entry, p, start.timestamp_ms)
+        return offsets
+
+    async def tail(
+        self, queue: str, partitions: Sequence[int], start: pb.StartPosition, batch_max: int
+    ) -> AsyncIterator[list[tuple[int, list[Record]]]]:
+        """Yields [(partition, records)] as records arrive, forever (until cancelled)."""
+        entry = self.reader.entry(queue)
+        parts = list(partitions) or list(range(entry.policy.partitions))
+        for i, p in enumerate(parts):
+            if p >= entry.policy.partitions:
+                raise FluxError(
+                    "PARTITION_OUT_OF_RANGE",
+                    f"queue {queue!r} has partitions 0..{entry.policy.partitions - 1}",
+                    metadata={"field": f"partitions[{i}]"},
+                )
+        offsets = self.start_offsets(entry, parts, start)
+        while True:
+            events = [self.notifier.event(keys.log_id(entry.queue_id, p)) for p in parts]
+            out = []
+            for p in parts:
+                wm = self.reader.watermarks(entry, p)
+                # Retention may have removed what we had not read yet: skip ahead, as Kafka's
+                # auto.offset.reset=earliest does.
+                offsets[p] = max(offsets[p], wm.low)
+                if offsets[p] < wm.high:
+                    res = self.reader.fetch(entry, p, offsets[p], batch_max, 4 * 1024 * 1024)
+                    if res.records:
+                        offsets[p] = res.next_offset
+                        out.append((p, res.records))
+                        self._count_fetched(queue, res.records)
+            if out:
+                yield out
+                continue
+            waiters = [asyncio.ensure_future(ev.wait()) for ev in events]
+            try:
+                await asyncio.wait(waiters, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+            entry = self.reader.entry(queue)
+
+    def seek(self, queue: str, partition: int, timestamp_ms: int) -> int:
+        return self.reader.offset_for_timestamp(self.reader.entry(queue), partition, timestamp_ms)
+
+    # -- leader timers ----------------------------------------------------------------------
+
+    async def maybe_apply_retention(self) -> RetentionResult | None:
+        """Propose ApplyRetention when it would change something (checked read-only first)."""
+        now_ms = self._clock_ms()
+        with self.state.store.read() as txn:
+            if not retention_due(txn, self.state.catalog, now_ms):
+                return None
+        result = await self._submit(cpb.ApplyRetentionCmd(now_ms=now_ms))
+        assert isinstance(result, RetentionResult)
+        if result.removed_records:
+            metrics.RETENTION_REMOVED_MESSAGES.inc(result.removed_records)
+        return result
+
+    async def _retention_routine(self) -> None:
+        while True:
+            await asyncio.sleep(self._retention_interval_ms / 1000)
+            if not self.shard.is_leader:
+                continue
+            try:
+                await self.maybe_apply_retention()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("retention pass failed; retrying on the next tick")
+

@@ -1,0 +1,117 @@
+"""The one table that maps domain errors to gRPC status codes, and the rich status on the wire:
+google.rpc.Status with ErrorInfo (domain "fluxmq", reason, metadata incl. "retriable"),
+BadRequest field violations, RetryInfo when a retry can help; the request id travels in the
+trailing metadata ``x-request-id``."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from fluxmq.core.errors import FluxError
+from raft import NotLeaderError, ProposalTimeoutError, ShardBusyError, ShardClosedError
+from storage import CorruptRecordError, StorageFullError
+
+DOMAIN = "fluxmq"
+
+STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
+    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "MESSAGE_TOO_LARGE": grpc.StatusCode.INVALID_ARGUMENT,
+    "PARTITION_OUT_OF_RANGE": grpc.StatusCode.INVALID_ARGUMENT,
+    "QUEUE_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "QUEUE_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "QUEUE_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "OFFSET_OUT_OF_RANGE": grpc.StatusCode.OUT_OF_RANGE,
+    "NOT_LEADER": grpc.StatusCode.UNAVAILABLE,
+    "SHARD_BUSY": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,
+    "REQUEST_TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "STORAGE_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "DATA_CORRUPTED": grpc.StatusCode.DATA_LOSS,
+    "INTERNAL": grpc.StatusCode.INTERNAL,
+}
+
+
+def domain_error(exc: BaseException) -> FluxError | None:
+    """The FluxError an exception of a lower layer stands for (None: not ours, a bug)."""
+    if isinstance(exc, FluxError):
+        return exc
+    if isinstance(exc, NotLeaderError):
+        return FluxError(
+            "NOT_LEADER", str(exc), retriable=True, metadata={"leader": exc.leader or ""}
+        )
+    if isinstance(exc, ShardBusyError):
+        return FluxError("SHARD_BUSY", str(exc), retriable=True, retry_after_ms=50)
+    if isinstance(exc, ShardClosedError):
+        return FluxError("SHUTTING_DOWN", str(exc), retriable=True, retry_after_ms=500)
+    if isinstance(exc, ProposalTimeoutError):
+        return FluxError(
+            "REQUEST_TIMEOUT",
+            "request_timeout_ms passed before the request was written; nothing was written",
+            retriable=True,
+        )
+    if isinstance(exc, StorageFullError):
+        return FluxError("STORAGE_FULL", str(exc), retriable=False)
+    if isinstance(exc, CorruptRecordError):
+        return FluxError(
+            "DATA_CORRUPTED",
+            str(exc),
+            metadata={"log_id": str(exc.log_id), "offset": str(exc.offset)},
+        )
+    return None
+
+
+def status_code(err: FluxError) -> grpc.StatusCode:
+    return STATUS_BY_REASON.get(err.reason, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def to_rpc_status(err: FluxError, request_id: str) -> status_pb2.Status:
+    code = status_code(err)
+    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN)
+    info.metadata.update(err.metadata)
+    info.metadata["retriable"] = "true" if err.retriable else "false"
+    info.metadata["request_id"] = request_id
+    details = [info]
+    if err.violations:
+        details.append(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=v.field, description=v.description
+                    )
+                    for v in err.violations
+                ]
+            )
+        )
+    if err.retry_after_ms is not None:
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(err.retry_after_ms)
+        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+    packed = []
+    for d in details:
+        a = any_pb2.Any()
+        a.Pack(d)
+        packed.append(a)
+    return status_pb2.Status(code=code.value[0], message=err.message, details=packed)
+
+
+def to_grpc_status(err: FluxError, request_id: str) -> grpc.Status:
+    status = rpc_status.to_status(to_rpc_status(err, request_id))
+    # Keep the request id in the trailers of failed calls too.
+    return _WithTrailers(status, (("x-request-id", request_id),))
+
+
+class _WithTrailers(grpc.Status):  # type: ignore[misc]
+    def __init__(self, status: grpc.Status, extra: tuple[tuple[str, str], ...]) -> None:
+        self.code = status.code
+        self.details = status.details
+        self.trailing_metadata = tuple(status.trailing_metadata) + extra
+
+
+def internal_error(request_id: str) -> FluxError:
+    return FluxError(
+        "INTERNAL", f"internal error (request id {request_id}); the broker logged the details"
+    )
+

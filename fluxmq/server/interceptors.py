@@ -1,0 +1,138 @@
+"""The gRPC edge every call passes through: request id, error mapping, RPC metrics.
+
+The request id comes from the client's ``x-request-id`` metadata or is generated; it is in the
+trailing metadata of every response (OK or not) and in the ErrorInfo of every error, and log
+lines of the call carry it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from fluxmq import metrics
+from fluxmq.server.errors import domain_error, internal_error, status_code, to_grpc_status
+
+log = logging.getLogger(__name__)
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+REQUEST_ID_KEY = "x-request-id"
+
+
+def _request_id(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY and isinstance(value, str) and 0 < len(value) <= 128:
+            return value
+    return uuid.uuid4().hex
+
+
+class _Call:
+    """Book-keeping of one call: request id, timing, outcome."""
+
+    def __init__(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        self.method = method
+        self.context = context
+        self.request_id = _request_id(context)
+        self.token = request_id_var.set(self.request_id)
+        self.started = time.perf_counter()
+        self.code = "OK"
+
+    async def fail(self, exc: BaseException) -> None:
+        err = domain_error(exc)
+        if err is None:
+            log.exception("unexpected error in %s (request id %s)", self.method, self.request_id)
+            err = internal_error(self.request_id)
+        self.code = status_code(err).name
+        await self.context.abort_with_status(to_grpc_status(err, self.request_id))
+
+    def ok(self) -> None:
+        self.context.set_trailing_metadata(((REQUEST_ID_KEY, self.request_id),))
+
+    def finish(self) -> None:
+        metrics.RPC_DURATION.labels(self.method, self.code).observe(
+            time.perf_counter() - self.started
+        )
+        request_id_var.reset(self.token)
+
+
+def _is_abort(exc: BaseException) -> bool:
+    # context.abort*() raises an internal exception type that must propagate untouched.
+    return type(exc).__name__ == "AbortError"
+
+
+class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method.rsplit("/", 1)[-1]
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _streaming(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                _streaming(method, handler.stream_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+def _unary(method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        call = _Call(method, context)
+        try:
+            response = await behavior(request, context)
+            call.ok()
+            return response
+        except BaseException as exc:
+            if _is_abort(exc):
+                raise
+            if isinstance(exc, Exception):
+                await call.fail(exc)
+            call.code = "CANCELLED"
+            raise
+        finally:
+            call.finish()
+
+    return wrapper
+
+
+def _streaming(
+    method: str, behavior: Callable[..., AsyncIterator[Any]]
+) -> Callable[..., AsyncIterator[Any]]:
+    async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        call = _Call(method, context)
+        try:
+            async for response in behavior(request, context):
+                yield response
+            call.ok()
+        except BaseException as exc:
+            if _is_abort(exc):
+                raise
+            if isinstance(exc, Exception):
+                await call.fail(exc)
+            call.code = "CANCELLED"
+            raise
+        finally:
+            call.finish()
+
+    return wrapper

@@ -1,0 +1,83 @@
+"""The replication contract. A shard orders opaque byte commands into a log and applies them, in
+order, to a state machine; ``propose`` resolves with what apply returned for that command.
+
+raft/ knows nothing of queues: payloads and results are opaque to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    payload: bytes
+
+
+class StateMachine(Protocol):
+    def apply_batch(self, entries: Sequence[Entry]) -> list[object]:
+        """Apply ``entries`` (consecutive indexes) durably, in one transaction; one result per
+        entry. Must skip entries at or below ``last_applied_index()`` (replays)."""
+        ...
+
+    def last_applied_index(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    shard_id: str
+    role: str  # "leader" | "follower" | "candidate"
+    term: int
+    commit_index: int
+    applied_index: int
+    members: tuple[str, ...]
+    leader: str | None
+    pending_proposals: int
+
+
+class ShardError(Exception):
+    retriable = True
+
+
+class NotLeaderError(ShardError):
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader (leader: {leader or 'unknown'})")
+        self.leader = leader
+
+
+class ShardBusyError(ShardError):
+    """Too many proposals waiting: back off and retry."""
+
+
+class ShardClosedError(ShardError):
+    pass
+
+
+class ProposalTimeoutError(ShardError):
+    """The proposal's deadline passed before it was handed to the log: it was never applied."""
+
+
+class Shard(Protocol):
+    @property
+    def shard_id(self) -> str: ...
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def leader(self) -> str | None: ...
+
+    async def propose(self, payload: bytes, deadline: float | None = None) -> object:
+        """Replicate and apply ``payload``; return apply's result. ``deadline`` is in the event
+        loop's clock: a proposal still waiting for the log at its deadline is dropped (never
+        applied) and raises ProposalTimeoutError. Once handed to the log it is waited for."""
+        ...
+
+    def status(self) -> ShardStatus: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...

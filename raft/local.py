@@ -1,0 +1,157 @@
+"""LocalShard: the single-node shard (no network). The embedded default, and the model of what
+the Raft shards promise: propose -> durable apply -> result.
+
+Group commit: proposals that arrive while a batch is being applied wait in a queue; the next
+batch takes all of them (bounded in count and bytes) into one ``apply_batch`` call, which the
+state machine turns into one write transaction and one fsync. Apply runs on one worker thread so
+the event loop keeps accepting requests during the fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from raft.api import (
+    Entry,
+    ProposalTimeoutError,
+    ShardBusyError,
+    ShardClosedError,
+    ShardStatus,
+    StateMachine,
+)
+
+
+@dataclass(slots=True)
+class _Proposal:
+    payload: bytes
+    deadline: float | None
+    future: asyncio.Future[object]
+
+
+class LocalShard:
+    def __init__(
+        self,
+        state_machine: StateMachine,
+        *,
+        shard_id: str = "local",
+        batch_entries_max: int = 4096,
+        batch_bytes_max: int = 16 * 1024 * 1024,
+        pending_max: int = 20_000,
+    ) -> None:
+        assert batch_entries_max >= 1 and batch_bytes_max >= 1 and pending_max >= 1
+        self._sm = state_machine
+        self._shard_id = shard_id
+        self._batch_entries_max = batch_entries_max
+        self._batch_bytes_max = batch_bytes_max
+        self._pending_max = pending_max
+        self._pending: deque[_Proposal] = deque()
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"apply-{shard_id}")
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._applied = state_machine.last_applied_index()
+        self.batches_applied = 0
+        self.entries_applied = 0
+
+    @property
+    def shard_id(self) -> str:
+        return self._shard_id
+
+    @property
+    def is_leader(self) -> bool:
+        return not self._closed
+
+    @property
+    def leader(self) -> str | None:
+        return "local"
+
+    def status(self) -> ShardStatus:
+        return ShardStatus(
+            shard_id=self._shard_id,
+            role="leader",
+            term=1,
+            commit_index=self._applied,
+            applied_index=self._applied,
+            members=("local",),
+            leader="local",
+            pending_proposals=len(self._pending),
+        )
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._apply_routine(), name=f"{self._shard_id}-apply")
+
+    async def close(self) -> None:
+        """Stop taking proposals, finish the batch in flight, fail what still waits."""
+        self._closed = True
+        self._wakeup.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        while self._pending:
+            p = self._pending.popleft()
+            if not p.future.done():
+                p.future.set_exception(ShardClosedError("shard closed before the proposal ran"))
+        self._executor.shutdown(wait=True)
+
+    async def propose(self, payload: bytes, deadline: float | None = None) -> object:
+        if self._closed:
+            raise ShardClosedError("shard is closed")
+        if len(self._pending) >= self._pending_max:
+            raise ShardBusyError(f"{self._pending_max} proposals already waiting")
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Proposal(payload, deadline, future))
+        self._wakeup.set()
+        return await future
+
+    def _take_batch(self, now: float) -> list[_Proposal]:
+        batch: list[_Proposal] = []
+        size = 0
+        while self._pending and len(batch) < self._batch_entries_max:
+            p = self._pending[0]
+            if batch and size + len(p.payload) > self._batch_bytes_max:
+                break
+            self._pending.popleft()
+            if p.future.done():  # the caller went away (cancelled) before it ran: never applied
+                continue
+            if p.deadline is not None and now >= p.deadline:
+                p.future.set_exception(ProposalTimeoutError("deadline passed before apply"))
+                continue
+            batch.append(p)
+            size += len(p.payload)
+        return batch
+
+    async def _apply_routine(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                if self._closed:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch = self._take_batch(loop.time())
+            if not batch:
+                continue
+            first = self._applied + 1
+            entries = [Entry(first + i, p.payload) for i, p in enumerate(batch)]
+            try:
+                results = await loop.run_in_executor(self._executor, self._sm.apply_batch, entries)
+            except Exception as exc:  # storage failed: nothing of the batch was applied
+                self._applied = self._sm.last_applied_index()
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                continue
+            assert len(results) == len(batch)
+            self._applied = entries[-1].index
+            assert self._sm.last_applied_index() == self._applied
+            self.batches_applied += 1
+            self.entries_applied += len(batch)
+            for p, result in zip(batch, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(result)

@@ -1,0 +1,42 @@
+"""FluxMQ's storage library: partition logs and a key/value table in one transactional store.
+
+Independent of the broker: it knows nothing of queues, only of numbered logs and opaque bytes.
+"""
+
+from storage.api import (
+    CorruptRecordError,
+    NewRecord,
+    OffsetOutOfRangeError,
+    PartitionLog,
+    PartitionLogReader,
+    ReadTxn,
+    Record,
+    StorageError,
+    StorageFullError,
+    Store,
+    StoreStat,
+    TruncateResult,
+    Watermarks,
+    WriteTxn,
+)
+from storage.lmdb_store import LmdbStore
+from storage.memory_store import MemoryStore
+
+__all__ = [
+    "CorruptRecordError",
+    "LmdbStore",
+    "MemoryStore",
+    "NewRecord",
+    "OffsetOutOfRangeError",
+    "PartitionLog",
+    "PartitionLogReader",
+    "ReadTxn",
+    "Record",
+    "StorageError",
+    "StorageFullError",
+    "Store",
+    "StoreStat",
+    "TruncateResult",
+    "Watermarks",
+    "WriteTxn",
+]

@@ -1,0 +1,183 @@
+"""The storage contract: partition logs and a small key/value table, inside one transaction.
+
+A node keeps everything in one store (one LMDB environment per data dir). A write transaction
+groups any number of partition appends/truncations and key/value changes; they become durable
+together (one fsync) when the transaction commits, or not at all.
+
+Nothing here knows about queues: a partition log is identified by an opaque ``log_id`` (u64) and
+the key/value table holds opaque bytes. The layers above choose the meaning.
+
+Offsets of a log are contiguous u64 from 0. ``low`` is the first offset still stored (it moves up
+with ``truncate_before``), ``high`` the next offset to be written. An empty, never-written log has
+``low == high == 0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+# Hard limits: storage refuses anything larger, whatever the layer above asked for.
+RECORD_KEY_BYTES_MAX = 64 * 1024
+RECORD_VALUE_BYTES_MAX = 64 * 1024 * 1024
+RECORD_HEADERS_MAX = 256
+IDEMPOTENCY_KEY_BYTES_MAX = 256
+LOG_ID_MAX = 2**64 - 1
+
+
+class StorageError(Exception):
+    """Base of every error raised by storage."""
+
+
+class CorruptRecordError(StorageError):
+    """A stored record failed its crc32c check (or could not be decoded). Never returns garbage."""
+
+    def __init__(self, log_id: int, offset: int, detail: str) -> None:
+        super().__init__(f"corrupt record in log {log_id} at offset {offset}: {detail}")
+        self.log_id = log_id
+        self.offset = offset
+
+
+class OffsetOutOfRangeError(StorageError):
+    """An offset outside what the operation accepts (for example truncating above ``high``)."""
+
+
+class StorageFullError(StorageError):
+    """The store reached its configured size limit; nothing of the transaction was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewRecord:
+    """A record to append; the log assigns its offset."""
+
+    timestamp_ms: int
+    value: bytes
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A stored record, read back and checked."""
+
+    offset: int
+    timestamp_ms: int
+    value: bytes
+    key: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    idempotency_key: str | None
+    size_bytes: int  # encoded size on disk (what retention by bytes counts)
+
+
+@dataclass(frozen=True, slots=True)
+class Watermarks:
+    low: int
+    high: int
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateResult:
+    removed_records: int
+    removed_bytes: int
+    low: int  # the low watermark after the truncation
+
+
+class PartitionLogReader(Protocol):
+    """Read side of one partition log, seen through a transaction."""
+
+    @property
+    def log_id(self) -> int: ...
+
+    def watermarks(self) -> Watermarks: ...
+
+    def size_bytes(self) -> int:
+        """Sum of ``size_bytes`` of the records between low and high."""
+        ...
+
+    def read(self, start_offset: int, max_records: int, max_bytes: int) -> list[Record]:
+        """Records from ``max(start_offset, low)`` upward, in offset order.
+
+        Stops at ``high``, after ``max_records`` records, or before the record that would take the
+        total of ``size_bytes`` over ``max_bytes``, but always returns at least one record when one
+        exists at or above ``start_offset`` (so a single large record can still be read).
+        Raises ``CorruptRecordError`` for a record that fails its checksum.
+        """
+        ...
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first offset in [low, high) whose timestamp is >= ``timestamp_ms``, else ``high``.
+
+        Timestamps of one log never decrease (the layer above guarantees it), so this is a binary
+        search.
+        """
+        ...
+
+
+class PartitionLog(PartitionLogReader, Protocol):
+    """Read/write side of one partition log, inside a write transaction."""
+
+    def append(self, records: Sequence[NewRecord]) -> int:
+        """Append ``records`` at ``high``; return the offset of the first. Atomic with the txn."""
+        ...
+
+    def truncate_before(self, offset: int, max_records: int | None = None) -> TruncateResult:
+        """Delete records below ``offset`` (at most ``max_records`` of them, lowest first).
+
+        ``offset`` may equal ``high`` (empties the log; ``low`` becomes ``high``) but not exceed
+        it (``OffsetOutOfRangeError``). Offsets at or below ``low`` are a no-op.
+        """
+        ...
+
+    def drop(self, max_records: int | None = None) -> bool:
+        """Delete the log entirely, at most ``max_records`` records per call.
+
+        Returns True when the log is gone (its watermarks are forgotten; a later append starts
+        again at offset 0), False when records remain and the caller should call again.
+        """
+        ...
+
+
+class ReadTxn(Protocol):
+    """A consistent read-only view of the whole store."""
+
+    def log(self, log_id: int) -> PartitionLogReader: ...
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Key/value pairs whose key starts with ``prefix``, in key order, from ``start``
+        (inclusive; must itself start with ``prefix``) or from the first such key."""
+        ...
+
+
+class WriteTxn(ReadTxn, Protocol):
+    """A write transaction: sees its own writes; all of it commits durably or none of it does."""
+
+    def log(self, log_id: int) -> PartitionLog: ...
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStat:
+    file_bytes: int  # bytes the store occupies on disk (0 for memory)
+    used_bytes: int  # bytes of pages in use
+
+
+class Store(Protocol):
+    """One node's storage. ``write()`` commits on clean exit of the ``with`` block (durably: the
+    commit returns only after fsync) and aborts on an exception. Only one write transaction is
+    open at a time; read transactions may run concurrently with it from other threads."""
+
+    def write(self) -> AbstractContextManager[WriteTxn]: ...
+
+    def read(self) -> AbstractContextManager[ReadTxn]: ...
+
+    def stat(self) -> StoreStat: ...
+
+    def close(self) -> None: ...

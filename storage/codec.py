@@ -1,0 +1,353 @@
+"""The on-disk encoding of one log record, and the argument checks both stores share.
+
+Layout of format 1 (all integers big-endian)::
+
+    crc32c          u32   over position + every byte after this field
+    format          u8    1
+    timestamp_ms    i64
+    key length      u32   0xFFFFFFFF = no key (distinct from an empty key)
+    value length    u32
+    header count    u16
+    idem key length u16   0xFFFF = no idempotency key
+    key | value
+    per header: name length u16, value length u32, name (utf-8), value
+    idempotency key (utf-8)
+
+The *position* is the record's (log_id, offset) as 16 bytes, big-endian. It is not stored in the
+record (the LMDB key already holds it), but the crc covers it, so a record that is intact yet
+sits at the wrong place fails its check like any flipped byte would. The position doubles as the
+LMDB key, which is why the stores hand it over ready-made instead of packing it twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable
+
+from crc32c import crc32c
+
+from storage.api import (
+    IDEMPOTENCY_KEY_BYTES_MAX,
+    LOG_ID_MAX,
+    RECORD_HEADERS_MAX,
+    RECORD_KEY_BYTES_MAX,
+    RECORD_VALUE_BYTES_MAX,
+    CorruptRecordError,
+    NewRecord,
+    Record,
+)
+
+FORMAT_V1 = 1
+
+# Limits of the format itself, on top of the contract's. A header name is a short label, so its
+# u16 length field is its real bound; a header value gets the same bound as a record value, so
+# the size of a record stays bounded by its limits rather than by the u32 field width.
+HEADER_NAME_BYTES_MAX = 0xFFFF
+HEADER_VALUE_BYTES_MAX = RECORD_VALUE_BYTES_MAX
+
+# Limits of the key/value table. LMDB refuses keys longer than its compiled-in maximum (511 with
+# the default build; LmdbStore checks it at open) and empty keys, so the memory twin refuses the
+# same ones. Values get the record value bound: the table holds bookkeeping, never payloads.
+KV_KEY_BYTES_MAX = 511
+KV_VALUE_BYTES_MAX = RECORD_VALUE_BYTES_MAX
+
+OFFSET_MAX = 2**64 - 1
+
+_Headers = tuple[tuple[str, bytes], ...]
+
+_NO_KEY = 0xFFFFFFFF
+_NO_IDEMPOTENCY_KEY = 0xFFFF
+
+_POSITION = struct.Struct(">QQ")
+_CRC = struct.Struct(">I")
+_FIELDS = struct.Struct(">BqIIHH")  # everything of the fixed head after the crc
+_HEAD = struct.Struct(">IBqIIHH")  # the fixed head as read back, crc included
+_HEADER = struct.Struct(">HI")
+_HEAD_SIZE = _HEAD.size
+_HEADER_SIZE = _HEADER.size
+_TIMESTAMP_AT = _CRC.size + 1
+
+_pack_position = _POSITION.pack
+_pack_crc = _CRC.pack
+_pack_fields = _FIELDS.pack
+_pack_header = _HEADER.pack
+_unpack_head = _HEAD.unpack_from
+_unpack_header = _HEADER.unpack_from
+_unpack_crc = _CRC.unpack_from
+_unpack_timestamp = struct.Struct(">q").unpack_from
+
+
+def _record_factory() -> Callable[
+    [int, int, bytes, bytes | None, _Headers, str | None, int], Record
+]:
+    """A constructor of ``Record`` that skips the frozen dataclass ``__init__``.
+
+    That ``__init__`` sets each field through ``object.__setattr__``, which is more than half the
+    cost of decoding a small record. Filling the slots directly builds an identical object, as
+    long as ``Record`` has slots, no ``__post_init__`` and these fields in this order; if that ever
+    changes, the plain constructor is used instead.
+    """
+    names = ("offset", "timestamp_ms", "value", "key", "headers", "idempotency_key", "size_bytes")
+    if (
+        tuple(field.name for field in dataclasses.fields(Record)) != names
+        or hasattr(Record, "__post_init__")
+        or not hasattr(Record, "__slots__")
+    ):
+        return Record
+    new = object.__new__
+    slots = Record.__dict__
+    set_offset, set_timestamp, set_value, set_key, set_headers, set_idem, set_size = (
+        slots[name].__set__ for name in names
+    )
+
+    def make(
+        offset: int,
+        timestamp_ms: int,
+        value: bytes,
+        key: bytes | None,
+        headers: _Headers,
+        idempotency_key: str | None,
+        size_bytes: int,
+    ) -> Record:
+        record = new(Record)
+        set_offset(record, offset)
+        set_timestamp(record, timestamp_ms)
+        set_value(record, value)
+        set_key(record, key)
+        set_headers(record, headers)
+        set_idem(record, idempotency_key)
+        set_size(record, size_bytes)
+        return record
+
+    return make
+
+
+_make_record = _record_factory()
+
+
+def position(log_id: int, offset: int) -> bytes:
+    """The 16-byte position of a record: the crc's salt and the LMDB key."""
+    return _pack_position(log_id, offset)
+
+
+def encode(log_id: int, offset: int, record: NewRecord) -> bytes:
+    """Encode ``record`` for storage at (``log_id``, ``offset``); ValueError past any limit."""
+    return encode_at(_pack_position(log_id, offset), record)
+
+
+def encode_at(pos: bytes, record: NewRecord) -> bytes:
+    """Encode ``record`` for the position ``pos`` (as made by :func:`position`)."""
+    key = record.key
+    value = record.value
+    headers = record.headers
+    idempotency_key = record.idempotency_key
+    value_len = len(value)
+    if value_len > RECORD_VALUE_BYTES_MAX:
+        raise ValueError(f"record value of {value_len} bytes exceeds {RECORD_VALUE_BYTES_MAX}")
+    if key is None:
+        key_len = _NO_KEY
+        key = b""
+    else:
+        key_len = len(key)
+        if key_len > RECORD_KEY_BYTES_MAX:
+            raise ValueError(f"record key of {key_len} bytes exceeds {RECORD_KEY_BYTES_MAX}")
+    if idempotency_key is None:
+        idem_len = _NO_IDEMPOTENCY_KEY
+        idem = b""
+    else:
+        idem = _utf8(idempotency_key, "idempotency key")
+        idem_len = len(idem)
+        if idem_len > IDEMPOTENCY_KEY_BYTES_MAX:
+            raise ValueError(
+                f"idempotency key of {idem_len} bytes exceeds {IDEMPOTENCY_KEY_BYTES_MAX}"
+            )
+    header_count = len(headers)
+    if header_count > RECORD_HEADERS_MAX:
+        raise ValueError(f"{header_count} headers exceed {RECORD_HEADERS_MAX}")
+    try:
+        fields = _pack_fields(
+            FORMAT_V1, record.timestamp_ms, key_len, value_len, header_count, idem_len
+        )
+    except struct.error as e:
+        # Every length was bounded above, so only the timestamp can be out of range.
+        raise ValueError(f"timestamp_ms {record.timestamp_ms!r} is not a signed 64-bit int") from e
+    if headers:
+        body = b"".join([fields, key, value, *_encode_headers(headers), idem])
+    else:
+        body = b"".join([fields, key, value, idem])
+    return _pack_crc(crc32c(body, crc32c(pos))) + body
+
+
+def _encode_headers(headers: _Headers) -> list[bytes]:
+    parts: list[bytes] = []
+    for name, header_value in headers:
+        raw_name = _utf8(name, "header name")
+        if len(raw_name) > HEADER_NAME_BYTES_MAX:
+            raise ValueError(
+                f"header name of {len(raw_name)} bytes exceeds {HEADER_NAME_BYTES_MAX}"
+            )
+        if len(header_value) > HEADER_VALUE_BYTES_MAX:
+            raise ValueError(
+                f"value of header {name!r} has {len(header_value)} bytes, "
+                f"exceeds {HEADER_VALUE_BYTES_MAX}"
+            )
+        parts.append(_pack_header(len(raw_name), len(header_value)))
+        parts.append(raw_name)
+        parts.append(header_value)
+    return parts
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} {text!r} is not encodable as utf-8: {e.reason}") from None
+
+
+def decode(log_id: int, offset: int, buf: bytes) -> Record:
+    """Check and decode the record stored at (``log_id``, ``offset``).
+
+    Raises ``CorruptRecordError`` when the crc does not match or any length is inconsistent.
+    """
+    return decode_at(_pack_position(log_id, offset), log_id, offset, buf)
+
+
+def decode_at(pos: bytes, log_id: int, offset: int, buf: bytes) -> Record:
+    """:func:`decode` for a caller that already holds the record's position bytes."""
+    size = len(buf)
+    if size < _HEAD_SIZE:
+        raise CorruptRecordError(log_id, offset, f"{size} bytes, shorter than a record head")
+    crc, fmt, timestamp_ms, key_len, value_len, header_count, idem_len = _unpack_head(buf)
+    if crc32c(memoryview(buf)[4:], crc32c(pos)) != crc:
+        raise CorruptRecordError(log_id, offset, "crc32c mismatch")
+    # The crc matched, so from here on a failed check means an encoder bug or a format this code
+    # does not know; either way the bytes are refused rather than guessed at.
+    if fmt != FORMAT_V1:
+        raise CorruptRecordError(log_id, offset, f"unknown record format {fmt}")
+    at = _HEAD_SIZE
+    if key_len == _NO_KEY:
+        key = None
+    elif key_len > RECORD_KEY_BYTES_MAX:
+        raise CorruptRecordError(log_id, offset, f"key length {key_len} over the limit")
+    else:
+        key = buf[at : at + key_len]
+        at += key_len
+    value_end = at + value_len
+    if value_end > size:
+        raise CorruptRecordError(log_id, offset, f"value length {value_len} runs past the end")
+    value = buf[at:value_end]
+    at = value_end
+    if header_count:
+        headers, at = _decode_headers(buf, at, header_count, log_id, offset)
+    else:
+        headers = ()
+    if idem_len == _NO_IDEMPOTENCY_KEY:
+        idempotency_key = None
+    else:
+        if idem_len > IDEMPOTENCY_KEY_BYTES_MAX:
+            raise CorruptRecordError(log_id, offset, f"idempotency key length {idem_len}")
+        idempotency_key = _text(buf[at : at + idem_len], log_id, offset)
+        at += idem_len
+    if at != size:
+        raise CorruptRecordError(log_id, offset, f"lengths add up to {at} bytes, record has {size}")
+    return _make_record(offset, timestamp_ms, value, key, headers, idempotency_key, size)
+
+
+def _decode_headers(
+    buf: bytes, at: int, count: int, log_id: int, offset: int
+) -> tuple[_Headers, int]:
+    if count > RECORD_HEADERS_MAX:
+        raise CorruptRecordError(log_id, offset, f"{count} headers over the limit")
+    size = len(buf)
+    headers: list[tuple[str, bytes]] = []
+    for _ in range(count):
+        if at + _HEADER_SIZE > size:
+            raise CorruptRecordError(log_id, offset, "header runs past the end")
+        name_len, value_len = _unpack_header(buf, at)
+        name_at = at + _HEADER_SIZE
+        value_at = name_at + name_len
+        at = value_at + value_len
+        if at > size:
+            raise CorruptRecordError(log_id, offset, "header runs past the end")
+        headers.append((_text(buf[name_at:value_at], log_id, offset), buf[value_at:at]))
+    return tuple(headers), at
+
+
+def _text(raw: bytes, log_id: int, offset: int) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise CorruptRecordError(log_id, offset, "text field is not valid utf-8") from None
+
+
+def checked_timestamp(pos: bytes, log_id: int, offset: int, buf: bytes) -> int:
+    """The timestamp of a stored record, after the same crc check :func:`decode` does.
+
+    The timestamp search probes a few records and needs nothing else of them; skipping the full
+    decode avoids copying their values, but a corrupt record still raises.
+    """
+    size = len(buf)
+    if size < _HEAD_SIZE:
+        raise CorruptRecordError(log_id, offset, f"{size} bytes, shorter than a record head")
+    if crc32c(memoryview(buf)[4:], crc32c(pos)) != _unpack_crc(buf)[0]:
+        raise CorruptRecordError(log_id, offset, "crc32c mismatch")
+    if buf[4] != FORMAT_V1:
+        raise CorruptRecordError(log_id, offset, f"unknown record format {buf[4]}")
+    timestamp_ms: int = _unpack_timestamp(buf, _TIMESTAMP_AT)[0]
+    return timestamp_ms
+
+
+# Argument checks shared by both stores, so that they refuse exactly the same calls.
+
+
+def check_log_id(log_id: int) -> None:
+    if not 0 <= log_id <= LOG_ID_MAX:
+        raise ValueError(f"log_id {log_id} is outside [0, {LOG_ID_MAX}]")
+
+
+def check_offset(offset: int, what: str = "offset") -> None:
+    if not 0 <= offset <= OFFSET_MAX:
+        raise ValueError(f"{what} {offset} is outside [0, {OFFSET_MAX}]")
+
+
+def check_read_limits(max_records: int, max_bytes: int) -> None:
+    if max_records < 1:
+        raise ValueError(f"max_records must be at least 1, got {max_records}")
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must not be negative, got {max_bytes}")
+
+
+def check_chunk(max_records: int | None) -> None:
+    if max_records is not None and max_records < 1:
+        raise ValueError(f"max_records must be None or at least 1, got {max_records}")
+
+
+def check_append_room(high: int, count: int) -> None:
+    if high + count - 1 > OFFSET_MAX:
+        raise ValueError(f"appending {count} records at offset {high} overflows u64 offsets")
+
+
+def check_kv_key(key: bytes) -> None:
+    if not isinstance(key, bytes):
+        raise TypeError(f"key/value table keys are bytes, got {type(key).__name__}")
+    if not 0 < len(key) <= KV_KEY_BYTES_MAX:
+        raise ValueError(
+            f"key/value table key of {len(key)} bytes is outside [1, {KV_KEY_BYTES_MAX}]"
+        )
+
+
+def check_kv_value(value: bytes) -> None:
+    if not isinstance(value, bytes):
+        raise TypeError(f"key/value table values are bytes, got {type(value).__name__}")
+    if len(value) > KV_VALUE_BYTES_MAX:
+        raise ValueError(
+            f"key/value table value of {len(value)} bytes exceeds {KV_VALUE_BYTES_MAX}"
+        )
+
+
+def check_scan(prefix: bytes, start: bytes | None) -> None:
+    if not isinstance(prefix, bytes):
+        raise TypeError(f"scan prefix is bytes, got {type(prefix).__name__}")
+    if start is not None and not (isinstance(start, bytes) and start.startswith(prefix)):
+        raise ValueError(f"scan start {start!r} does not begin with the prefix {prefix!r}")

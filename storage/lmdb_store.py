@@ -1,0 +1,545 @@
+"""The durable store: one LMDB environment per data directory.
+
+Three named databases live in the environment:
+
+``log``
+    key = (log_id, offset) as 16 bytes big-endian, value = the encoded record (see ``codec``).
+    Big-endian keys make LMDB's byte order the numeric order, so one log is one contiguous key
+    range and reading it is a sequential cursor walk.
+``logmeta``
+    key = log_id as 8 bytes big-endian, value = low, high, size_bytes (u64 each) and a crc32c of
+    key and fields. The watermarks steer every read and truncation, so a damaged entry must be
+    refused like a damaged record, never used. A log without an entry has never been written, or
+    has been dropped.
+``kv``
+    The opaque key/value table of the transactions.
+
+Each transaction object is confined to the thread that opened it (LMDB write transactions are
+bound to their thread; py-lmdb opens the environment with MDB_NOTLS so read transactions may be
+opened from any thread and run concurrently with the writer).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import lmdb
+from crc32c import crc32c
+
+from storage.api import (
+    CorruptRecordError,
+    NewRecord,
+    OffsetOutOfRangeError,
+    Record,
+    StorageError,
+    StorageFullError,
+    StoreStat,
+    TruncateResult,
+    Watermarks,
+)
+from storage.codec import (
+    KV_KEY_BYTES_MAX,
+    check_append_room,
+    check_chunk,
+    check_kv_key,
+    check_kv_value,
+    check_log_id,
+    check_offset,
+    check_read_limits,
+    check_scan,
+    checked_timestamp,
+    decode_at,
+    encode_at,
+    position,
+)
+
+if TYPE_CHECKING:
+    from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
+
+DEFAULT_MAP_SIZE_BYTES = 64 * 1024**3
+MAX_READERS = 256
+
+_META_KEY = struct.Struct(">Q")
+_META_FIELDS = struct.Struct(">QQQ")
+_META_CRC = struct.Struct(">I")
+_META_SIZE = _META_FIELDS.size + _META_CRC.size
+
+_ENDED = "the transaction has ended"
+_FAILED = "an earlier operation of this write transaction failed; it can only be aborted"
+
+
+def _storage_error(error: lmdb.Error) -> StorageError:
+    if isinstance(error, lmdb.MapFullError):
+        return StorageFullError(f"the LMDB map is full; the transaction is aborted ({error})")
+    return StorageError(f"LMDB: {error}")
+
+
+class LmdbStore:
+    """A ``Store`` in one LMDB environment at ``path`` (a directory, created if missing).
+
+    ``map_size_bytes`` is the size limit of the store (``StorageFullError`` beyond it); the file
+    grows only as pages are used. ``sync=False`` skips the fsync on commit: faster, but a machine
+    crash may lose the last commits (never corrupt the file); for tests and benchmarks.
+    """
+
+    __slots__ = ("_closed", "_dbs", "_env", "_path")
+
+    def __init__(
+        self, path: str, map_size_bytes: int = DEFAULT_MAP_SIZE_BYTES, sync: bool = True
+    ) -> None:
+        self._path = path
+        try:
+            env = lmdb.open(
+                path,
+                map_size=map_size_bytes,
+                subdir=True,
+                max_dbs=8,
+                max_readers=MAX_READERS,
+                sync=sync,
+                metasync=sync,
+                readahead=False,
+                lock=True,
+            )
+        except lmdb.Error as e:
+            raise StorageError(f"cannot open the LMDB environment at {path!r}: {e}") from e
+        try:
+            if env.max_key_size() < KV_KEY_BYTES_MAX:
+                raise StorageError(
+                    f"this LMDB build allows keys of {env.max_key_size()} bytes, "
+                    f"the key/value table needs {KV_KEY_BYTES_MAX}"
+                )
+            with env.begin(write=True) as txn:
+                self._dbs = _Dbs(
+                    log=env.open_db(b"log", txn=txn),
+                    meta=env.open_db(b"logmeta", txn=txn),
+                    kv=env.open_db(b"kv", txn=txn),
+                )
+        except lmdb.Error as e:
+            env.close()
+            raise StorageError(f"cannot open the databases at {path!r}: {e}") from e
+        except BaseException:
+            env.close()
+            raise
+        self._env = env
+        self._closed = False
+
+    def _live_env(self) -> Any:
+        if self._closed:
+            raise StorageError(f"the store at {self._path!r} is closed")
+        return self._env
+
+    @contextmanager
+    def write(self) -> Iterator[LmdbWriteTxn]:
+        env = self._live_env()
+        try:
+            raw = env.begin(write=True)
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        txn = LmdbWriteTxn(raw, self._dbs)
+        try:
+            yield txn
+        except BaseException:
+            txn._unusable = _ENDED
+            raw.abort()
+            raise
+        txn._unusable = _ENDED
+        failure = txn._failure
+        if failure is not None:
+            raw.abort()
+            # The block swallowed the error, but the transaction is half done (or LMDB already
+            # refused it): committing would break the all-or-nothing promise.
+            if isinstance(failure, StorageFullError):
+                raise StorageFullError("write transaction aborted: the store is full") from failure
+            raise StorageError("write transaction aborted: an operation failed") from failure
+        try:
+            raw.commit()
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+
+    @contextmanager
+    def read(self) -> Iterator[LmdbReadTxn]:
+        env = self._live_env()
+        try:
+            raw = env.begin(write=False)
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        txn = LmdbReadTxn(raw, self._dbs)
+        try:
+            yield txn
+        finally:
+            txn._unusable = _ENDED
+            raw.abort()
+
+    def stat(self) -> StoreStat:
+        env = self._live_env()
+        try:
+            info = env.info()
+            page_size = env.stat()["psize"]
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        file_bytes = os.stat(os.path.join(self._path, "data.mdb")).st_size
+        return StoreStat(file_bytes=file_bytes, used_bytes=(info["last_pgno"] + 1) * page_size)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._env.close()
+
+
+class _Dbs:
+    """The handles of the named databases (opaque LMDB objects)."""
+
+    __slots__ = ("kv", "log", "meta")
+
+    def __init__(self, log: object, meta: object, kv: object) -> None:
+        self.log = log
+        self.meta = meta
+        self.kv = kv
+
+
+class _LmdbTxn:
+    """What read and write transactions share: the key/value table and the usability check."""
+
+    __slots__ = ("_dbs", "_txn", "_unusable")
+
+    def __init__(self, txn: Any, dbs: _Dbs) -> None:
+        self._txn = txn
+        self._dbs = dbs
+        # None while the transaction may be used, else why it may not.
+        self._unusable: str | None = None
+
+    def _check(self) -> None:
+        if self._unusable is not None:
+            raise StorageError(self._unusable)
+
+    def get(self, key: bytes) -> bytes | None:
+        self._check()
+        check_kv_key(key)
+        try:
+            value: bytes | None = self._txn.get(key, db=self._dbs.kv)
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        return value
+
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        self._check()
+        check_scan(prefix, start)
+        return self._scan(prefix, start)
+
+    def _scan(self, prefix: bytes, start: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        seek = prefix if start is None else start
+        try:
+            with self._txn.cursor(db=self._dbs.kv) as cursor:
+                # LMDB refuses to seek to the empty key; the empty prefix means "from the first".
+                found = cursor.set_range(seek) if seek else cursor.first()
+                while found:
+                    key: bytes = cursor.key()
+                    if not key.startswith(prefix):
+                        return
+                    yield key, cursor.value()
+                    self._check()
+                    found = cursor.next()
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+
+
+class LmdbReadTxn(_LmdbTxn):
+    """A read-only snapshot of the store (an LMDB read transaction)."""
+
+    __slots__ = ("_logs",)
+
+    def __init__(self, txn: Any, dbs: _Dbs) -> None:
+        super().__init__(txn, dbs)
+        self._logs: dict[int, LmdbPartitionLogReader] = {}
+
+    def log(self, log_id: int) -> LmdbPartitionLogReader:
+        self._check()
+        log = self._logs.get(log_id)
+        if log is None:
+            check_log_id(log_id)
+            log = self._logs[log_id] = LmdbPartitionLogReader(self, log_id)
+        return log
+
+
+class LmdbWriteTxn(_LmdbTxn):
+    """The write transaction. Any operation that fails after it changed something marks the
+    transaction failed: every later operation raises, and it cannot commit."""
+
+    __slots__ = ("_failure", "_logs")
+
+    def __init__(self, txn: Any, dbs: _Dbs) -> None:
+        super().__init__(txn, dbs)
+        # One object per log and transaction, because each caches its watermarks.
+        self._logs: dict[int, LmdbPartitionLog] = {}
+        self._failure: StorageError | None = None
+
+    def _fail(self, error: StorageError) -> StorageError:
+        self._failure = error
+        self._unusable = _FAILED
+        return error
+
+    def log(self, log_id: int) -> LmdbPartitionLog:
+        self._check()
+        log = self._logs.get(log_id)
+        if log is None:
+            check_log_id(log_id)
+            log = self._logs[log_id] = LmdbPartitionLog(self, log_id)
+        return log
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._check()
+        check_kv_key(key)
+        check_kv_value(value)
+        try:
+            self._txn.put(key, value, db=self._dbs.kv)
+        except lmdb.Error as e:
+            raise self._fail(_storage_error(e)) from e
+
+    def delete(self, key: bytes) -> bool:
+        self._check()
+        check_kv_key(key)
+        try:
+            deleted: bool = self._txn.delete(key, db=self._dbs.kv)
+        except lmdb.Error as e:
+            raise self._fail(_storage_error(e)) from e
+        return deleted
+
+
+class LmdbPartitionLogReader:
+    """One log seen through a transaction. Its watermarks are read once, when the transaction
+    first asks for the log, and kept in step with the writes made through this object."""
+
+    __slots__ = ("_db", "_high", "_log_id", "_low", "_meta_key", "_owner", "_size", "_txn")
+
+    def __init__(self, owner: _LmdbTxn, log_id: int) -> None:
+        self._owner = owner
+        self._txn = owner._txn
+        self._db = owner._dbs.log
+        self._log_id = log_id
+        self._meta_key = _META_KEY.pack(log_id)
+        try:
+            raw = self._txn.get(self._meta_key, db=owner._dbs.meta)
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        if raw is None:
+            self._low = self._high = self._size = 0
+        else:
+            self._low, self._high, self._size = self._unpack_meta(raw)
+
+    def _unpack_meta(self, raw: bytes) -> tuple[int, int, int]:
+        if len(raw) != _META_SIZE:
+            raise StorageError(f"metadata of log {self._log_id} has {len(raw)} bytes")
+        fields = raw[: _META_FIELDS.size]
+        if crc32c(fields, crc32c(self._meta_key)) != _META_CRC.unpack_from(raw, len(fields))[0]:
+            raise StorageError(f"metadata of log {self._log_id} failed its crc32c check")
+        low, high, size = _META_FIELDS.unpack(fields)
+        if low > high or (size == 0) != (low == high):
+            raise StorageError(
+                f"metadata of log {self._log_id} is inconsistent: low={low} high={high} "
+                f"size_bytes={size}"
+            )
+        return low, high, size
+
+    @property
+    def log_id(self) -> int:
+        return self._log_id
+
+    def watermarks(self) -> Watermarks:
+        self._owner._check()
+        return Watermarks(self._low, self._high)
+
+    def size_bytes(self) -> int:
+        self._owner._check()
+        return self._size
+
+    def read(self, start_offset: int, max_records: int, max_bytes: int) -> list[Record]:
+        self._owner._check()
+        check_offset(start_offset, "start_offset")
+        check_read_limits(max_records, max_bytes)
+        offset = max(start_offset, self._low)
+        end = min(self._high, offset + max_records)
+        if offset >= end:
+            return []
+        log_id = self._log_id
+        pos = position(log_id, offset)
+        records: list[Record] = []
+        total = 0
+        try:
+            with self._txn.cursor(db=self._db) as cursor:
+                if not cursor.set_key(pos):
+                    raise CorruptRecordError(log_id, offset, "record missing below high")
+                for key, value in cursor.iternext():
+                    # The cursor walks the log's key range; a gap means a record was lost.
+                    if key != pos:
+                        raise CorruptRecordError(log_id, offset, "record missing below high")
+                    total += len(value)
+                    if total > max_bytes and records:
+                        break
+                    records.append(decode_at(pos, log_id, offset, value))
+                    offset += 1
+                    if offset == end:
+                        break
+                    pos = position(log_id, offset)
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        return records
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        self._owner._check()
+        lo, hi = self._low, self._high
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._timestamp_at(mid) < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _timestamp_at(self, offset: int) -> int:
+        pos = position(self._log_id, offset)
+        try:
+            raw = self._txn.get(pos, db=self._db)
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        if raw is None:
+            raise CorruptRecordError(self._log_id, offset, "record missing below high")
+        return checked_timestamp(pos, self._log_id, offset, raw)
+
+
+class LmdbPartitionLog(LmdbPartitionLogReader):
+    """One log inside the write transaction."""
+
+    __slots__ = ("_writer",)
+
+    def __init__(self, owner: LmdbWriteTxn, log_id: int) -> None:
+        super().__init__(owner, log_id)
+        self._writer = owner
+
+    def append(self, records: Sequence[NewRecord]) -> int:
+        self._owner._check()
+        first = self._high
+        count = len(records)
+        if count == 0:
+            return first
+        check_append_room(first, count)
+        log_id = self._log_id
+        # Encode everything before the first write, so a record over a limit (ValueError) leaves
+        # the transaction untouched and usable.
+        items: list[tuple[bytes, bytes]] = []
+        size = 0
+        offset = first
+        for record in records:
+            pos = position(log_id, offset)
+            value = encode_at(pos, record)
+            size += len(value)
+            items.append((pos, value))
+            offset += 1
+        try:
+            with self._txn.cursor(db=self._db) as cursor:
+                # MDB_APPEND skips the tree search per record, but LMDB accepts it only for keys
+                # above the last key of the whole database: when no higher log_id has records.
+                append = not cursor.last() or cursor.key() < items[0][0]
+                added = cursor.putmulti(items, overwrite=False, append=append)[1]
+        except lmdb.Error as e:
+            raise self._writer._fail(_storage_error(e)) from e
+        if added != count:
+            raise self._writer._fail(
+                StorageError(
+                    f"log {log_id}: {count - added} of the offsets [{first}, {offset}) were "
+                    "already taken; the log's metadata does not match its records"
+                )
+            )
+        self._high = offset
+        self._size += size
+        self._put_meta()
+        return first
+
+    def truncate_before(self, offset: int, max_records: int | None = None) -> TruncateResult:
+        self._owner._check()
+        check_offset(offset)
+        check_chunk(max_records)
+        if offset > self._high:
+            raise OffsetOutOfRangeError(
+                f"cannot truncate log {self._log_id} before {offset}: high is {self._high}"
+            )
+        low = self._low
+        stop = offset if max_records is None else min(offset, low + max_records)
+        if stop <= low:
+            return TruncateResult(removed_records=0, removed_bytes=0, low=low)
+        removed_bytes = self._delete_from_low(stop)
+        self._put_meta()
+        return TruncateResult(removed_records=stop - low, removed_bytes=removed_bytes, low=stop)
+
+    def drop(self, max_records: int | None = None) -> bool:
+        self._owner._check()
+        check_chunk(max_records)
+        low, high = self._low, self._high
+        if low < high:
+            stop = high if max_records is None else min(high, low + max_records)
+            self._delete_from_low(stop)
+            if stop < high:
+                self._put_meta()
+                return False
+        try:
+            self._txn.delete(self._meta_key, db=self._writer._dbs.meta)
+        except lmdb.Error as e:
+            raise self._writer._fail(_storage_error(e)) from e
+        self._low = self._high = 0
+        return True
+
+    def _delete_from_low(self, stop: int) -> int:
+        """Delete the records in [low, stop), move low to ``stop``; return the bytes removed."""
+        log_id = self._log_id
+        offset = self._low
+        removed = 0
+        try:
+            with self._txn.cursor(db=self._db) as cursor:
+                cursor.set_key(position(log_id, offset))
+                while offset < stop:
+                    # Deleting moves the cursor to the next key, so a gap shows up as a wrong
+                    # key (or no key at all) here.
+                    key, value = cursor.item()
+                    if key != position(log_id, offset):
+                        raise self._writer._fail(
+                            CorruptRecordError(log_id, offset, "record missing below high")
+                        )
+                    removed += len(value)
+                    cursor.delete()
+                    offset += 1
+        except lmdb.Error as e:
+            raise self._writer._fail(_storage_error(e)) from e
+        size = self._size - removed
+        if size < 0 or (size == 0) != (stop == self._high):
+            raise self._writer._fail(
+                StorageError(
+                    f"log {log_id}: removing {removed} bytes below {stop} leaves size_bytes "
+                    f"{size} for [{stop}, {self._high}); the metadata does not match the records"
+                )
+            )
+        self._low = stop
+        self._size = size
+        return removed
+
+    def _put_meta(self) -> None:
+        fields = _META_FIELDS.pack(self._low, self._high, self._size)
+        value = fields + _META_CRC.pack(crc32c(fields, crc32c(self._meta_key)))
+        try:
+            self._txn.put(self._meta_key, value, db=self._writer._dbs.meta)
+        except lmdb.Error as e:
+            raise self._writer._fail(_storage_error(e)) from e
+
+
+if TYPE_CHECKING:
+    # Nothing else names the Protocols next to these classes; this makes mypy prove they conform.
+    def _conforms(
+        store: LmdbStore,
+        read_txn: LmdbReadTxn,
+        write_txn: LmdbWriteTxn,
+        reader: LmdbPartitionLogReader,
+        log: LmdbPartitionLog,
+    ) -> tuple[Store, ReadTxn, WriteTxn, PartitionLogReader, PartitionLog]:
+        return store, read_txn, write_txn, reader, log

@@ -1,0 +1,451 @@
+"""The in-memory twin of ``LmdbStore``, for tests and simulations.
+
+It keeps every record encoded exactly as LMDB would (same codec, same position-salted crc), so
+sizes, limits, errors and decoding are the same code paths. A write transaction changes the live
+state directly and keeps an undo log; an exception inside ``with store.write()`` replays it.
+
+It is meant for one thread. It keeps no snapshots, so a read transaction is only valid while the
+store does not change under it: a read through a read transaction that overlaps a write which
+changed something raises ``StorageError`` instead of silently seeing other data than LMDB would.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from storage.api import (
+    NewRecord,
+    OffsetOutOfRangeError,
+    Record,
+    StorageError,
+    StorageFullError,
+    StoreStat,
+    TruncateResult,
+    Watermarks,
+)
+from storage.codec import (
+    check_append_room,
+    check_chunk,
+    check_kv_key,
+    check_kv_value,
+    check_log_id,
+    check_offset,
+    check_read_limits,
+    check_scan,
+    checked_timestamp,
+    decode_at,
+    encode_at,
+    position,
+)
+
+if TYPE_CHECKING:
+    from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
+
+_ENDED = "the transaction has ended"
+_FAILED = "an earlier operation of this write transaction failed; it can only be aborted"
+_STALE = (
+    "MemoryStore keeps no snapshots and a write changed the store during this read "
+    "transaction; LmdbStore would show the older state here"
+)
+
+
+class _LogState:
+    """The stored part of one log: encoded records by offset, and its watermarks."""
+
+    __slots__ = ("high", "low", "records", "size")
+
+    def __init__(self) -> None:
+        self.low = 0
+        self.high = 0
+        self.size = 0
+        self.records: dict[int, bytes] = {}
+
+
+class MemoryStore:
+    """A ``Store`` in memory. ``max_bytes`` bounds the encoded records plus key/value bytes
+    (``StorageFullError`` beyond it), to exercise the store-full path without a disk."""
+
+    __slots__ = (
+        "_closed",
+        "_kv",
+        "_kv_keys",
+        "_logs",
+        "_max_bytes",
+        "_used",
+        "_version",
+        "_writer",
+    )
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self._logs: dict[int, _LogState] = {}
+        self._kv: dict[bytes, bytes] = {}
+        self._kv_keys: list[bytes] = []  # the keys of _kv, sorted, for scans
+        self._used = 0
+        self._max_bytes = max_bytes
+        # Bumped by every change a write transaction makes; a read transaction that sees it move
+        # has lost its snapshot.
+        self._version = 0
+        self._writer: MemoryWriteTxn | None = None
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("the memory store is closed")
+
+    @contextmanager
+    def write(self) -> Iterator[MemoryWriteTxn]:
+        self._check_open()
+        if self._writer is not None:
+            # LMDB would block for ever on its own write lock; refuse like LmdbStore does.
+            raise StorageError("a write transaction is already open")
+        txn = self._writer = MemoryWriteTxn(self)
+        try:
+            yield txn
+        except BaseException:
+            txn._rollback()
+            raise
+        finally:
+            txn._unusable = _ENDED
+            self._writer = None
+        failure = txn._failure
+        if failure is not None:
+            txn._rollback()
+            if isinstance(failure, StorageFullError):
+                raise StorageFullError("write transaction aborted: the store is full") from failure
+            raise StorageError("write transaction aborted: an operation failed") from failure
+
+    @contextmanager
+    def read(self) -> Iterator[MemoryReadTxn]:
+        self._check_open()
+        txn = MemoryReadTxn(self)
+        try:
+            yield txn
+        finally:
+            txn._unusable = _ENDED
+
+    def stat(self) -> StoreStat:
+        self._check_open()
+        return StoreStat(file_bytes=0, used_bytes=self._used)
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class _MemoryTxn:
+    __slots__ = ("_store", "_unusable")
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._unusable: str | None = None
+
+    def _check(self) -> None:
+        if self._unusable is not None:
+            raise StorageError(self._unusable)
+
+    def get(self, key: bytes) -> bytes | None:
+        self._check()
+        check_kv_key(key)
+        return self._store._kv.get(key)
+
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        self._check()
+        check_scan(prefix, start)
+        return self._scan(prefix, start)
+
+    def _scan(self, prefix: bytes, start: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        store = self._store
+        keys = store._kv_keys
+        # Seek again after every yield, like an LMDB cursor moving on from its key: the caller
+        # may change the table between steps, and the next key is whatever follows by then.
+        index = bisect.bisect_left(keys, prefix if start is None else start)
+        while index < len(keys) and keys[index].startswith(prefix):
+            key = keys[index]
+            yield key, store._kv[key]
+            self._check()
+            index = bisect.bisect_right(keys, key)
+
+
+class MemoryReadTxn(_MemoryTxn):
+    __slots__ = ("_logs", "_version")
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self._logs: dict[int, MemoryPartitionLogReader] = {}
+        writer = store._writer
+        # A read that begins while a write has uncommitted changes would see them; mark the
+        # snapshot as already gone.
+        dirty = writer is not None and bool(writer._undo)
+        self._version = -1 if dirty else store._version
+
+    def _check(self) -> None:
+        super()._check()
+        if self._version != self._store._version:
+            raise StorageError(_STALE)
+
+    def log(self, log_id: int) -> MemoryPartitionLogReader:
+        self._check()
+        log = self._logs.get(log_id)
+        if log is None:
+            check_log_id(log_id)
+            log = self._logs[log_id] = MemoryPartitionLogReader(self, log_id)
+        return log
+
+
+class MemoryWriteTxn(_MemoryTxn):
+    __slots__ = ("_failure", "_logs", "_undo")
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__(store)
+        self._logs: dict[int, MemoryPartitionLog] = {}
+        self._undo: list[Callable[[], None]] = []
+        self._failure: StorageError | None = None
+
+    def _fail(self, error: StorageError) -> StorageError:
+        self._failure = error
+        self._unusable = _FAILED
+        return error
+
+    def _changed(self, undo: Callable[[], None]) -> None:
+        self._undo.append(undo)
+        self._store._version += 1
+
+    def _reserve(self, more_bytes: int) -> None:
+        store = self._store
+        if store._max_bytes is not None and store._used + more_bytes > store._max_bytes:
+            raise self._fail(
+                StorageFullError(
+                    f"the memory store is full: {store._used} of {store._max_bytes} bytes used, "
+                    f"{more_bytes} more requested; the transaction is aborted"
+                )
+            )
+
+    def _rollback(self) -> None:
+        undo = self._undo
+        while undo:
+            undo.pop()()
+
+    def log(self, log_id: int) -> MemoryPartitionLog:
+        self._check()
+        log = self._logs.get(log_id)
+        if log is None:
+            check_log_id(log_id)
+            log = self._logs[log_id] = MemoryPartitionLog(self, log_id)
+        return log
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._check()
+        check_kv_key(key)
+        check_kv_value(value)
+        store = self._store
+        old = store._kv.get(key)
+        delta = len(key) + len(value) if old is None else len(value) - len(old)
+        if delta > 0:
+            self._reserve(delta)
+        if old is None:
+            bisect.insort(store._kv_keys, key)
+        store._kv[key] = value
+        store._used += delta
+
+        def undo() -> None:
+            if old is None:
+                del store._kv[key]
+                del store._kv_keys[bisect.bisect_left(store._kv_keys, key)]
+            else:
+                store._kv[key] = old
+            store._used -= delta
+
+        self._changed(undo)
+
+    def delete(self, key: bytes) -> bool:
+        self._check()
+        check_kv_key(key)
+        store = self._store
+        old = store._kv.pop(key, None)
+        if old is None:
+            return False
+        del store._kv_keys[bisect.bisect_left(store._kv_keys, key)]
+        freed = len(key) + len(old)
+        store._used -= freed
+
+        def undo() -> None:
+            bisect.insort(store._kv_keys, key)
+            store._kv[key] = old
+            store._used += freed
+
+        self._changed(undo)
+        return True
+
+
+class MemoryPartitionLogReader:
+    __slots__ = ("_log_id", "_owner", "_store")
+
+    def __init__(self, owner: _MemoryTxn, log_id: int) -> None:
+        self._owner = owner
+        self._store = owner._store
+        self._log_id = log_id
+
+    def _state(self) -> _LogState | None:
+        self._owner._check()
+        return self._store._logs.get(self._log_id)
+
+    @property
+    def log_id(self) -> int:
+        return self._log_id
+
+    def watermarks(self) -> Watermarks:
+        state = self._state()
+        return Watermarks(0, 0) if state is None else Watermarks(state.low, state.high)
+
+    def size_bytes(self) -> int:
+        state = self._state()
+        return 0 if state is None else state.size
+
+    def read(self, start_offset: int, max_records: int, max_bytes: int) -> list[Record]:
+        state = self._state()
+        check_offset(start_offset, "start_offset")
+        check_read_limits(max_records, max_bytes)
+        if state is None:
+            return []
+        log_id = self._log_id
+        stored = state.records
+        records: list[Record] = []
+        total = 0
+        first = max(start_offset, state.low)
+        for offset in range(first, min(state.high, first + max_records)):
+            buf = stored[offset]
+            total += len(buf)
+            if total > max_bytes and records:
+                break
+            records.append(decode_at(position(log_id, offset), log_id, offset, buf))
+        return records
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        state = self._state()
+        if state is None:
+            return 0
+        log_id = self._log_id
+        lo, hi = state.low, state.high
+        while lo < hi:
+            mid = (lo + hi) // 2
+            ts = checked_timestamp(position(log_id, mid), log_id, mid, state.records[mid])
+            if ts < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+
+class MemoryPartitionLog(MemoryPartitionLogReader):
+    __slots__ = ("_writer",)
+
+    def __init__(self, owner: MemoryWriteTxn, log_id: int) -> None:
+        super().__init__(owner, log_id)
+        self._writer = owner
+
+    def append(self, records: Sequence[NewRecord]) -> int:
+        state = self._state()
+        first = 0 if state is None else state.high
+        count = len(records)
+        if count == 0:
+            return first
+        check_append_room(first, count)
+        log_id = self._log_id
+        encoded = [
+            encode_at(position(log_id, offset), record)
+            for offset, record in enumerate(records, first)
+        ]
+        added = sum(map(len, encoded))
+        writer = self._writer
+        writer._reserve(added)
+        store = self._store
+        created = state is None
+        if state is None:
+            state = store._logs[log_id] = _LogState()
+        stored = state.records
+        stored.update(zip(range(first, first + count), encoded, strict=True))
+        state.high += count
+        state.size += added
+        store._used += added
+        log = state
+
+        def undo() -> None:
+            for offset in range(first, first + count):
+                del stored[offset]
+            log.high -= count
+            log.size -= added
+            store._used -= added
+            if created:
+                del store._logs[log_id]
+
+        writer._changed(undo)
+        return first
+
+    def truncate_before(self, offset: int, max_records: int | None = None) -> TruncateResult:
+        state = self._state()
+        check_offset(offset)
+        check_chunk(max_records)
+        low = 0 if state is None else state.low
+        high = 0 if state is None else state.high
+        if offset > high:
+            raise OffsetOutOfRangeError(
+                f"cannot truncate log {self._log_id} before {offset}: high is {high}"
+            )
+        stop = offset if max_records is None else min(offset, low + max_records)
+        if state is None or stop <= low:
+            return TruncateResult(removed_records=0, removed_bytes=0, low=low)
+        removed_bytes = self._delete_from_low(state, stop)
+        return TruncateResult(removed_records=stop - low, removed_bytes=removed_bytes, low=stop)
+
+    def drop(self, max_records: int | None = None) -> bool:
+        state = self._state()
+        check_chunk(max_records)
+        if state is None:
+            return True
+        if state.low < state.high:
+            stop = state.high if max_records is None else min(state.high, state.low + max_records)
+            self._delete_from_low(state, stop)
+            if stop < state.high:
+                return False
+        store = self._store
+        log_id = self._log_id
+        del store._logs[log_id]
+
+        def undo() -> None:
+            store._logs[log_id] = state
+
+        self._writer._changed(undo)
+        return True
+
+    def _delete_from_low(self, state: _LogState, stop: int) -> int:
+        low = state.low
+        stored = state.records
+        removed = {offset: stored.pop(offset) for offset in range(low, stop)}
+        removed_bytes = sum(map(len, removed.values()))
+        state.low = stop
+        state.size -= removed_bytes
+        store = self._store
+        store._used -= removed_bytes
+
+        def undo() -> None:
+            stored.update(removed)
+            state.low = low
+            state.size += removed_bytes
+            store._used += removed_bytes
+
+        self._writer._changed(undo)
+        return removed_bytes
+
+
+if TYPE_CHECKING:
+    # Nothing else names the Protocols next to these classes; this makes mypy prove they conform.
+    def _conforms(
+        store: MemoryStore,
+        read_txn: MemoryReadTxn,
+        write_txn: MemoryWriteTxn,
+        reader: MemoryPartitionLogReader,
+        log: MemoryPartitionLog,
+    ) -> tuple[Store, ReadTxn, WriteTxn, PartitionLogReader, PartitionLog]:
+        return store, read_txn, write_txn, reader, log
