@@ -88,7 +88,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeC
     for name, kind in kinds.items():
         raw = getattr(args, name)
         if raw is not None:
-            values[name] = raw if kind is bool else _coerce("--" + name.replace("_", "-"), raw, kind)
+            values[name] = (
+                raw if kind is bool else _coerce("--" + name.replace("_", "-"), raw, kind)
+            )
     config = NodeConfig(**values)  # type: ignore[arg-type]
     validate(config)
     return config

@@ -1,6 +1,6 @@
 """FluxMQ's storage library: partition logs and a key/value table in one transactional store.
 
-Independent of the broker: it knows nothing of queues, only of numbered logs and opaque bytes.
+Independent of the layers above it: it knows only numbered logs and opaque bytes.
 """
 
 from storage.api import (

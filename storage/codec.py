@@ -128,12 +128,15 @@ _make_record = _record_factory()
 
 def position(log_id: int, offset: int) -> bytes:
     """The 16-byte position of a record: the crc's salt and the LMDB key."""
-    return _pack_position(log_id, offset)
+    try:
+        return _pack_position(log_id, offset)
+    except struct.error:
+        raise ValueError(f"position ({log_id}, {offset}) is not a pair of u64") from None
 
 
 def encode(log_id: int, offset: int, record: NewRecord) -> bytes:
     """Encode ``record`` for storage at (``log_id``, ``offset``); ValueError past any limit."""
-    return encode_at(_pack_position(log_id, offset), record)
+    return encode_at(position(log_id, offset), record)
 
 
 def encode_at(pos: bytes, record: NewRecord) -> bytes:
@@ -210,7 +213,7 @@ def decode(log_id: int, offset: int, buf: bytes) -> Record:
 
     Raises ``CorruptRecordError`` when the crc does not match or any length is inconsistent.
     """
-    return decode_at(_pack_position(log_id, offset), log_id, offset, buf)
+    return decode_at(position(log_id, offset), log_id, offset, buf)
 
 
 def decode_at(pos: bytes, log_id: int, offset: int, buf: bytes) -> Record:
@@ -246,7 +249,9 @@ def decode_at(pos: bytes, log_id: int, offset: int, buf: bytes) -> Record:
         idempotency_key = None
     else:
         if idem_len > IDEMPOTENCY_KEY_BYTES_MAX:
-            raise CorruptRecordError(log_id, offset, f"idempotency key length {idem_len}")
+            raise CorruptRecordError(
+                log_id, offset, f"idempotency key length {idem_len} over the limit"
+            )
         idempotency_key = _text(buf[at : at + idem_len], log_id, offset)
         at += idem_len
     if at != size:
@@ -285,7 +290,7 @@ def checked_timestamp(pos: bytes, log_id: int, offset: int, buf: bytes) -> int:
     """The timestamp of a stored record, after the same crc check :func:`decode` does.
 
     The timestamp search probes a few records and needs nothing else of them; skipping the full
-    decode avoids copying their values, but a corrupt record still raises.
+    decode avoids slicing out values it would throw away, while a corrupt record still raises.
     """
     size = len(buf)
     if size < _HEAD_SIZE:
@@ -324,7 +329,8 @@ def check_chunk(max_records: int | None) -> None:
 
 
 def check_append_room(high: int, count: int) -> None:
-    if high + count - 1 > OFFSET_MAX:
+    # high itself (the next offset) must stay a u64, not only the last appended offset.
+    if high + count > OFFSET_MAX:
         raise ValueError(f"appending {count} records at offset {high} overflows u64 offsets")
 
 

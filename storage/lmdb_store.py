@@ -181,7 +181,10 @@ class LmdbStore:
             page_size = env.stat()["psize"]
         except lmdb.Error as e:
             raise _storage_error(e) from e
-        file_bytes = os.stat(os.path.join(self._path, "data.mdb")).st_size
+        try:
+            file_bytes = os.stat(os.path.join(self._path, "data.mdb")).st_size
+        except OSError as e:
+            raise StorageError(f"cannot stat the LMDB data file: {e}") from e
         return StoreStat(file_bytes=file_bytes, used_bytes=(info["last_pgno"] + 1) * page_size)
 
     def close(self) -> None:
@@ -204,11 +207,12 @@ class _Dbs:
 class _LmdbTxn:
     """What read and write transactions share: the key/value table and the usability check."""
 
-    __slots__ = ("_dbs", "_txn", "_unusable")
+    __slots__ = ("_dbs", "_may_change", "_txn", "_unusable")
 
-    def __init__(self, txn: Any, dbs: _Dbs) -> None:
+    def __init__(self, txn: Any, dbs: _Dbs, may_change: bool) -> None:
         self._txn = txn
         self._dbs = dbs
+        self._may_change = may_change
         # None while the transaction may be used, else why it may not.
         self._unusable: str | None = None
 
@@ -231,6 +235,7 @@ class _LmdbTxn:
         return self._scan(prefix, start)
 
     def _scan(self, prefix: bytes, start: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        self._check()
         seek = prefix if start is None else start
         try:
             with self._txn.cursor(db=self._dbs.kv) as cursor:
@@ -242,7 +247,15 @@ class _LmdbTxn:
                         return
                     yield key, cursor.value()
                     self._check()
-                    found = cursor.next()
+                    if self._may_change:
+                        # The caller may have changed the table during the yield, after which
+                        # LMDB leaves the cursor at a position that depends on what changed;
+                        # seek again to what follows the key just returned.
+                        found = cursor.set_range(key)
+                        if found and cursor.key() == key:
+                            found = cursor.next()
+                    else:
+                        found = cursor.next()
         except lmdb.Error as e:
             raise _storage_error(e) from e
 
@@ -253,7 +266,7 @@ class LmdbReadTxn(_LmdbTxn):
     __slots__ = ("_logs",)
 
     def __init__(self, txn: Any, dbs: _Dbs) -> None:
-        super().__init__(txn, dbs)
+        super().__init__(txn, dbs, may_change=False)
         self._logs: dict[int, LmdbPartitionLogReader] = {}
 
     def log(self, log_id: int) -> LmdbPartitionLogReader:
@@ -272,7 +285,7 @@ class LmdbWriteTxn(_LmdbTxn):
     __slots__ = ("_failure", "_logs")
 
     def __init__(self, txn: Any, dbs: _Dbs) -> None:
-        super().__init__(txn, dbs)
+        super().__init__(txn, dbs, may_change=True)
         # One object per log and transaction, because each caches its watermarks.
         self._logs: dict[int, LmdbPartitionLog] = {}
         self._failure: StorageError | None = None

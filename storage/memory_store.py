@@ -99,7 +99,8 @@ class MemoryStore:
     def write(self) -> Iterator[MemoryWriteTxn]:
         self._check_open()
         if self._writer is not None:
-            # LMDB would block for ever on its own write lock; refuse like LmdbStore does.
+            # In LMDB a second writer in the writer's thread would deadlock, which LmdbStore
+            # refuses; the twin has only that one thread, so it refuses every second writer.
             raise StorageError("a write transaction is already open")
         txn = self._writer = MemoryWriteTxn(self)
         try:
@@ -156,6 +157,7 @@ class _MemoryTxn:
         return self._scan(prefix, start)
 
     def _scan(self, prefix: bytes, start: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        self._check()
         store = self._store
         keys = store._kv_keys
         # Seek again after every yield, like an LMDB cursor moving on from its key: the caller
@@ -363,19 +365,20 @@ class MemoryPartitionLog(MemoryPartitionLogReader):
         store = self._store
         created = state is None
         if state is None:
-            state = store._logs[log_id] = _LogState()
-        stored = state.records
+            target = store._logs[log_id] = _LogState()
+        else:
+            target = state
+        stored = target.records
         stored.update(zip(range(first, first + count), encoded, strict=True))
-        state.high += count
-        state.size += added
+        target.high += count
+        target.size += added
         store._used += added
-        log = state
 
         def undo() -> None:
             for offset in range(first, first + count):
                 del stored[offset]
-            log.high -= count
-            log.size -= added
+            target.high -= count
+            target.size -= added
             store._used -= added
             if created:
                 del store._logs[log_id]

@@ -29,8 +29,15 @@ def generate(dest: Path) -> None:
     include = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
-            sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO}", f"-I{include}",
-            f"--python_out={tmp}", f"--pyi_out={tmp}", f"--grpc_python_out={tmp}", *files,
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTO}",
+            f"-I{include}",
+            f"--python_out={tmp}",
+            f"--pyi_out={tmp}",
+            f"--grpc_python_out={tmp}",
+            *files,
         ]
         subprocess.run(cmd, check=True)
         gen = Path(tmp) / "fluxmq"

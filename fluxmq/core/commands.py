@@ -44,7 +44,8 @@ def encode(cmd: Command) -> bytes:
     op = _OPS.get(type(cmd))
     if op is None:
         raise TypeError(f"not a command: {type(cmd).__name__}")
-    return bytes((op,)) + cmd.SerializeToString()
+    body: bytes = cmd.SerializeToString()
+    return bytes((op,)) + body
 
 
 def decode(payload: bytes) -> tuple[Op, Command]:

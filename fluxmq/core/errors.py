@@ -46,7 +46,9 @@ def queue_exists(name: str) -> FluxError:
     return FluxError("QUEUE_EXISTS", f"queue {name!r} already exists", metadata={"queue": name})
 
 
-def partition_out_of_range(name: str, partition: int, partitions: int, field_path: str) -> FluxError:
+def partition_out_of_range(
+    name: str, partition: int, partitions: int, field_path: str
+) -> FluxError:
     return FluxError(
         "PARTITION_OUT_OF_RANGE",
         f"queue {name!r} has partitions 0..{partitions - 1}; got {partition}",

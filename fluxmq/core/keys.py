@@ -34,7 +34,12 @@ def dedup_key(queue_id: int, idempotency_key: str) -> bytes:
 
 
 def dedup_expiry_key(queue_id: int, timestamp_ms: int, idempotency_key: str) -> bytes:
-    return DEDUP_EXPIRY + U64.pack(queue_id) + U64.pack(max(timestamp_ms, 0)) + idempotency_key.encode()
+    return (
+        DEDUP_EXPIRY
+        + U64.pack(queue_id)
+        + U64.pack(max(timestamp_ms, 0))
+        + idempotency_key.encode()
+    )
 
 
 def split_dedup_expiry_key(key: bytes) -> tuple[int, int, str]:

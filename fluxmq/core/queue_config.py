@@ -56,7 +56,9 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
     r = config.retention
     max_age_ms = parse_duration_ms(r.max_age, f"{prefix}.retention.max_age") if r.max_age else 0
     max_bytes = parse_bytes(r.max_bytes, f"{prefix}.retention.max_bytes") if r.max_bytes else 0
-    dedup_ms = parse_duration_ms(config.dedup_window or limits.DEDUP_WINDOW_DEFAULT, f"{prefix}.dedup_window")
+    dedup_ms = parse_duration_ms(
+        config.dedup_window or limits.DEDUP_WINDOW_DEFAULT, f"{prefix}.dedup_window"
+    )
     if dedup_ms > limits.DEDUP_WINDOW_MS_MAX:
         raise invalid_argument(f"{prefix}.dedup_window", "at most 7d")
     partitions = config.partitions or 1
@@ -66,9 +68,13 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
     if max_message_bytes > limits.MESSAGE_BYTES_MAX:
         raise invalid_argument(f"{prefix}.max_message_bytes", f"at most {limits.MESSAGE_BYTES_MAX}")
     if r.max_age and max_age_ms == 0:
-        raise invalid_argument(f"{prefix}.retention.max_age", "must be positive (empty = unlimited)")
+        raise invalid_argument(
+            f"{prefix}.retention.max_age", "must be positive (empty = unlimited)"
+        )
     if r.max_bytes and max_bytes == 0:
-        raise invalid_argument(f"{prefix}.retention.max_bytes", "must be positive (empty = unlimited)")
+        raise invalid_argument(
+            f"{prefix}.retention.max_bytes", "must be positive (empty = unlimited)"
+        )
     return QueuePolicy(
         partitions=partitions,
         max_age_ms=max_age_ms,
@@ -85,9 +91,13 @@ def _validate_labels(labels: Iterable[tuple[str, str]], prefix: str) -> None:
         raise invalid_argument(f"{prefix}.labels", f"at most {limits.LABELS_MAX} labels")
     for key, value in items:
         if not limits.LABEL_KEY_RE.match(key):
-            raise invalid_argument(f"{prefix}.labels[{key}]", "label keys are 1..63 of A-Z a-z 0-9 . _ / -")
+            raise invalid_argument(
+                f"{prefix}.labels[{key}]", "label keys are 1..63 of A-Z a-z 0-9 . _ / -"
+            )
         if len(value) > limits.LABEL_VALUE_CHARS_MAX:
-            raise invalid_argument(f"{prefix}.labels[{key}]", "label values are at most 256 characters")
+            raise invalid_argument(
+                f"{prefix}.labels[{key}]", "label values are at most 256 characters"
+            )
 
 
 def normalize_new(config: pb.QueueConfig, prefix: str = "config") -> pb.QueueConfig:
@@ -115,8 +125,14 @@ def merge_update(
         if path not in MUTABLE_PATHS:
             if path in ("name", "type"):
                 raise invalid_argument(f"update_mask.paths[{path}]", f"{path} cannot be changed")
-            raise invalid_argument(f"update_mask.paths[{path}]", f"unknown or immutable field {path!r}")
-    chosen = set(paths) if paths else {"partitions", "retention", "dedup_window", "max_message_bytes", "labels"}
+            raise invalid_argument(
+                f"update_mask.paths[{path}]", f"unknown or immutable field {path!r}"
+            )
+    chosen = (
+        set(paths)
+        if paths
+        else {"partitions", "retention", "dedup_window", "max_message_bytes", "labels"}
+    )
     if not paths and patch.type not in (pb.QUEUE_TYPE_UNSPECIFIED, current.type):
         raise invalid_argument(f"{prefix}.type", "the queue type cannot be changed")
     new = pb.QueueConfig()

@@ -16,8 +16,7 @@ from fluxmq.core.errors import (
 )
 from fluxmq.core.queue_config import labels_match, parse_label_selector, validate_name
 from fluxmq.core.state_machine import QueueEntry, QueueStateMachine
-from storage import Record, Watermarks
-
+from storage.api import Record, Watermarks
 
 _TOKEN_TAG = b"queues:"  # page tokens are base64url("queues:" + last name of the page)
 
@@ -43,7 +42,9 @@ class QueueReader:
 
     def _log_id(self, entry: QueueEntry, partition: int) -> int:
         if partition >= entry.policy.partitions:
-            raise partition_out_of_range(entry.name, partition, entry.policy.partitions, "partition")
+            raise partition_out_of_range(
+                entry.name, partition, entry.policy.partitions, "partition"
+            )
         return keys.log_id(entry.queue_id, partition)
 
     def list_queues(

@@ -22,7 +22,7 @@ from fluxmq.core import keys, limits
 from fluxmq.core.commands import Op, decode
 from fluxmq.core.errors import FluxError, queue_exists, queue_not_found
 from fluxmq.core.queue_config import QueuePolicy, policy_of
-from storage import NewRecord, PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
+from storage.api import NewRecord, PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +152,8 @@ class QueueStateMachine:
             if op is Op.UPDATE_QUEUE:
                 return self._update_queue(batch, cmd)
             if op is Op.DELETE_QUEUE:
-                return self._delete_queue(batch, cmd)
+                self._delete_queue(batch, cmd)
+                return None
             if op is Op.PURGE:
                 return self._purge(batch, cmd)
             if op is Op.APPLY_RETENTION:
@@ -243,7 +244,9 @@ class QueueStateMachine:
         partitions = cmd.partitions
         count = len(messages)
         if count != len(partitions) or not 1 <= count <= limits.PUBLISH_MESSAGES_MAX:
-            raise FluxError("INVALID_ARGUMENT", "append: one partition per message, 1..1000 messages")
+            raise FluxError(
+                "INVALID_ARGUMENT", "append: one partition per message, 1..1000 messages"
+            )
         npart = entry.policy.partitions
         for p in partitions:
             if p >= npart:
@@ -391,7 +394,11 @@ def retention_cut(reader: PartitionLogReader, policy: QueuePolicy, now_ms: int) 
         excess = reader.size_bytes() - policy.max_bytes
         offset = wm.low
         # Walk from the oldest record; the walk is bounded by the per-pass budget.
-        while excess > 0 and offset < wm.high and offset - wm.low < limits.RETENTION_RECORDS_PER_PASS_MAX:
+        while (
+            excess > 0
+            and offset < wm.high
+            and offset - wm.low < limits.RETENTION_RECORDS_PER_PASS_MAX
+        ):
             for record in reader.read(offset, 1000, 1 << 62):
                 if excess <= 0:
                     break

@@ -35,6 +35,7 @@ def parse_bytes(text: str, field_path: str) -> int:
     m = _SIZE_RE.match(text)
     if not m:
         raise invalid_argument(
-            field_path, f"{text!r} is not a size: use a whole number with B, KB, MB, GB, KiB, MiB, GiB"
+            field_path,
+            f"{text!r} is not a size: use a whole number with B, KB, MB, GB, KiB, MiB, GiB",
         )
     return int(m.group(1)) * _SIZE[(m.group(2) or "").lower()]

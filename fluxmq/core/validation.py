@@ -21,7 +21,8 @@ def request_timeout_ms(value: int, field_path: str = "request_timeout_ms") -> in
     if not limits.REQUEST_TIMEOUT_MS_MIN <= value <= limits.REQUEST_TIMEOUT_MS_MAX:
         raise invalid_argument(
             field_path,
-            f"must be {limits.REQUEST_TIMEOUT_MS_MIN}..{limits.REQUEST_TIMEOUT_MS_MAX} ms (got {value})",
+            f"must be {limits.REQUEST_TIMEOUT_MS_MIN}..{limits.REQUEST_TIMEOUT_MS_MAX} ms"
+            f" (got {value})",
         )
     return value
 
@@ -41,15 +42,21 @@ def publish_messages(messages: Sequence[pb.PublishMessage], policy: QueuePolicy)
         size = len(msg.value)
         if msg.HasField("key"):
             if len(msg.key) > limits.MESSAGE_KEY_BYTES_MAX:
-                raise message_too_large(f"messages[{i}].key", len(msg.key), limits.MESSAGE_KEY_BYTES_MAX)
+                raise message_too_large(
+                    f"messages[{i}].key", len(msg.key), limits.MESSAGE_KEY_BYTES_MAX
+                )
             size += len(msg.key)
         headers = msg.headers
         if headers:
             if len(headers) > limits.MESSAGE_HEADERS_MAX:
-                raise invalid_argument(f"messages[{i}].headers", f"at most {limits.MESSAGE_HEADERS_MAX} headers")
+                raise invalid_argument(
+                    f"messages[{i}].headers", f"at most {limits.MESSAGE_HEADERS_MAX} headers"
+                )
             for name, value in headers.items():
                 if not name or len(name) > limits.HEADER_NAME_CHARS_MAX:
-                    raise invalid_argument(f"messages[{i}].headers", "header names are 1..256 characters")
+                    raise invalid_argument(
+                        f"messages[{i}].headers", "header names are 1..256 characters"
+                    )
                 size += len(name) + len(value)
         if size > limit:
             raise message_too_large(f"messages[{i}].value", size, limit)

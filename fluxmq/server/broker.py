@@ -273,4 +273,3 @@ class Broker:
                 raise
             except Exception:
                 log.exception("retention pass failed; retrying on the next tick")
-

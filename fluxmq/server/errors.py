@@ -114,4 +114,3 @@ def internal_error(request_id: str) -> FluxError:
     return FluxError(
         "INTERNAL", f"internal error (request id {request_id}); the broker logged the details"
     )
-

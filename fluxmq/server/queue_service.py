@@ -25,9 +25,7 @@ PUBLISH_STREAM_IN_FLIGHT_MAX = 64  # requests of one PublishStream being process
 def _fill_records(out: Any, partition: int, records: list[Record]) -> None:
     add = out.add
     for r in records:
-        rec = add(
-            partition=partition, offset=r.offset, timestamp_ms=r.timestamp_ms, value=r.value
-        )
+        rec = add(partition=partition, offset=r.offset, timestamp_ms=r.timestamp_ms, value=r.value)
         if r.key is not None:
             rec.key = r.key
         if r.headers:
@@ -177,9 +175,7 @@ class QueueService(pb_grpc.QueueServiceServicer):  # type: ignore[misc]
         _fill_records(resp.records, request.partition, result.records)
         return resp
 
-    async def Tail(
-        self, request: pb.TailRequest, context: Any
-    ) -> AsyncIterator[pb.TailResponse]:
+    async def Tail(self, request: pb.TailRequest, context: Any) -> AsyncIterator[pb.TailResponse]:
         batch_max = request.max_messages or 500
         if batch_max > 10_000:
             raise invalid_argument("max_messages", "at most 10000")
@@ -203,4 +199,3 @@ class QueueService(pb_grpc.QueueServiceServicer):  # type: ignore[misc]
 
 def register(server: grpc.aio.Server, broker: Broker) -> None:
     pb_grpc.add_QueueServiceServicer_to_server(QueueService(broker), server)
-

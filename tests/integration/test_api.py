@@ -29,7 +29,9 @@ def test_queue_lifecycle_create_get_update_list_delete(stub: Stub) -> None:
     assert stub.GetQueue(pb.GetQueueRequest(name="orders")) == q
     updated = stub.UpdateQueue(
         pb.UpdateQueueRequest(
-            config=pb.QueueConfig(name="orders", partitions=5, retention=pb.Retention(max_age="1h")),
+            config=pb.QueueConfig(
+                name="orders", partitions=5, retention=pb.Retention(max_age="1h")
+            ),
             update_mask=field_mask_pb2.FieldMask(paths=["partitions"]),
         )
     )
@@ -68,7 +70,9 @@ def test_publish_then_fetch_returns_byte_identical_records(stub: Stub) -> None:
     res = stub.Publish(pb.PublishRequest(queue="s", messages=messages))
     assert len(res.results) == 3
     for msg, r in zip(messages, res.results, strict=True):
-        got = stub.Fetch(pb.FetchRequest(queue="s", partition=r.partition, offset=r.offset, max_messages=1))
+        got = stub.Fetch(
+            pb.FetchRequest(queue="s", partition=r.partition, offset=r.offset, max_messages=1)
+        )
         rec = got.records[0]
         assert (rec.offset, rec.timestamp_ms, rec.value) == (r.offset, r.timestamp_ms, msg.value)
         assert rec.HasField("key") == msg.HasField("key") and rec.key == msg.key
@@ -80,7 +84,10 @@ def test_publish_then_fetch_returns_byte_identical_records(stub: Stub) -> None:
 def test_keyed_messages_keep_their_partition(stub: Stub) -> None:
     create(stub, "keyed", partitions=8)
     res = stub.Publish(
-        pb.PublishRequest(queue="keyed", messages=[pb.PublishMessage(key=b"user-7", value=b"%d" % i) for i in range(20)])
+        pb.PublishRequest(
+            queue="keyed",
+            messages=[pb.PublishMessage(key=b"user-7", value=b"%d" % i) for i in range(20)],
+        )
     )
     assert len({r.partition for r in res.results}) == 1
     assert [r.offset for r in res.results] == list(range(20))
@@ -126,7 +133,9 @@ def test_fetch_long_poll_returns_when_data_arrives(stub: Stub) -> None:
 
 def test_fetch_respects_max_messages_and_max_bytes(stub: Stub) -> None:
     create(stub, "lim")
-    stub.Publish(pb.PublishRequest(queue="lim", messages=[pb.PublishMessage(value=b"v" * 100)] * 50))
+    stub.Publish(
+        pb.PublishRequest(queue="lim", messages=[pb.PublishMessage(value=b"v" * 100)] * 50)
+    )
     assert len(stub.Fetch(pb.FetchRequest(queue="lim", max_messages=7)).records) == 7
     few = stub.Fetch(pb.FetchRequest(queue="lim", max_bytes=1000))
     assert 1 <= len(few.records) < 10 and few.next_offset == len(few.records)
@@ -135,13 +144,23 @@ def test_fetch_respects_max_messages_and_max_bytes(stub: Stub) -> None:
 
 def test_tail_streams_from_earliest_and_then_live_records(stub: Stub) -> None:
     create(stub, "tail", partitions=2)
-    stub.Publish(pb.PublishRequest(queue="tail", messages=[pb.PublishMessage(value=b"old%d" % i) for i in range(4)]))
-    stream = stub.Tail(pb.TailRequest(queue="tail", start=pb.StartPosition(earliest=True)), timeout=20)
+    stub.Publish(
+        pb.PublishRequest(
+            queue="tail", messages=[pb.PublishMessage(value=b"old%d" % i) for i in range(4)]
+        )
+    )
+    stream = stub.Tail(
+        pb.TailRequest(queue="tail", start=pb.StartPosition(earliest=True)), timeout=20
+    )
     seen: list[bytes] = []
 
     def publish_live() -> None:
         time.sleep(0.3)
-        stub.Publish(pb.PublishRequest(queue="tail", messages=[pb.PublishMessage(value=b"new%d" % i) for i in range(4)]))
+        stub.Publish(
+            pb.PublishRequest(
+                queue="tail", messages=[pb.PublishMessage(value=b"new%d" % i) for i in range(4)]
+            )
+        )
 
     threading.Thread(target=publish_live).start()
     for resp in stream:
@@ -149,14 +168,21 @@ def test_tail_streams_from_earliest_and_then_live_records(stub: Stub) -> None:
         if len(seen) >= 8:
             break
     stream.cancel()
-    assert sorted(seen) == sorted([b"old%d" % i for i in range(4)] + [b"new%d" % i for i in range(4)])
+    assert sorted(seen) == sorted(
+        [b"old%d" % i for i in range(4)] + [b"new%d" % i for i in range(4)]
+    )
 
 
 def test_tail_from_latest_sees_only_new_records(stub: Stub) -> None:
     create(stub, "tl")
     stub.Publish(pb.PublishRequest(queue="tl", messages=[pb.PublishMessage(value=b"before")]))
     stream = stub.Tail(pb.TailRequest(queue="tl", start=pb.StartPosition(latest=True)), timeout=20)
-    threading.Timer(0.3, lambda: stub.Publish(pb.PublishRequest(queue="tl", messages=[pb.PublishMessage(value=b"after")]))).start()
+    threading.Timer(
+        0.3,
+        lambda: stub.Publish(
+            pb.PublishRequest(queue="tl", messages=[pb.PublishMessage(value=b"after")])
+        ),
+    ).start()
     first = next(iter(stream))
     stream.cancel()
     assert [r.value for r in first.records] == [b"after"]
@@ -164,11 +190,19 @@ def test_tail_from_latest_sees_only_new_records(stub: Stub) -> None:
 
 def test_seek_to_timestamp_finds_first_record_at_or_after(stub: Stub) -> None:
     create(stub, "seek")
-    a = stub.Publish(pb.PublishRequest(queue="seek", messages=[pb.PublishMessage(value=b"a")])).results[0]
+    a = stub.Publish(
+        pb.PublishRequest(queue="seek", messages=[pb.PublishMessage(value=b"a")])
+    ).results[0]
     time.sleep(0.02)
-    b = stub.Publish(pb.PublishRequest(queue="seek", messages=[pb.PublishMessage(value=b"b")])).results[0]
+    b = stub.Publish(
+        pb.PublishRequest(queue="seek", messages=[pb.PublishMessage(value=b"b")])
+    ).results[0]
     assert b.timestamp_ms > a.timestamp_ms
-    seek = lambda ts: stub.SeekToTimestamp(pb.SeekToTimestampRequest(queue="seek", timestamp_ms=ts)).offset  # noqa: E731
+
+    def seek(ts: int) -> int:
+        req = pb.SeekToTimestampRequest(queue="seek", timestamp_ms=ts)
+        return int(stub.SeekToTimestamp(req).offset)
+
     assert seek(0) == 0
     assert seek(a.timestamp_ms + 1) == 1
     assert seek(b.timestamp_ms + 1) == 2  # past the end: the high watermark
@@ -194,7 +228,10 @@ def test_publish_stream_answers_in_order_and_survives_a_bad_request(stub: Stub) 
         for i in range(20):
             queue = "missing" if i == 7 else "ps"
             yield pb.PublishStreamRequest(
-                sequence=i, publish=pb.PublishRequest(queue=queue, messages=[pb.PublishMessage(value=b"%d" % i)])
+                sequence=i,
+                publish=pb.PublishRequest(
+                    queue=queue, messages=[pb.PublishMessage(value=b"%d" % i)]
+                ),
             )
 
     responses = list(stub.PublishStream(requests(), timeout=30))
@@ -207,7 +244,13 @@ def test_publish_stream_answers_in_order_and_survives_a_bad_request(stub: Stub) 
 def test_health_and_reflection_list_the_services(node: Node) -> None:
     with node.channel() as ch:
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
-        resp = next(iter(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))))
+        resp = next(
+            iter(
+                stub.ServerReflectionInfo(
+                    iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+                )
+            )
+        )
         names = {s.name for s in resp.list_services_response.service}
     assert {"fluxmq.v1.QueueService", "grpc.health.v1.Health"} <= names
 

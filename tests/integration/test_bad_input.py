@@ -116,5 +116,9 @@ def test_client_request_id_is_echoed_on_success_and_error(stub: Stub) -> None:
     with pytest.raises(grpc.RpcError) as info:
         stub.GetQueue(pb.GetQueueRequest(name="missing"), metadata=(("x-request-id", "req-456"),))
     e = rich_error(info.value)
-    assert (e.code, e.reason, e.request_id) == (grpc.StatusCode.NOT_FOUND, "QUEUE_NOT_FOUND", "req-456")
+    assert (e.code, e.reason, e.request_id) == (
+        grpc.StatusCode.NOT_FOUND,
+        "QUEUE_NOT_FOUND",
+        "req-456",
+    )
     assert e.metadata["retriable"] == "false"

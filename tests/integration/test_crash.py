@@ -27,7 +27,9 @@ def read_all(stub: queue_pb2_grpc.QueueServiceStub) -> dict[tuple[int, int], byt
     for p in range(PARTITIONS):
         offset = 0
         while True:
-            resp = stub.Fetch(pb.FetchRequest(queue="crash", partition=p, offset=offset, max_messages=5000))
+            resp = stub.Fetch(
+                pb.FetchRequest(queue="crash", partition=p, offset=offset, max_messages=5000)
+            )
             for rec in resp.records:
                 assert rec.offset == offset, "offsets between watermarks are contiguous"
                 out[(p, rec.offset)] = rec.value
@@ -50,7 +52,9 @@ def test_acknowledged_messages_survive_kill_9_and_batches_are_atomic(tmp_path: P
 
     with node.channel() as ch:
         stub = queue_pb2_grpc.QueueServiceStub(ch)
-        stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name="crash", partitions=PARTITIONS)))
+        stub.CreateQueue(
+            pb.CreateQueueRequest(config=pb.QueueConfig(name="crash", partitions=PARTITIONS))
+        )
 
         def publisher() -> None:
             while not killed.is_set():
@@ -58,7 +62,9 @@ def test_acknowledged_messages_survive_kill_9_and_batches_are_atomic(tmp_path: P
                     b = next(next_batch, None)
                 if b is None:
                     return
-                req = pb.PublishRequest(queue="crash", messages=[pb.PublishMessage(value=v) for v in values[b]])
+                req = pb.PublishRequest(
+                    queue="crash", messages=[pb.PublishMessage(value=v) for v in values[b]]
+                )
                 try:
                     res = stub.Publish(req, timeout=20)
                 except grpc.RpcError:
@@ -83,14 +89,22 @@ def test_acknowledged_messages_survive_kill_9_and_batches_are_atomic(tmp_path: P
             stored = read_all(stub)
             for b, positions in acked.items():
                 for i, pos in enumerate(positions):
-                    assert stored.get(pos) == values[b][i], f"seed {seed}: acked batch {b} msg {i} lost or changed"
+                    assert stored.get(pos) == values[b][i], (
+                        f"seed {seed}: acked batch {b} msg {i} lost or changed"
+                    )
             present = {v[:10] for v in stored.values()}
             for b in set(range(BATCHES)) - set(acked):
                 n = sum(1 for i in range(BATCH) if b"b%03d-m%03d-" % (b, i) in present)
-                assert n in (0, BATCH), f"seed {seed}: unacknowledged batch {b} half-written ({n}/{BATCH})"
+                assert n in (0, BATCH), (
+                    f"seed {seed}: unacknowledged batch {b} half-written ({n}/{BATCH})"
+                )
             # The restarted node keeps serving: publish what was not acknowledged.
             for b in sorted(set(range(BATCHES)) - set(acked)):
-                stub.Publish(pb.PublishRequest(queue="crash", messages=[pb.PublishMessage(value=v) for v in values[b]]))
+                stub.Publish(
+                    pb.PublishRequest(
+                        queue="crash", messages=[pb.PublishMessage(value=v) for v in values[b]]
+                    )
+                )
             everything = read_all(stub)
             assert {v for v in everything.values()} >= {v for vs in values for v in vs}
     finally:

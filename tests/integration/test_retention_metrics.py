@@ -47,8 +47,12 @@ def test_retention_by_count_age_and_bytes_moves_low_watermark(fast_node: Node) -
             ("by-age", pb.Retention(max_age="500ms")),
             ("by-bytes", pb.Retention(max_bytes="4KiB")),
         ]:
-            stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name=name, retention=retention)))
-            stub.Publish(pb.PublishRequest(queue=name, messages=[pb.PublishMessage(value=b"v" * 200)] * 50))
+            stub.CreateQueue(
+                pb.CreateQueueRequest(config=pb.QueueConfig(name=name, retention=retention))
+            )
+            stub.Publish(
+                pb.PublishRequest(queue=name, messages=[pb.PublishMessage(value=b"v" * 200)] * 50)
+            )
         wait_for(lambda: low(stub, "by-count") == 40)
         wait_for(lambda: low(stub, "by-age") == 50)
         wait_for(lambda: low(stub, "by-bytes") > 0)
@@ -71,7 +75,11 @@ def test_metrics_expose_publish_fetch_rpc_and_watermarks(node: Node) -> None:
     with node.channel() as ch:
         stub = queue_pb2_grpc.QueueServiceStub(ch)
         stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name="m", partitions=2)))
-        stub.Publish(pb.PublishRequest(queue="m", messages=[pb.PublishMessage(value=b"abc", partition=1)] * 5))
+        stub.Publish(
+            pb.PublishRequest(
+                queue="m", messages=[pb.PublishMessage(value=b"abc", partition=1)] * 5
+            )
+        )
         stub.Fetch(pb.FetchRequest(queue="m", partition=1))
         with pytest.raises(grpc.RpcError):
             stub.GetQueue(pb.GetQueueRequest(name="nope"))

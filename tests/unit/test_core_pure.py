@@ -14,7 +14,8 @@ from fluxmq.core.units import parse_bytes, parse_duration_ms
 
 
 @pytest.mark.parametrize(
-    ("text", "ms"), [("500ms", 500), ("30s", 30_000), ("2m", 120_000), ("1h", 3_600_000), ("7d", 604_800_000)]
+    ("text", "ms"),
+    [("500ms", 500), ("30s", 30_000), ("2m", 120_000), ("1h", 3_600_000), ("7d", 604_800_000)],
 )
 def test_durations_parse_with_their_unit(text: str, ms: int) -> None:
     assert parse_duration_ms(text, "f") == ms
@@ -90,8 +91,14 @@ def test_new_queue_gets_defaults_written_out() -> None:
         (pb.QueueConfig(name="bad name"), "config.name"),
         (pb.QueueConfig(name="x" * 201), "config.name"),
         (pb.QueueConfig(name="q", partitions=1025), "config.partitions"),
-        (pb.QueueConfig(name="q", retention=pb.Retention(max_age="forever")), "config.retention.max_age"),
-        (pb.QueueConfig(name="q", retention=pb.Retention(max_bytes="lots")), "config.retention.max_bytes"),
+        (
+            pb.QueueConfig(name="q", retention=pb.Retention(max_age="forever")),
+            "config.retention.max_age",
+        ),
+        (
+            pb.QueueConfig(name="q", retention=pb.Retention(max_bytes="lots")),
+            "config.retention.max_bytes",
+        ),
         (pb.QueueConfig(name="q", dedup_window="8d"), "config.dedup_window"),
         (pb.QueueConfig(name="q", max_message_bytes=17 * 1024 * 1024), "config.max_message_bytes"),
     ],

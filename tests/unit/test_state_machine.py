@@ -204,8 +204,14 @@ def test_failed_transaction_leaves_catalog_and_applied_index_untouched(store: St
     with pytest.raises(commands.UnknownCommandError):
         d.sm.apply_batch(
             [
-                E(before + 1, commands.encode(cpb.CreateQueueCmd(
-                    config=normalize_new(pb.QueueConfig(name="b")), now_ms=T0))),
+                E(
+                    before + 1,
+                    commands.encode(
+                        cpb.CreateQueueCmd(
+                            config=normalize_new(pb.QueueConfig(name="b")), now_ms=T0
+                        )
+                    ),
+                ),
                 E(before + 2, b"\xfe garbage"),
             ]
         )
