@@ -123,6 +123,14 @@ class PartitionLog(PartitionLogReader, Protocol):
         """Append ``records`` at ``high``; return the offset of the first. Atomic with the txn."""
         ...
 
+    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
+        """Append records made by ``storage.codec.prepare`` (everything of a record but its
+        position, timestamp and checksum), all stamped ``timestamp_ms``; same result and
+        atomicity as ``append``. Lets a replicated system encode a record once, on the leader,
+        and have every replica only stamp and checksum it. A malformed prepared record raises
+        ValueError before anything is written."""
+        ...
+
     def truncate_before(self, offset: int, max_records: int | None = None) -> TruncateResult:
         """Delete records below ``offset`` (at most ``max_records`` of them, lowest first).
 

@@ -141,10 +141,20 @@ def encode(log_id: int, offset: int, record: NewRecord) -> bytes:
 
 def encode_at(pos: bytes, record: NewRecord) -> bytes:
     """Encode ``record`` for the position ``pos`` (as made by :func:`position`)."""
-    key = record.key
-    value = record.value
-    headers = record.headers
-    idempotency_key = record.idempotency_key
+    body = _encode_body(
+        record.timestamp_ms, record.value, record.key, record.headers, record.idempotency_key
+    )
+    return _pack_crc(crc32c(body, crc32c(pos))) + body
+
+
+def _encode_body(
+    timestamp_ms: int,
+    value: bytes,
+    key: bytes | None,
+    headers: _Headers,
+    idempotency_key: str | None,
+) -> bytes:
+    """Everything of a record after its crc field."""
     value_len = len(value)
     if value_len > RECORD_VALUE_BYTES_MAX:
         raise ValueError(f"record value of {value_len} bytes exceeds {RECORD_VALUE_BYTES_MAX}")
@@ -169,16 +179,54 @@ def encode_at(pos: bytes, record: NewRecord) -> bytes:
     if header_count > RECORD_HEADERS_MAX:
         raise ValueError(f"{header_count} headers exceed {RECORD_HEADERS_MAX}")
     try:
-        fields = _pack_fields(
-            FORMAT_V1, record.timestamp_ms, key_len, value_len, header_count, idem_len
-        )
+        fields = _pack_fields(FORMAT_V1, timestamp_ms, key_len, value_len, header_count, idem_len)
     except struct.error as e:
         # Every length was bounded above, so only the timestamp can be out of range.
-        raise ValueError(f"timestamp_ms {record.timestamp_ms!r} is not a signed 64-bit int") from e
+        raise ValueError(f"timestamp_ms {timestamp_ms!r} is not a signed 64-bit int") from e
     if headers:
-        body = b"".join([fields, key, value, *_encode_headers(headers), idem])
-    else:
-        body = b"".join([fields, key, value, idem])
+        return b"".join([fields, key, value, *_encode_headers(headers), idem])
+    return b"".join([fields, key, value, idem])
+
+
+_PREPARED_TIMESTAMP = struct.Struct(">q")
+_PREPARED_HEAD = _FIELDS.size  # format, timestamp, four lengths
+_unpack_fields = _FIELDS.unpack_from
+
+
+def prepare(
+    value: bytes,
+    key: bytes | None = None,
+    headers: _Headers = (),
+    idempotency_key: str | None = None,
+) -> bytes:
+    """A record encoded but for its position, timestamp and checksum (see
+    ``PartitionLog.append_prepared``); ValueError past any limit, as ``encode``."""
+    return _encode_body(0, value, key, headers, idempotency_key)
+
+
+def seal_at(pos: bytes, timestamp_ms: int, prepared: bytes) -> bytes:
+    """The stored form of a prepared record at ``pos``, stamped ``timestamp_ms``.
+
+    Checks what can be checked without walking the headers: the format byte, and that the fixed
+    lengths fit in the record. Anything subtler that is wrong fails the full check on read (a
+    CorruptRecordError, never garbage), because the checksum made here covers the bytes as given.
+    """
+    size = len(prepared)
+    if size < _PREPARED_HEAD or prepared[0] != FORMAT_V1:
+        raise ValueError("not a prepared record (short, or unknown format)")
+    _fmt, _ts, key_len, value_len, _hc, idem_len = _unpack_fields(prepared)
+    body_len = (
+        (0 if key_len == _NO_KEY else key_len)
+        + value_len
+        + (0 if idem_len == _NO_IDEMPOTENCY_KEY else idem_len)
+    )
+    if _PREPARED_HEAD + body_len > size:
+        raise ValueError("prepared record is shorter than its lengths say")
+    try:
+        stamp = _PREPARED_TIMESTAMP.pack(timestamp_ms)
+    except struct.error as e:
+        raise ValueError(f"timestamp_ms {timestamp_ms!r} is not a signed 64-bit int") from e
+    body = b"".join((prepared[:1], stamp, prepared[9:]))
     return _pack_crc(crc32c(body, crc32c(pos))) + body
 
 

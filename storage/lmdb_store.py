@@ -55,6 +55,7 @@ from storage.codec import (
     decode_at,
     encode_at,
     position,
+    seal_at,
 )
 
 if TYPE_CHECKING:
@@ -451,6 +452,31 @@ class LmdbPartitionLog(LmdbPartitionLogReader):
             size += len(value)
             items.append((pos, value))
             offset += 1
+        return self._write(first, items, size)
+
+    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
+        self._owner._check()
+        first = self._high
+        count = len(prepared)
+        if count == 0:
+            return first
+        check_append_room(first, count)
+        log_id = self._log_id
+        items: list[tuple[bytes, bytes]] = []
+        size = 0
+        offset = first
+        for body in prepared:
+            pos = position(log_id, offset)
+            value = seal_at(pos, timestamp_ms, body)
+            size += len(value)
+            items.append((pos, value))
+            offset += 1
+        return self._write(first, items, size)
+
+    def _write(self, first: int, items: list[tuple[bytes, bytes]], size: int) -> int:
+        log_id = self._log_id
+        count = len(items)
+        offset = first + count
         try:
             with self._txn.cursor(db=self._db) as cursor:
                 # MDB_APPEND skips the tree search per record, but LMDB accepts it only for keys

@@ -39,6 +39,7 @@ from storage.codec import (
     decode_at,
     encode_at,
     position,
+    seal_at,
 )
 
 if TYPE_CHECKING:
@@ -359,6 +360,25 @@ class MemoryPartitionLog(MemoryPartitionLogReader):
             encode_at(position(log_id, offset), record)
             for offset, record in enumerate(records, first)
         ]
+        return self._store_encoded(state, first, encoded)
+
+    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
+        state = self._state()
+        first = 0 if state is None else state.high
+        count = len(prepared)
+        if count == 0:
+            return first
+        check_append_room(first, count)
+        log_id = self._log_id
+        encoded = [
+            seal_at(position(log_id, offset), timestamp_ms, body)
+            for offset, body in enumerate(prepared, first)
+        ]
+        return self._store_encoded(state, first, encoded)
+
+    def _store_encoded(self, state: _LogState | None, first: int, encoded: list[bytes]) -> int:
+        log_id = self._log_id
+        count = len(encoded)
         added = sum(map(len, encoded))
         writer = self._writer
         writer._reserve(added)

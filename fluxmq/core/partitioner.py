@@ -1,43 +1,119 @@
-"""Choosing a partition for each published message (pure).
+"""Turning a Publish request into an Append command (pure): validation, partition choice and
+record encoding in one pass over the messages, because this is the broker's hottest loop.
 
-Rules, in order: an explicit ``partition``; else the key's stable hash, ``crc32c(key) %
-partitions`` (crc32c, Castagnoli, initial value 0 — the same function every client can compute);
-else round-robin over keyless messages, continuing from ``cursor``.
+Partition rules, in order: an explicit ``partition``; else the key's stable hash,
+``crc32c(key) % partitions`` (crc32c/Castagnoli, initial value 0 — the same function every
+client can compute); else round-robin over keyless messages, continuing from ``cursor``.
 
 Example: 3 partitions, cursor 7, messages [key=b"a", no key, partition=2, no key]:
-crc32c(b"a") = 0xC1D04330 -> 3251651376 % 3 = 0; then 7 % 3 = 1; then 2; then 8 % 3 = 2.
-Result ([0, 1, 2, 2], cursor 9).
+crc32c(b"a") = 3251651376 -> 3251651376 % 3 = 0; then 7 % 3 = 1; then 2; then 8 % 3 = 2.
+Partitions [0, 1, 2, 2], new cursor 9.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import crc32c
 
+from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.core.errors import partition_out_of_range
+from fluxmq.core import limits
+from fluxmq.core.errors import invalid_argument, message_too_large, partition_out_of_range
+from fluxmq.core.queue_config import QueuePolicy
+from storage.codec import prepare
 
 
 def key_partition(key: bytes, partitions: int) -> int:
     return int(crc32c.crc32c(key)) % partitions
 
 
-def choose_partitions(
-    queue: str, messages: Sequence[pb.PublishMessage], partitions: int, cursor: int
-) -> tuple[list[int], int]:
-    """-> (one partition per message, the new round-robin cursor)."""
-    out: list[int] = []
+@dataclass(frozen=True, slots=True)
+class PreparedAppend:
+    command: cpb.AppendCmd
+    cursor: int  # the round-robin cursor after this request
+    payload_bytes: int  # key + value + header bytes, for metrics
+
+
+def prepare_append(
+    queue: str,
+    queue_id: int,
+    policy: QueuePolicy,
+    messages: Sequence[pb.PublishMessage],
+    cursor: int,
+    now_ms: int,
+) -> PreparedAppend:
+    """Validate ``messages`` against the queue's limits and build the Append command.
+
+    Every refusal names the offending field (``messages[3].value``); nothing is proposed for a
+    refused request.
+    """
+    count = len(messages)
+    if count == 0:
+        raise invalid_argument("messages", "a publish carries 1..1000 messages; got none")
+    if count > limits.PUBLISH_MESSAGES_MAX:
+        raise invalid_argument(
+            "messages", f"a publish carries 1..{limits.PUBLISH_MESSAGES_MAX} messages; got {count}"
+        )
+    limit = policy.max_message_bytes
+    npart = policy.partitions
+    records: list[bytes] = []
+    partitions: list[int] = []
+    idempotency_keys: list[str] = []
+    any_idempotency_key = False
+    total = 0
     for i, msg in enumerate(messages):
-        if msg.HasField("partition"):
-            if msg.partition >= partitions:
-                raise partition_out_of_range(
-                    queue, msg.partition, partitions, f"messages[{i}].partition"
+        value = msg.value
+        size = len(value)
+        key: bytes | None = None
+        if msg.HasField("key"):
+            key = msg.key
+            if len(key) > limits.MESSAGE_KEY_BYTES_MAX:
+                raise message_too_large(
+                    f"messages[{i}].key", len(key), limits.MESSAGE_KEY_BYTES_MAX
                 )
-            out.append(msg.partition)
-        elif msg.HasField("key"):
-            out.append(key_partition(msg.key, partitions))
+            size += len(key)
+        headers: tuple[tuple[str, bytes], ...] = ()
+        if msg.headers:
+            if len(msg.headers) > limits.MESSAGE_HEADERS_MAX:
+                raise invalid_argument(
+                    f"messages[{i}].headers", f"at most {limits.MESSAGE_HEADERS_MAX} headers"
+                )
+            headers = tuple(sorted(msg.headers.items()))
+            for name, header_value in headers:
+                if not name or len(name) > limits.HEADER_NAME_CHARS_MAX:
+                    raise invalid_argument(
+                        f"messages[{i}].headers", "header names are 1..256 characters"
+                    )
+                size += len(name) + len(header_value)
+        if size > limit:
+            raise message_too_large(f"messages[{i}].value", size, limit)
+        idem = msg.idempotency_key
+        if idem:
+            if len(idem.encode()) > limits.IDEMPOTENCY_KEY_BYTES_MAX:
+                raise invalid_argument(f"messages[{i}].idempotency_key", "at most 256 bytes")
+            any_idempotency_key = True
+        if msg.HasField("partition"):
+            if msg.partition >= npart:
+                raise partition_out_of_range(
+                    queue, msg.partition, npart, f"messages[{i}].partition"
+                )
+            partitions.append(msg.partition)
+        elif key is not None:
+            partitions.append(int(crc32c.crc32c(key)) % npart)
         else:
-            out.append(cursor % partitions)
+            partitions.append(cursor % npart)
             cursor += 1
-    return out, cursor
+        records.append(prepare(value, key, headers, idem or None))
+        idempotency_keys.append(idem)
+        total += size
+    command = cpb.AppendCmd(
+        queue=queue,
+        queue_id=queue_id,
+        now_ms=now_ms,
+        records=records,
+        partitions=partitions,
+        idempotency_keys=idempotency_keys if any_idempotency_key else (),
+    )
+    return PreparedAppend(command, cursor, total)

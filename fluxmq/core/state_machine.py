@@ -22,7 +22,7 @@ from fluxmq.core import keys, limits
 from fluxmq.core.commands import Op, decode
 from fluxmq.core.errors import FluxError, queue_exists, queue_not_found
 from fluxmq.core.queue_config import QueuePolicy, policy_of
-from storage.api import NewRecord, PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
+from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +42,13 @@ class QueueEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class MessageResult:
-    partition: int
-    offset: int
-    timestamp_ms: int
-    duplicate: bool
-
-
-@dataclass(frozen=True, slots=True)
 class AppendResult:
-    messages: list[MessageResult]
+    """Per message, in request order (columns rather than objects: this is the hot path)."""
+
+    partitions: list[int]
+    offsets: list[int]
+    timestamps_ms: list[int]
+    duplicates: list[bool]
     high_watermarks: dict[int, int]  # partition -> high watermark after the append
 
 
@@ -240,86 +237,85 @@ class QueueStateMachine:
 
     def _append(self, batch: _Batch, cmd: cpb.AppendCmd) -> AppendResult:
         entry = self._entry(batch, cmd.queue, cmd.queue_id)
-        messages = cmd.messages
+        records = cmd.records
         partitions = cmd.partitions
-        count = len(messages)
-        if count != len(partitions) or not 1 <= count <= limits.PUBLISH_MESSAGES_MAX:
-            raise FluxError(
-                "INVALID_ARGUMENT", "append: one partition per message, 1..1000 messages"
-            )
+        idempotency_keys = cmd.idempotency_keys
+        count = len(records)
+        if (
+            count != len(partitions)
+            or (idempotency_keys and len(idempotency_keys) != count)
+            or not 1 <= count <= limits.PUBLISH_MESSAGES_MAX
+        ):
+            raise FluxError("INVALID_ARGUMENT", "append: one partition per record, 1..1000 records")
         npart = entry.policy.partitions
-        for p in partitions:
+        for p in set(partitions):
             if p >= npart:
                 raise FluxError("PARTITION_OUT_OF_RANGE", f"partition {p} >= {npart}")
 
         txn = batch.txn
         queue_id = entry.queue_id
         now_ms = cmd.now_ms
-        window_ms = entry.policy.dedup_window_ms
-        results: list[MessageResult | None] = [None] * count
-        # Within-command duplicates point at the first message with the same key.
+        out_partitions = list(partitions)
+        out_offsets = [0] * count
+        out_timestamps = [0] * count
+        duplicates = [False] * count
+        # Within-command duplicates point at the first record with the same key.
         first_with_key: dict[str, int] = {}
         later_duplicates: list[tuple[int, int]] = []
-        by_partition: dict[int, list[int]] = {}
-        for i in range(count):
-            msg = messages[i]
-            idem = msg.idempotency_key
-            if idem:
+        skip: set[int] = set()
+        if idempotency_keys:
+            window_ms = entry.policy.dedup_window_ms
+            for i, idem in enumerate(idempotency_keys):
+                if not idem:
+                    continue
                 j = first_with_key.get(idem)
                 if j is not None:
                     later_duplicates.append((i, j))
+                    skip.add(i)
                     continue
                 first_with_key[idem] = i
                 raw = txn.get(keys.dedup_key(queue_id, idem))
                 if raw is not None:
                     part, off, ts = keys.DEDUP_VALUE.unpack(raw)
                     if now_ms - ts < window_ms:
-                        results[i] = MessageResult(part, off, ts, True)
-                        continue
-            by_partition.setdefault(partitions[i], []).append(i)
+                        out_partitions[i], out_offsets[i], out_timestamps[i] = part, off, ts
+                        duplicates[i] = True
+                        skip.add(i)
+
+        by_partition: dict[int, list[int]] = {}
+        for i, p in enumerate(partitions):
+            if i not in skip:
+                by_partition.setdefault(p, []).append(i)
 
         highs: dict[int, int] = {}
         for partition, indexes in by_partition.items():
             log = txn.log(keys.log_id(queue_id, partition))
             ts = max(now_ms, self._last_timestamp(batch, log))
-            records = []
-            for i in indexes:
-                msg = messages[i]
-                records.append(
-                    NewRecord(
-                        timestamp_ms=ts,
-                        value=msg.value,
-                        key=msg.key if msg.HasField("key") else None,
-                        headers=tuple(sorted(msg.headers.items())),
-                        idempotency_key=msg.idempotency_key or None,
-                    )
-                )
-            base = log.append(records)
+            base = log.append_prepared(ts, [records[i] for i in indexes])
             for n, i in enumerate(indexes):
-                results[i] = MessageResult(partition, base + n, ts, False)
-            highs[partition] = base + len(records)
+                out_offsets[i] = base + n
+                out_timestamps[i] = ts
+            highs[partition] = base + len(indexes)
             batch.last_ts[log.log_id] = ts
 
         for i, j in later_duplicates:
-            first = results[j]
-            assert first is not None
-            results[i] = MessageResult(first.partition, first.offset, first.timestamp_ms, True)
+            out_partitions[i], out_offsets[i] = out_partitions[j], out_offsets[j]
+            out_timestamps[i] = out_timestamps[j]
+            duplicates[i] = True
 
         for idem, i in first_with_key.items():
-            res = results[i]
-            assert res is not None
-            if res.duplicate:
+            if duplicates[i]:
                 continue
             dkey = keys.dedup_key(queue_id, idem)
             old = txn.get(dkey)
             if old is not None:  # an expired entry still waiting for its cleanup pass
                 txn.delete(keys.dedup_expiry_key(queue_id, keys.DEDUP_VALUE.unpack(old)[2], idem))
-            txn.put(dkey, keys.DEDUP_VALUE.pack(res.partition, res.offset, res.timestamp_ms))
-            txn.put(keys.dedup_expiry_key(queue_id, res.timestamp_ms, idem), b"")
+            txn.put(
+                dkey, keys.DEDUP_VALUE.pack(out_partitions[i], out_offsets[i], out_timestamps[i])
+            )
+            txn.put(keys.dedup_expiry_key(queue_id, out_timestamps[i], idem), b"")
 
-        final = [r for r in results if r is not None]
-        assert len(final) == count
-        return AppendResult(final, highs)
+        return AppendResult(out_partitions, out_offsets, out_timestamps, duplicates, highs)
 
     # -- retention --------------------------------------------------------------------------
 

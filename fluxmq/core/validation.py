@@ -1,17 +1,9 @@
-"""Checks of client input that need no state beyond a queue's policy (pure).
-
-Every refusal names the offending field (``messages[3].value``) so that a client can tell what to
-fix; nothing is written for a refused request.
-"""
+"""Checks of request parameters (pure). Every refusal names the offending field."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import limits
-from fluxmq.core.errors import invalid_argument, message_too_large
-from fluxmq.core.queue_config import QueuePolicy
+from fluxmq.core.errors import invalid_argument
 
 
 def request_timeout_ms(value: int, field_path: str = "request_timeout_ms") -> int:
@@ -25,46 +17,6 @@ def request_timeout_ms(value: int, field_path: str = "request_timeout_ms") -> in
             f" (got {value})",
         )
     return value
-
-
-def publish_messages(messages: Sequence[pb.PublishMessage], policy: QueuePolicy) -> int:
-    """Validate a publish batch; returns its payload bytes."""
-    count = len(messages)
-    if count == 0:
-        raise invalid_argument("messages", "a publish carries 1..1000 messages; got none")
-    if count > limits.PUBLISH_MESSAGES_MAX:
-        raise invalid_argument(
-            "messages", f"a publish carries 1..{limits.PUBLISH_MESSAGES_MAX} messages; got {count}"
-        )
-    limit = policy.max_message_bytes
-    total = 0
-    for i, msg in enumerate(messages):
-        size = len(msg.value)
-        if msg.HasField("key"):
-            if len(msg.key) > limits.MESSAGE_KEY_BYTES_MAX:
-                raise message_too_large(
-                    f"messages[{i}].key", len(msg.key), limits.MESSAGE_KEY_BYTES_MAX
-                )
-            size += len(msg.key)
-        headers = msg.headers
-        if headers:
-            if len(headers) > limits.MESSAGE_HEADERS_MAX:
-                raise invalid_argument(
-                    f"messages[{i}].headers", f"at most {limits.MESSAGE_HEADERS_MAX} headers"
-                )
-            for name, value in headers.items():
-                if not name or len(name) > limits.HEADER_NAME_CHARS_MAX:
-                    raise invalid_argument(
-                        f"messages[{i}].headers", "header names are 1..256 characters"
-                    )
-                size += len(name) + len(value)
-        if size > limit:
-            raise message_too_large(f"messages[{i}].value", size, limit)
-        idem = msg.idempotency_key
-        if idem and len(idem.encode()) > limits.IDEMPOTENCY_KEY_BYTES_MAX:
-            raise invalid_argument(f"messages[{i}].idempotency_key", "at most 256 bytes")
-        total += size
-    return total
 
 
 def fetch_limits(max_messages: int, max_bytes: int, wait_ms: int) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys, validation
 from fluxmq.core.errors import FluxError
-from fluxmq.core.partitioner import choose_partitions
+from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.queue_config import merge_update, normalize_new
 from fluxmq.core.reader import FetchResult, QueueReader
 from fluxmq.core.state_machine import (
@@ -140,19 +140,21 @@ class Broker:
         self, queue: str, messages: Sequence[pb.PublishMessage], timeout_ms: int
     ) -> AppendResult:
         entry = self.reader.entry(queue)
-        payload_bytes = validation.publish_messages(messages, entry.policy)
-        cursor = self._rr_cursor.get(entry.queue_id, 0)
-        partitions, cursor = choose_partitions(queue, messages, entry.policy.partitions, cursor)
-        self._rr_cursor[entry.queue_id] = cursor
-        cmd = cpb.AppendCmd(queue=queue, queue_id=entry.queue_id, now_ms=self._clock_ms())
-        cmd.messages.extend(messages)
-        cmd.partitions.extend(partitions)
-        result = await self._submit(cmd, timeout_ms)
+        prepared = prepare_append(
+            queue,
+            entry.queue_id,
+            entry.policy,
+            messages,
+            self._rr_cursor.get(entry.queue_id, 0),
+            self._clock_ms(),
+        )
+        self._rr_cursor[entry.queue_id] = prepared.cursor
+        result = await self._submit(prepared.command, timeout_ms)
         assert isinstance(result, AppendResult)
         self.notifier.notify([keys.log_id(entry.queue_id, p) for p in result.high_watermarks])
-        duplicates = sum(1 for r in result.messages if r.duplicate)
+        duplicates = sum(result.duplicates)
         metrics.PUBLISHED_MESSAGES.labels(queue).inc(len(messages) - duplicates)
-        metrics.PUBLISHED_BYTES.labels(queue).inc(payload_bytes)
+        metrics.PUBLISHED_BYTES.labels(queue).inc(prepared.payload_bytes)
         if duplicates:
             metrics.DUPLICATE_MESSAGES.labels(queue).inc(duplicates)
         return result

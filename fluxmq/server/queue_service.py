@@ -37,13 +37,13 @@ def _fill_records(out: Any, partition: int, records: list[Record]) -> None:
 def _publish_response(result: AppendResult) -> pb.PublishResponse:
     resp = pb.PublishResponse()
     add = resp.results.add
-    for m in result.messages:
-        add(
-            partition=m.partition,
-            offset=m.offset,
-            timestamp_ms=m.timestamp_ms,
-            duplicate=m.duplicate,
-        )
+    for partition, offset, ts, duplicate in zip(
+        result.partitions, result.offsets, result.timestamps_ms, result.duplicates, strict=True
+    ):
+        if duplicate:
+            add(partition=partition, offset=offset, timestamp_ms=ts, duplicate=True)
+        else:
+            add(partition=partition, offset=offset, timestamp_ms=ts)
     return resp
 
 

@@ -765,3 +765,30 @@ def test_lmdb_and_memory_agree_on_random_operations(tmp_path: Path, seed: int) -
     finally:
         lmdb_store.close()
         memory_store.close()
+
+
+def test_prepared_records_are_stored_like_appended_ones(store: Store) -> None:
+    from storage.codec import prepare
+
+    originals = [
+        NewRecord(777, b"v1"),
+        NewRecord(777, b"", key=b"", headers=(("a", b"\x00"), ("b", b"")), idempotency_key="i"),
+        NewRecord(777, b"x" * 3000, key=b"k", idempotency_key="\u00e9t\u00e9"),
+    ]
+    prepared = [prepare(r.value, r.key, r.headers, r.idempotency_key) for r in originals]
+    with store.write() as txn:
+        assert txn.log(1).append(originals) == 0
+        assert txn.log(2).append_prepared(777, prepared) == 0
+    a, b = read_all(store, 1), read_all(store, 2)
+    assert a == b
+    assert size_bytes(store, 1) == size_bytes(store, 2)
+
+
+def test_malformed_prepared_record_is_refused_and_writes_nothing(store: Store) -> None:
+    from storage.codec import prepare
+
+    good = prepare(b"good")
+    for bad in (b"", b"\x02" + good[1:], good[:-1]):
+        with pytest.raises(ValueError), store.write() as txn:
+            txn.log(3).append_prepared(1, [good, bad])
+        assert watermarks(store, 3) == Watermarks(0, 0)

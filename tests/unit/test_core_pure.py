@@ -8,8 +8,8 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands
 from fluxmq.core.errors import FluxError
-from fluxmq.core.partitioner import choose_partitions, key_partition
-from fluxmq.core.queue_config import merge_update, normalize_new, parse_label_selector
+from fluxmq.core.partitioner import PreparedAppend, key_partition, prepare_append
+from fluxmq.core.queue_config import merge_update, normalize_new, parse_label_selector, policy_of
 from fluxmq.core.units import parse_bytes, parse_duration_ms
 
 
@@ -45,6 +45,13 @@ def test_key_hash_is_stable_crc32c() -> None:
     assert key_partition(b"", 16) == 0
 
 
+POLICY3 = policy_of(normalize_new(pb.QueueConfig(name="q", partitions=3)))
+
+
+def prep(msgs: list[pb.PublishMessage], cursor: int = 0) -> PreparedAppend:
+    return prepare_append("q", 1, POLICY3, msgs, cursor, 5)
+
+
 def test_partition_choice_follows_explicit_then_key_then_round_robin() -> None:
     msgs = [
         pb.PublishMessage(key=b"a"),
@@ -52,14 +59,43 @@ def test_partition_choice_follows_explicit_then_key_then_round_robin() -> None:
         pb.PublishMessage(partition=2),
         pb.PublishMessage(),
     ]
-    assert choose_partitions("q", msgs, 3, 7) == ([0, 1, 2, 2], 9)
+    out = prep(msgs, 7)
+    assert (list(out.command.partitions), out.cursor) == ([0, 1, 2, 2], 9)
 
 
 def test_explicit_partition_out_of_range_names_the_message() -> None:
     with pytest.raises(FluxError) as info:
-        choose_partitions("q", [pb.PublishMessage(), pb.PublishMessage(partition=5)], 3, 0)
+        prep([pb.PublishMessage(), pb.PublishMessage(partition=5)])
     assert info.value.reason == "PARTITION_OUT_OF_RANGE"
     assert info.value.violations[0].field == "messages[1].partition"
+
+
+def test_prepared_append_carries_idempotency_keys_only_when_present() -> None:
+    assert list(prep([pb.PublishMessage(value=b"x")]).command.idempotency_keys) == []
+    both = prep([pb.PublishMessage(value=b"x"), pb.PublishMessage(idempotency_key="k")])
+    assert list(both.command.idempotency_keys) == ["", "k"]
+
+
+@pytest.mark.parametrize(
+    ("msgs", "field"),
+    [
+        ([], "messages"),
+        ([pb.PublishMessage()] * 1001, "messages"),
+        (
+            [pb.PublishMessage(), pb.PublishMessage(value=b"x" * (1024 * 1024 + 1))],
+            "messages[1].value",
+        ),
+        ([pb.PublishMessage(key=b"k" * (16 * 1024 + 1))], "messages[0].key"),
+        ([pb.PublishMessage(headers={f"h{i}": b"" for i in range(65)})], "messages[0].headers"),
+        ([pb.PublishMessage(idempotency_key="i" * 257)], "messages[0].idempotency_key"),
+    ],
+)
+def test_invalid_publish_names_the_offending_field(
+    msgs: list[pb.PublishMessage], field: str
+) -> None:
+    with pytest.raises(FluxError) as info:
+        prep(msgs)
+    assert info.value.violations[0].field == field
 
 
 def test_commands_round_trip_with_their_op_code() -> None:

@@ -11,7 +11,8 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys
 from fluxmq.core.errors import FluxError
-from fluxmq.core.queue_config import normalize_new
+from fluxmq.core.partitioner import prepare_append
+from fluxmq.core.queue_config import normalize_new, policy_of
 from fluxmq.core.state_machine import AppendResult, QueueStateMachine, RetentionResult
 from storage import LmdbStore, MemoryStore, Store
 
@@ -29,6 +30,11 @@ def store(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[Store]:
     s: Store = MemoryStore() if request.param == "memory" else LmdbStore(str(tmp_path))
     yield s
     s.close()
+
+
+def append_cmd(q: pb.Queue, msgs: list[pb.PublishMessage], now_ms: int = T0) -> cpb.AppendCmd:
+    policy = policy_of(q.config)
+    return prepare_append(q.config.name, q.queue_id, policy, msgs, 0, now_ms).command
 
 
 class Driver:
@@ -57,11 +63,8 @@ class Driver:
     def append(
         self, q: pb.Queue, values: list[bytes], now_ms: int = T0, partition: int = 0, **kw: str
     ) -> object:
-        cmd = cpb.AppendCmd(queue=q.config.name, queue_id=q.queue_id, now_ms=now_ms)
-        for v in values:
-            cmd.messages.add(value=v, **kw)
-            cmd.partitions.append(partition)
-        return self.one(cmd)
+        msgs = [pb.PublishMessage(value=v, partition=partition, **kw) for v in values]
+        return self.one(append_cmd(q, msgs, now_ms))
 
     def records(self, q: pb.Queue, partition: int = 0) -> list[bytes]:
         with self.sm.store.read() as txn:
@@ -80,11 +83,7 @@ def test_append_assigns_contiguous_offsets_and_leader_timestamps(store: Store) -
     q = d.create(partitions=2)
     res = d.append(q, [b"a", b"b", b"c"])
     assert isinstance(res, AppendResult)
-    assert [(m.partition, m.offset, m.timestamp_ms) for m in res.messages] == [
-        (0, 0, T0),
-        (0, 1, T0),
-        (0, 2, T0),
-    ]
+    assert (res.partitions, res.offsets, res.timestamps_ms) == ([0] * 3, [0, 1, 2], [T0] * 3)
     assert d.records(q) == [b"a", b"b", b"c"]
 
 
@@ -94,7 +93,7 @@ def test_timestamps_of_a_partition_never_go_back_when_the_clock_does(store: Stor
     d.append(q, [b"a"], now_ms=T0 + 500)
     res = d.append(q, [b"b"], now_ms=T0)  # the leader's clock stepped back
     assert isinstance(res, AppendResult)
-    assert res.messages[0].timestamp_ms == T0 + 500
+    assert res.timestamps_ms == [T0 + 500]
 
 
 def test_creating_an_existing_queue_is_refused_and_changes_nothing(store: Store) -> None:
@@ -108,10 +107,9 @@ def test_creating_an_existing_queue_is_refused_and_changes_nothing(store: Store)
 def test_refused_command_does_not_abort_the_rest_of_its_batch(store: Store) -> None:
     d = Driver(store)
     q = d.create()
-    good = cpb.AppendCmd(queue="q", queue_id=q.queue_id, now_ms=T0, partitions=[0])
-    good.messages.add(value=b"ok")
-    bad = cpb.AppendCmd(queue="nope", queue_id=99, now_ms=T0, partitions=[0])
-    bad.messages.add(value=b"lost?")
+    good = append_cmd(q, [pb.PublishMessage(value=b"ok")])
+    bad = append_cmd(q, [pb.PublishMessage(value=b"lost?")])
+    bad.queue, bad.queue_id = "nope", 99
     r_bad, r_good = d.run(bad, good)
     assert isinstance(r_bad, FluxError) and r_bad.reason == "QUEUE_NOT_FOUND"
     assert isinstance(r_good, AppendResult)
@@ -137,9 +135,9 @@ def test_repeated_idempotency_key_inside_window_is_a_duplicate_and_writes_nothin
     first = d.append(q, [b"x"], idempotency_key="k1")
     again = d.append(q, [b"x-again"], now_ms=T0 + 59_999, idempotency_key="k1")
     assert isinstance(first, AppendResult) and isinstance(again, AppendResult)
-    assert again.messages[0].duplicate
-    assert (again.messages[0].partition, again.messages[0].offset) == (0, 0)
-    assert again.messages[0].timestamp_ms == first.messages[0].timestamp_ms
+    assert again.duplicates == [True]
+    assert (again.partitions, again.offsets) == ([0], [0])
+    assert again.timestamps_ms == first.timestamps_ms
     assert d.records(q) == [b"x"]
 
 
@@ -148,25 +146,33 @@ def test_idempotency_key_outside_window_is_a_new_record(store: Store) -> None:
     q = d.create(dedup_window="1m")
     d.append(q, [b"x"], idempotency_key="k1")
     later = d.append(q, [b"y"], now_ms=T0 + 60_000, idempotency_key="k1")
-    assert isinstance(later, AppendResult) and not later.messages[0].duplicate
-    assert later.messages[0].offset == 1
+    assert isinstance(later, AppendResult) and later.duplicates == [False]
+    assert later.offsets == [1]
     # ... and the new write opens a new window.
     again = d.append(q, [b"z"], now_ms=T0 + 60_001, idempotency_key="k1")
-    assert isinstance(again, AppendResult) and again.messages[0].duplicate
-    assert again.messages[0].offset == 1
+    assert isinstance(again, AppendResult) and again.duplicates == [True]
+    assert again.offsets == [1]
     assert d.records(q) == [b"x", b"y"]
 
 
 def test_duplicate_keys_inside_one_publish_store_one_record(store: Store) -> None:
     d = Driver(store)
     q = d.create()
-    cmd = cpb.AppendCmd(queue="q", queue_id=q.queue_id, now_ms=T0, partitions=[0, 0, 0])
-    cmd.messages.add(value=b"a", idempotency_key="same")
-    cmd.messages.add(value=b"b")
-    cmd.messages.add(value=b"a2", idempotency_key="same")
+    cmd = append_cmd(
+        q,
+        [
+            pb.PublishMessage(value=b"a", idempotency_key="same"),
+            pb.PublishMessage(value=b"b"),
+            pb.PublishMessage(value=b"a2", idempotency_key="same"),
+        ],
+    )
     res = d.one(cmd)
     assert isinstance(res, AppendResult)
-    assert [(m.offset, m.duplicate) for m in res.messages] == [(0, False), (1, False), (0, True)]
+    assert list(zip(res.offsets, res.duplicates, strict=True)) == [
+        (0, False),
+        (1, False),
+        (0, True),
+    ]
     assert d.records(q) == [b"a", b"b"]
 
 
@@ -185,9 +191,7 @@ def test_expired_dedup_keys_are_removed_by_retention(store: Store) -> None:
 def test_replayed_entries_change_nothing(store: Store) -> None:
     d = Driver(store)
     q = d.create()
-    payload = cpb.AppendCmd(queue="q", queue_id=q.queue_id, now_ms=T0, partitions=[0])
-    payload.messages.add(value=b"once")
-    raw = commands.encode(payload)
+    raw = commands.encode(append_cmd(q, [pb.PublishMessage(value=b"once")]))
     d.sm.apply_batch([E(2, raw)])
     # A restart re-delivers entries 1..2: both are at or below the applied index.
     sm2 = QueueStateMachine(store)

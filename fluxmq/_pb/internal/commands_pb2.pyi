@@ -32,18 +32,20 @@ class DeleteQueueCmd(_message.Message):
     def __init__(self, name: _Optional[str] = ..., now_ms: _Optional[int] = ...) -> None: ...
 
 class AppendCmd(_message.Message):
-    __slots__ = ("queue", "queue_id", "now_ms", "messages", "partitions")
+    __slots__ = ("queue", "queue_id", "now_ms", "records", "partitions", "idempotency_keys")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEYS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     queue_id: int
     now_ms: int
-    messages: _containers.RepeatedCompositeFieldContainer[_queue_pb2.PublishMessage]
+    records: _containers.RepeatedScalarFieldContainer[bytes]
     partitions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[_queue_pb2.PublishMessage, _Mapping]]] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+    idempotency_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., records: _Optional[_Iterable[bytes]] = ..., partitions: _Optional[_Iterable[int]] = ..., idempotency_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PurgeCmd(_message.Message):
     __slots__ = ("name", "queue_id", "now_ms")
