@@ -109,9 +109,7 @@ def markdown(results: list[RunResult], info: dict[str, object], profiles: dict[s
     return text
 
 
-async def run_suite(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+async def run_suite(args: argparse.Namespace, out_dir: Path) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results: list[RunResult] = []
     profiles: dict[str, str] = {}
@@ -193,7 +191,9 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--write-results", action="store_true", help="rewrite bench/RESULTS.md")
     args = p.parse_args()
-    return asyncio.run(run_suite(args))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(run_suite(args, out_dir))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,23 @@
+"""The benchmark harness runs end to end (tiny counts), so it cannot rot unnoticed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_harness_runs_and_writes_results(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--duration", "0.5", "--messages-max", "2000",
+         "--out", str(tmp_path)],
+        capture_output=True, timeout=180, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    (result,) = tmp_path.glob("*.json")
+    runs = json.loads(result.read_text())["results"]
+    assert [r["workload"] for r in runs] == ["publish", "fetch", "publish@50%"]
+    assert runs[0]["messages"] > 0 and runs[1]["messages"] == runs[0]["messages"] + 100
+    (table,) = tmp_path.glob("*.md")
+    assert "| publish |" in table.read_text()
