@@ -36,12 +36,18 @@ def _partition_rows(state: QueueStateMachine) -> Iterator[tuple[str, int, int, i
                 yield entry.name, p, wm.low, wm.high, lg.size_bytes()
 
 
-def _register_collectors(state: QueueStateMachine, store: LmdbStore) -> None:
+def _register_collectors(state: QueueStateMachine, store: LmdbStore, shard: LocalShard) -> None:
     def storage() -> tuple[int, int]:
         st = store.stat()
         return st.file_bytes, st.used_bytes
 
-    metrics.REGISTRY.register(metrics.StateCollector(lambda: _partition_rows(state), storage))
+    metrics.REGISTRY.register(
+        metrics.StateCollector(
+            lambda: _partition_rows(state),
+            storage,
+            lambda: (shard.batches_applied, shard.entries_applied),
+        )
+    )
     ProcessCollector(registry=metrics.REGISTRY)
     PlatformCollector(registry=metrics.REGISTRY)
 
@@ -55,7 +61,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         broker, cfg.listen, request_bytes_max=cfg.request_bytes_max_value
     )
     if cfg.metrics_listen:
-        _register_collectors(state, store)
+        _register_collectors(state, store, shard)
         host, _, mport = cfg.metrics_listen.rpartition(":")
         start_http_server(int(mport), addr=host, registry=metrics.REGISTRY)
     await broker.start()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -49,12 +49,6 @@ FETCHED_BYTES = Counter(
     ["queue"],
     registry=REGISTRY,
 )
-APPLY_BATCH_ENTRIES = Histogram(
-    "fluxmq_apply_batch_entries",
-    "Commands applied per write transaction (group commit: one fsync per transaction).",
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
-    registry=REGISTRY,
-)
 RETENTION_REMOVED_MESSAGES = Counter(
     "fluxmq_retention_removed_messages",
     "Records removed by retention (age, count or bytes).",
@@ -69,11 +63,13 @@ class StateCollector(Collector):
         self,
         partitions: Callable[[], Iterable[tuple[str, int, int, int, int]]],
         storage: Callable[[], tuple[int, int]],
+        apply: Callable[[], tuple[int, int]],
     ) -> None:
         self._partitions = partitions  # -> (queue, partition, low, high, bytes)
         self._storage = storage  # -> (file bytes, used bytes)
+        self._apply = apply  # -> (write transactions, commands applied)
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         high = GaugeMetricFamily(
             "fluxmq_partition_high_watermark",
             "Next offset to be written in the partition.",
@@ -103,4 +99,13 @@ class StateCollector(Collector):
             "fluxmq_storage_used_bytes", "Bytes of LMDB pages in use (freed pages are reused)."
         )
         storage_used.add_metric([], used_bytes)
-        return [high, low, size, storage_file, storage_used]
+        transactions, commands = self._apply()
+        txns = CounterMetricFamily(
+            "fluxmq_apply_transactions",
+            "Write transactions (one fsync each) that applied commands; commands / transactions "
+            "is the group-commit factor.",
+        )
+        txns.add_metric([], transactions)
+        cmds = CounterMetricFamily("fluxmq_applied_commands", "Commands applied.")
+        cmds.add_metric([], commands)
+        return [high, low, size, storage_file, storage_used, txns, cmds]

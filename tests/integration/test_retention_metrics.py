@@ -91,6 +91,7 @@ def test_metrics_expose_publish_fetch_rpc_and_watermarks(node: Node) -> None:
     assert 'fluxmq_rpc_duration_seconds_count{code="OK",method="Publish"} 1.0' in text
     assert 'fluxmq_rpc_duration_seconds_count{code="NOT_FOUND",method="GetQueue"} 1.0' in text
     assert "fluxmq_storage_file_bytes" in text
+    assert "fluxmq_apply_transactions_total" in text and "fluxmq_applied_commands_total" in text
 
 
 def test_metrics_pass_promtool_lint(node: Node, tmp_path: Path) -> None:
