@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import lmdb
 from crc32c import crc32c
@@ -57,6 +57,8 @@ from storage.codec import (
     position,
     seal_at,
 )
+
+_T = TypeVar("_T")  # what one append call encodes: NewRecord or a prepared record
 
 if TYPE_CHECKING:
     from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
@@ -434,6 +436,12 @@ class LmdbPartitionLog(LmdbPartitionLogReader):
         self._writer = owner
 
     def append(self, records: Sequence[NewRecord]) -> int:
+        return self._append(records, encode_at)
+
+    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
+        return self._append(prepared, lambda pos, body: seal_at(pos, timestamp_ms, body))
+
+    def _append(self, records: Sequence[_T], encode: Callable[[bytes, _T], bytes]) -> int:
         self._owner._check()
         first = self._high
         count = len(records)
@@ -448,26 +456,7 @@ class LmdbPartitionLog(LmdbPartitionLogReader):
         offset = first
         for record in records:
             pos = position(log_id, offset)
-            value = encode_at(pos, record)
-            size += len(value)
-            items.append((pos, value))
-            offset += 1
-        return self._write(first, items, size)
-
-    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
-        self._owner._check()
-        first = self._high
-        count = len(prepared)
-        if count == 0:
-            return first
-        check_append_room(first, count)
-        log_id = self._log_id
-        items: list[tuple[bytes, bytes]] = []
-        size = 0
-        offset = first
-        for body in prepared:
-            pos = position(log_id, offset)
-            value = seal_at(pos, timestamp_ms, body)
+            value = encode(pos, record)
             size += len(value)
             items.append((pos, value))
             offset += 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from storage.api import (
     NewRecord,
@@ -41,6 +41,8 @@ from storage.codec import (
     position,
     seal_at,
 )
+
+_T = TypeVar("_T")  # what one append call encodes: NewRecord or a prepared record
 
 if TYPE_CHECKING:
     from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
@@ -349,6 +351,12 @@ class MemoryPartitionLog(MemoryPartitionLogReader):
         self._writer = owner
 
     def append(self, records: Sequence[NewRecord]) -> int:
+        return self._append(records, encode_at)
+
+    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
+        return self._append(prepared, lambda pos, body: seal_at(pos, timestamp_ms, body))
+
+    def _append(self, records: Sequence[_T], encode: Callable[[bytes, _T], bytes]) -> int:
         state = self._state()
         first = 0 if state is None else state.high
         count = len(records)
@@ -357,22 +365,7 @@ class MemoryPartitionLog(MemoryPartitionLogReader):
         check_append_room(first, count)
         log_id = self._log_id
         encoded = [
-            encode_at(position(log_id, offset), record)
-            for offset, record in enumerate(records, first)
-        ]
-        return self._store_encoded(state, first, encoded)
-
-    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
-        state = self._state()
-        first = 0 if state is None else state.high
-        count = len(prepared)
-        if count == 0:
-            return first
-        check_append_room(first, count)
-        log_id = self._log_id
-        encoded = [
-            seal_at(position(log_id, offset), timestamp_ms, body)
-            for offset, body in enumerate(prepared, first)
+            encode(position(log_id, offset), record) for offset, record in enumerate(records, first)
         ]
         return self._store_encoded(state, first, encoded)
 

@@ -42,7 +42,17 @@ class _Call:
         self.started = time.perf_counter()
         self.code = "OK"
 
-    async def fail(self, exc: BaseException) -> None:
+    async def handle(self, exc: BaseException) -> None:
+        """Turn ``exc`` into the call's status: an abort raised by the servicer passes through,
+        an error becomes a rich status (abort raises), anything else (cancellation) is
+        counted as CANCELLED and re-raised by the caller."""
+        if _is_abort(exc):
+            return
+        if isinstance(exc, Exception):
+            await self.fail(exc)
+        self.code = "CANCELLED"
+
+    async def fail(self, exc: Exception) -> None:
         err = domain_error(exc)
         if err is None:
             log.exception("unexpected error in %s (request id %s)", self.method, self.request_id)
@@ -104,11 +114,7 @@ def _unary(method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[...
             call.ok()
             return response
         except BaseException as exc:
-            if _is_abort(exc):
-                raise
-            if isinstance(exc, Exception):
-                await call.fail(exc)
-            call.code = "CANCELLED"
+            await call.handle(exc)
             raise
         finally:
             call.finish()
@@ -126,11 +132,7 @@ def _streaming(
                 yield response
             call.ok()
         except BaseException as exc:
-            if _is_abort(exc):
-                raise
-            if isinstance(exc, Exception):
-                await call.fail(exc)
-            call.code = "CANCELLED"
+            await call.handle(exc)
             raise
         finally:
             call.finish()
