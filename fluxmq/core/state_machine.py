@@ -12,7 +12,7 @@ An exception from storage aborts the whole transaction; nothing of the batch is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -103,6 +103,9 @@ class QueueStateMachine:
         # Last timestamp per log, to keep timestamps of a log non-decreasing even if the leader's
         # clock steps back. Filled from storage on a miss, so it only ever reflects commits.
         self._last_ts: dict[int, int] = {}
+        # Called after each commit with the logs that grew (from the applying thread): how
+        # waiting readers learn about new records whoever proposed them.
+        self.commit_listener: Callable[[list[int]], None] | None = None
 
     @property
     def catalog(self) -> dict[str, QueueEntry]:
@@ -135,6 +138,8 @@ class QueueStateMachine:
         if batch.catalog is not None:
             self._catalog = batch.catalog
         self._last_ts.update(batch.last_ts)
+        if batch.last_ts and self.commit_listener is not None:
+            self.commit_listener(sorted(batch.last_ts))
         return results
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -227,12 +232,16 @@ class QueueStateMachine:
     # -- append -----------------------------------------------------------------------------
 
     def _last_timestamp(self, batch: _Batch, log: PartitionLog) -> int:
+        """The timestamp of the log's last stored record (0 when it has none): a function of
+        the stored state only, so a replica that restarted computes the same value."""
+        wm = log.watermarks()
+        if wm.high == wm.low:
+            return 0
         ts = batch.last_ts.get(log.log_id)
         if ts is None:
             ts = self._last_ts.get(log.log_id)
         if ts is None:
-            wm = log.watermarks()
-            ts = log.read(wm.high - 1, 1, 1)[0].timestamp_ms if wm.high > wm.low else 0
+            ts = log.read(wm.high - 1, 1, 1)[0].timestamp_ms
         return ts
 
     def _append(self, batch: _Batch, cmd: cpb.AppendCmd) -> AppendResult:
@@ -323,7 +332,9 @@ class QueueStateMachine:
         txn = batch.txn
         result = RetentionResult()
         budget = limits.RETENTION_RECORDS_PER_PASS_MAX
-        for entry in self._cat(batch).values():
+        # Queue id order, not dict order: a replica that restarted rebuilt its catalog in another
+        # order, and the shared budget must be spent identically everywhere.
+        for entry in sorted(self._cat(batch).values(), key=_by_queue_id):
             if budget <= 0:
                 break
             if not entry.policy.has_retention:
@@ -372,6 +383,10 @@ class QueueStateMachine:
         for key in gone:
             txn.delete(key)
         return dropped
+
+
+def _by_queue_id(entry: QueueEntry) -> int:
+    return entry.queue_id
 
 
 def retention_cut(reader: PartitionLogReader, policy: QueuePolicy, now_ms: int) -> int:

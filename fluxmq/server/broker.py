@@ -16,7 +16,7 @@ from fluxmq import metrics
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys, validation
-from fluxmq.core.errors import FluxError
+from fluxmq.core.errors import FluxError, queue_not_found
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.queue_config import merge_update, normalize_new
 from fluxmq.core.reader import FetchResult, QueueReader
@@ -79,6 +79,10 @@ class Broker:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.state.commit_listener = lambda log_ids: loop.call_soon_threadsafe(
+            self.notifier.notify, log_ids
+        )
         await self.shard.start()
         self._tasks.append(asyncio.create_task(self._retention_routine(), name="retention"))
 
@@ -151,7 +155,6 @@ class Broker:
         self._rr_cursor[entry.queue_id] = prepared.cursor
         result = await self._submit(prepared.command, timeout_ms)
         assert isinstance(result, AppendResult)
-        self.notifier.notify([keys.log_id(entry.queue_id, p) for p in result.high_watermarks])
         duplicates = sum(result.duplicates)
         metrics.PUBLISHED_MESSAGES.labels(queue).inc(len(messages) - duplicates)
         metrics.PUBLISHED_BYTES.labels(queue).inc(prepared.payload_bytes)
@@ -174,17 +177,22 @@ class Broker:
         entry = self.reader.entry(queue)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
-        while True:
-            # Take the event before reading, so an append between the read and the wait wakes us.
+        # The first read validates partition and offset before anything is allocated for a wait.
+        result = self.reader.fetch(entry, partition, offset, max_messages, max_bytes)
+        while not result.records and (remaining := deadline - loop.time()) > 0:
+            # Take the event, then read again: an append between the read and the wait wakes us.
             event = self.notifier.event(keys.log_id(entry.queue_id, partition))
             result = self.reader.fetch(entry, partition, offset, max_messages, max_bytes)
-            remaining = deadline - loop.time()
-            if result.records or remaining <= 0:
-                self._count_fetched(queue, result.records)
-                return result
+            if result.records:
+                break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
-            entry = self.reader.entry(queue)  # the queue may have been deleted meanwhile
+            current = self.reader.entry(queue)
+            if current.queue_id != entry.queue_id:  # deleted and re-created meanwhile
+                raise queue_not_found(queue)
+            result = self.reader.fetch(entry, partition, offset, max_messages, max_bytes)
+        self._count_fetched(queue, result.records)
+        return result
 
     def _count_fetched(self, queue: str, records: list[Record]) -> None:
         if records:
@@ -231,7 +239,12 @@ class Broker:
                 # auto.offset.reset=earliest does.
                 offsets[p] = max(offsets[p], wm.low)
                 if offsets[p] < wm.high:
-                    res = self.reader.fetch(entry, p, offsets[p], batch_max, 4 * 1024 * 1024)
+                    try:
+                        res = self.reader.fetch(entry, p, offsets[p], batch_max, 4 * 1024 * 1024)
+                    except FluxError as err:
+                        if err.reason != "OFFSET_OUT_OF_RANGE":
+                            raise
+                        continue  # retention moved low since we looked: skip ahead next round
                     if res.records:
                         offsets[p] = res.next_offset
                         out.append((p, res.records))
@@ -245,7 +258,8 @@ class Broker:
             finally:
                 for w in waiters:
                     w.cancel()
-            entry = self.reader.entry(queue)
+            if self.reader.entry(queue).queue_id != entry.queue_id:
+                raise queue_not_found(queue)  # deleted (and maybe re-created): this tail is over
 
     def seek(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return self.reader.offset_for_timestamp(self.reader.entry(queue), partition, timestamp_ms)

@@ -289,3 +289,40 @@ def test_update_can_grow_partitions_but_not_shrink(store: Store) -> None:
     cfg.partitions = 3
     err = d.one(cpb.UpdateQueueCmd(config=cfg, now_ms=T0 + 2))
     assert isinstance(err, FluxError)
+
+
+def _twins() -> tuple[Driver, Driver]:
+    return Driver(MemoryStore()), Driver(MemoryStore())
+
+
+def test_retention_budget_is_spent_identically_by_a_restarted_replica(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fluxmq.core import limits
+
+    monkeypatch.setattr(limits, "RETENTION_RECORDS_PER_PASS_MAX", 10)
+    a, b = _twins()
+    for d in (a, b):
+        for name in ("zzz", "aaa"):  # creation order differs from name order
+            q = d.create(name, retention=pb.Retention(max_messages=1))
+            d.append(q, [b"x"] * 10)
+    b.sm = QueueStateMachine(b.sm.store)  # b restarts: its catalog is rebuilt from storage
+    for d in (a, b):
+        d.one(cpb.ApplyRetentionCmd(now_ms=T0))
+    lows = [{n: d.watermarks(d.sm.catalog[n].queue)[0] for n in ("aaa", "zzz")} for d in (a, b)]
+    assert lows[0] == lows[1]
+
+
+def test_timestamp_after_an_emptied_log_is_the_same_on_a_restarted_replica() -> None:
+    a, b = _twins()
+    stamps = []
+    for d in (a, b):
+        q = d.create()
+        d.append(q, [b"x"], now_ms=T0 + 5000)
+        d.one(cpb.PurgeCmd(name="q", queue_id=q.queue_id, now_ms=T0 + 5000))
+    b.sm = QueueStateMachine(b.sm.store)
+    for d in (a, b):
+        res = d.append(d.sm.catalog["q"].queue, [b"y"], now_ms=T0 + 4000)  # clock stepped back
+        assert isinstance(res, AppendResult)
+        stamps.append(res.timestamps_ms)
+    assert stamps[0] == stamps[1]
