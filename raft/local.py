@@ -30,6 +30,7 @@ class _Proposal:
     payload: bytes
     deadline: float | None
     future: asyncio.Future[object]
+    timer: asyncio.TimerHandle | None = None
 
 
 class LocalShard:
@@ -103,10 +104,20 @@ class LocalShard:
             raise ShardClosedError("shard is closed")
         if len(self._pending) >= self._pending_max:
             raise ShardBusyError(f"{self._pending_max} proposals already waiting")
-        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Proposal(payload, deadline, future))
+        loop = asyncio.get_running_loop()
+        proposal = _Proposal(payload, deadline, loop.create_future())
+        if deadline is not None:
+            # Answer at the deadline even while a long batch is being applied ahead of us.
+            proposal.timer = loop.call_at(deadline, self._expire, proposal)
+        self._pending.append(proposal)
         self._wakeup.set()
-        return await future
+        return await proposal.future
+
+    @staticmethod
+    def _expire(proposal: _Proposal) -> None:
+        # Runs on the loop thread, like _take_batch: a proposal not yet taken is never applied.
+        if not proposal.future.done():
+            proposal.future.set_exception(ProposalTimeoutError("deadline passed before apply"))
 
     def _take_batch(self, now: float) -> list[_Proposal]:
         batch: list[_Proposal] = []
@@ -116,7 +127,9 @@ class LocalShard:
             if batch and size + len(p.payload) > self._batch_bytes_max:
                 break
             self._pending.popleft()
-            if p.future.done():  # the caller went away (cancelled) before it ran: never applied
+            if p.timer is not None:
+                p.timer.cancel()  # taken: from here on the proposal is waited for
+            if p.future.done():  # expired, or the caller went away: never applied
                 continue
             if p.deadline is not None and now >= p.deadline:
                 p.future.set_exception(ProposalTimeoutError("deadline passed before apply"))

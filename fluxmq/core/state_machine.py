@@ -198,7 +198,13 @@ class QueueStateMachine:
         return queue
 
     def _update_queue(self, batch: _Batch, cmd: cpb.UpdateQueueCmd) -> pb.Queue:
-        old = self._entry(batch, cmd.config.name)
+        old = self._entry(batch, cmd.config.name, cmd.queue_id)
+        if old.queue.updated_at_ms != cmd.expected_updated_at_ms:
+            raise FluxError(
+                "CONCURRENT_UPDATE",
+                f"queue {cmd.config.name!r} changed while this update was prepared; retry it",
+                retriable=True,
+            )
         if cmd.config.partitions < old.queue.config.partitions:
             raise FluxError("INVALID_ARGUMENT", "partitions can grow but never shrink")
         if cmd.config.type != old.queue.config.type:
@@ -206,7 +212,8 @@ class QueueStateMachine:
         queue = pb.Queue()
         queue.CopyFrom(old.queue)
         queue.config.CopyFrom(cmd.config)
-        queue.updated_at_ms = cmd.now_ms
+        # Strictly increasing, so every update makes a new version even within one millisecond.
+        queue.updated_at_ms = max(cmd.now_ms, old.queue.updated_at_ms + 1)
         batch.txn.put(keys.queue_key(cmd.config.name), queue.SerializeToString())
         self._cat_for_write(batch)[cmd.config.name] = QueueEntry(queue, policy_of(queue.config))
         return queue

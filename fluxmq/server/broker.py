@@ -122,7 +122,13 @@ class Broker:
     async def update_queue(self, patch: pb.QueueConfig, paths: list[str]) -> pb.Queue:
         entry = self.reader.entry(patch.name, "config.name")
         merged = merge_update(entry.queue.config, patch, paths)
-        queue = await self._submit(cpb.UpdateQueueCmd(config=merged, now_ms=self._clock_ms()))
+        cmd = cpb.UpdateQueueCmd(
+            config=merged,
+            now_ms=self._clock_ms(),
+            queue_id=entry.queue_id,
+            expected_updated_at_ms=entry.queue.updated_at_ms,
+        )
+        queue = await self._submit(cmd)
         assert isinstance(queue, pb.Queue)
         return queue
 

@@ -24,6 +24,7 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "QUEUE_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
     "QUEUE_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "OFFSET_OUT_OF_RANGE": grpc.StatusCode.OUT_OF_RANGE,
+    "CONCURRENT_UPDATE": grpc.StatusCode.ABORTED,
     "NOT_LEADER": grpc.StatusCode.UNAVAILABLE,
     "SHARD_BUSY": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,

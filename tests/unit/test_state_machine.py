@@ -284,11 +284,30 @@ def test_update_can_grow_partitions_but_not_shrink(store: Store) -> None:
     cfg = pb.QueueConfig()
     cfg.CopyFrom(q.config)
     cfg.partitions = 4
-    updated = d.one(cpb.UpdateQueueCmd(config=cfg, now_ms=T0 + 1))
+    version = {"queue_id": q.queue_id, "expected_updated_at_ms": q.updated_at_ms}
+    updated = d.one(cpb.UpdateQueueCmd(config=cfg, now_ms=T0 + 1, **version))
     assert isinstance(updated, pb.Queue) and updated.config.partitions == 4
     cfg.partitions = 3
-    err = d.one(cpb.UpdateQueueCmd(config=cfg, now_ms=T0 + 2))
+    version["expected_updated_at_ms"] = updated.updated_at_ms
+    err = d.one(cpb.UpdateQueueCmd(config=cfg, now_ms=T0 + 2, **version))
     assert isinstance(err, FluxError)
+
+
+def test_racing_updates_cannot_silently_undo_each_other(store: Store) -> None:
+    d = Driver(store)
+    q = d.create()
+    first, second = pb.QueueConfig(), pb.QueueConfig()
+    first.CopyFrom(q.config)
+    second.CopyFrom(q.config)
+    first.labels["team"] = "a"
+    second.retention.max_messages = 100
+    # Both were merged into the same version of the queue; only the first may apply.
+    version = {"queue_id": q.queue_id, "expected_updated_at_ms": q.updated_at_ms}
+    won = d.one(cpb.UpdateQueueCmd(config=first, now_ms=T0, **version))
+    lost = d.one(cpb.UpdateQueueCmd(config=second, now_ms=T0, **version))
+    assert isinstance(won, pb.Queue) and dict(won.config.labels) == {"team": "a"}
+    assert isinstance(lost, FluxError) and lost.reason == "CONCURRENT_UPDATE" and lost.retriable
+    assert dict(d.sm.catalog["q"].queue.config.labels) == {"team": "a"}
 
 
 def _twins() -> tuple[Driver, Driver]:

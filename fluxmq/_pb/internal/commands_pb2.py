@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fluxmq._pb.v1 import queue_pb2 as fluxmq_dot_v1_dot_queue__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x66luxmq/internal/commands.proto\x12\x0f\x66luxmq.internal\x1a\x15\x66luxmq/v1/queue.proto\"H\n\x0e\x43reateQueueCmd\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.fluxmq.v1.QueueConfig\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\"H\n\x0eUpdateQueueCmd\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.fluxmq.v1.QueueConfig\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\".\n\x0e\x44\x65leteQueueCmd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\"{\n\tAppendCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\x12\x0f\n\x07records\x18\x04 \x03(\x0c\x12\x12\n\npartitions\x18\x05 \x03(\r\x12\x18\n\x10idempotency_keys\x18\x06 \x03(\t\":\n\x08PurgeCmd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\"#\n\x11\x41pplyRetentionCmd\x12\x0e\n\x06now_ms\x18\x01 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x66luxmq/internal/commands.proto\x12\x0f\x66luxmq.internal\x1a\x15\x66luxmq/v1/queue.proto\"H\n\x0e\x43reateQueueCmd\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.fluxmq.v1.QueueConfig\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\"z\n\x0eUpdateQueueCmd\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.fluxmq.v1.QueueConfig\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\x12\x10\n\x08queue_id\x18\x03 \x01(\x04\x12\x1e\n\x16\x65xpected_updated_at_ms\x18\x04 \x01(\x03\".\n\x0e\x44\x65leteQueueCmd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\"{\n\tAppendCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\x12\x0f\n\x07records\x18\x04 \x03(\x0c\x12\x12\n\npartitions\x18\x05 \x03(\r\x12\x18\n\x10idempotency_keys\x18\x06 \x03(\t\":\n\x08PurgeCmd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\"#\n\x11\x41pplyRetentionCmd\x12\x0e\n\x06now_ms\x18\x01 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,13 +35,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATEQUEUECMD']._serialized_start=74
   _globals['_CREATEQUEUECMD']._serialized_end=146
   _globals['_UPDATEQUEUECMD']._serialized_start=148
-  _globals['_UPDATEQUEUECMD']._serialized_end=220
-  _globals['_DELETEQUEUECMD']._serialized_start=222
-  _globals['_DELETEQUEUECMD']._serialized_end=268
-  _globals['_APPENDCMD']._serialized_start=270
-  _globals['_APPENDCMD']._serialized_end=393
-  _globals['_PURGECMD']._serialized_start=395
-  _globals['_PURGECMD']._serialized_end=453
-  _globals['_APPLYRETENTIONCMD']._serialized_start=455
-  _globals['_APPLYRETENTIONCMD']._serialized_end=490
+  _globals['_UPDATEQUEUECMD']._serialized_end=270
+  _globals['_DELETEQUEUECMD']._serialized_start=272
+  _globals['_DELETEQUEUECMD']._serialized_end=318
+  _globals['_APPENDCMD']._serialized_start=320
+  _globals['_APPENDCMD']._serialized_end=443
+  _globals['_PURGECMD']._serialized_start=445
+  _globals['_PURGECMD']._serialized_end=503
+  _globals['_APPLYRETENTIONCMD']._serialized_start=505
+  _globals['_APPLYRETENTIONCMD']._serialized_end=540
 # @@protoc_insertion_point(module_scope)

@@ -16,12 +16,16 @@ class CreateQueueCmd(_message.Message):
     def __init__(self, config: _Optional[_Union[_queue_pb2.QueueConfig, _Mapping]] = ..., now_ms: _Optional[int] = ...) -> None: ...
 
 class UpdateQueueCmd(_message.Message):
-    __slots__ = ("config", "now_ms")
+    __slots__ = ("config", "now_ms", "queue_id", "expected_updated_at_ms")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     config: _queue_pb2.QueueConfig
     now_ms: int
-    def __init__(self, config: _Optional[_Union[_queue_pb2.QueueConfig, _Mapping]] = ..., now_ms: _Optional[int] = ...) -> None: ...
+    queue_id: int
+    expected_updated_at_ms: int
+    def __init__(self, config: _Optional[_Union[_queue_pb2.QueueConfig, _Mapping]] = ..., now_ms: _Optional[int] = ..., queue_id: _Optional[int] = ..., expected_updated_at_ms: _Optional[int] = ...) -> None: ...
 
 class DeleteQueueCmd(_message.Message):
     __slots__ = ("name", "now_ms")
