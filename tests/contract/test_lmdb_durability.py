@@ -18,6 +18,7 @@ from storage import (
     CorruptRecordError,
     LmdbStore,
     NewRecord,
+    ReadTxn,
     Record,
     StorageError,
     Watermarks,
@@ -42,6 +43,18 @@ def raw_env(path: Path) -> lmdb.Environment:
     return lmdb.open(str(path), max_dbs=8, subdir=True)
 
 
+def _logs_snapshot(txn: ReadTxn, log_ids: tuple[int, ...]) -> dict[int, object]:
+    """Everything observable of some logs: watermarks, size and records."""
+    return {
+        log_id: (
+            txn.log(log_id).watermarks(),
+            txn.log(log_id).size_bytes(),
+            txn.log(log_id).read(0, 1000, 2**40),
+        )
+        for log_id in log_ids
+    }
+
+
 def test_reopen_preserves_watermarks_sizes_records_and_keys(tmp_path: Path) -> None:
     path = str(tmp_path / "db")
     store = LmdbStore(path)
@@ -54,27 +67,13 @@ def test_reopen_preserves_watermarks_sizes_records_and_keys(tmp_path: Path) -> N
         txn.log(1).truncate_before(7)
         assert txn.log(3).drop()
     with store.read() as txn:
-        before = {
-            log_id: (
-                txn.log(log_id).watermarks(),
-                txn.log(log_id).size_bytes(),
-                txn.log(log_id).read(0, 1000, 2**40),
-            )
-            for log_id in (1, 2, 3)
-        }
+        before = _logs_snapshot(txn, (1, 2, 3))
     store.close()
 
     reopened = LmdbStore(path)
     try:
         with reopened.read() as txn:
-            after = {
-                log_id: (
-                    txn.log(log_id).watermarks(),
-                    txn.log(log_id).size_bytes(),
-                    txn.log(log_id).read(0, 1000, 2**40),
-                )
-                for log_id in (1, 2, 3)
-            }
+            after = _logs_snapshot(txn, (1, 2, 3))
             assert txn.get(b"consumer/1") == b"offset 5"
             assert txn.log(1).offset_for_timestamp(10) == 9
         assert after == before
