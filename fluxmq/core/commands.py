@@ -23,6 +23,18 @@ class Op(IntEnum):
     APPEND = 4
     PURGE = 5
     APPLY_RETENTION = 6
+    CREATE_GROUP = 7
+    DELETE_GROUP = 8
+    LEASE = 9
+    ACK = 10
+    NACK = 11
+    EXTEND_LEASE = 12
+    EXPIRE_LEASES = 13
+    COMMIT_OFFSETS = 14
+    RESET_OFFSETS = 15
+    REPLAY_DEAD_LETTERS = 16
+    PURGE_DEAD_LETTERS = 17
+    TRANSACT = 18
 
 
 _TYPES: dict[Op, type[Any]] = {
@@ -32,6 +44,18 @@ _TYPES: dict[Op, type[Any]] = {
     Op.APPEND: cpb.AppendCmd,
     Op.PURGE: cpb.PurgeCmd,
     Op.APPLY_RETENTION: cpb.ApplyRetentionCmd,
+    Op.CREATE_GROUP: cpb.CreateGroupCmd,
+    Op.DELETE_GROUP: cpb.DeleteGroupCmd,
+    Op.LEASE: cpb.LeaseCmd,
+    Op.ACK: cpb.AckCmd,
+    Op.NACK: cpb.NackCmd,
+    Op.EXTEND_LEASE: cpb.ExtendLeaseCmd,
+    Op.EXPIRE_LEASES: cpb.ExpireLeasesCmd,
+    Op.COMMIT_OFFSETS: cpb.CommitOffsetsCmd,
+    Op.RESET_OFFSETS: cpb.ResetOffsetsCmd,
+    Op.REPLAY_DEAD_LETTERS: cpb.ReplayDeadLettersCmd,
+    Op.PURGE_DEAD_LETTERS: cpb.PurgeDeadLettersCmd,
+    Op.TRANSACT: cpb.TransactCmd,
 }
 _OPS: dict[type[Any], Op] = {t: op for op, t in _TYPES.items()}
 

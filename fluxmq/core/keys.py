@@ -14,9 +14,19 @@ QUEUE = b"Q/"  # + name -> fluxmq.v1.Queue
 DEDUP = b"D/"  # + queue_id u64 + idempotency key -> partition u32, offset u64, timestamp i64
 DEDUP_EXPIRY = b"X/"  # + queue_id u64 + timestamp u64 + idempotency key -> b""
 TRASH = b"T/"  # + log_id u64 -> b"": logs of deleted queues, dropped in chunks by retention
+NEXT_GROUP_ID = b"M/next_group_id"  # u64
+NEXT_LEASE_ID = b"M/next_lease_id"  # u64
+GROUP = b"C/"  # + queue_id u64 + group name -> fluxmq.v1.Group
+GROUP_PARTITION = b"P/"  # + group_id u64 + partition u32 -> PARTITION_VALUE
+SLOT = b"S/"  # + group_id u64 + partition u32 + offset u64 -> SLOT_VALUE + member (utf-8)
+DEAD_GONE = b"L/"  # + dlq queue_id u64 + offset u64 -> b"": dead letters replayed or purged
 
 U64 = struct.Struct(">Q")
 DEDUP_VALUE = struct.Struct(">IQq")
+# committed, next (delivery frontier), acked, dead, filtered, skipped_by_retention, purged
+PARTITION_VALUE = struct.Struct(">QQQQQQQ")
+SLOT_VALUE = struct.Struct(">BIqQ")  # kind, attempt, due_ms (deadline or ready time), lease_id
+U32 = struct.Struct(">I")
 PARTITION_BITS = 20  # log_id = queue_id << 20 | partition; partitions are < 1024
 
 
@@ -50,3 +60,33 @@ def split_dedup_expiry_key(key: bytes) -> tuple[int, int, str]:
         U64.unpack_from(key, n + 8)[0],
         key[n + 16 :].decode(),
     )
+
+
+def group_key(queue_id: int, name: str) -> bytes:
+    return GROUP + U64.pack(queue_id) + name.encode()
+
+
+def group_partition_key(group_id: int, partition: int) -> bytes:
+    return GROUP_PARTITION + U64.pack(group_id) + U32.pack(partition)
+
+
+def slot_prefix(group_id: int) -> bytes:
+    return SLOT + U64.pack(group_id)
+
+
+def slot_key(group_id: int, partition: int, offset: int) -> bytes:
+    return SLOT + U64.pack(group_id) + U32.pack(partition) + U64.pack(offset)
+
+
+def split_slot_key(key: bytes) -> tuple[int, int, int]:
+    """-> (group_id, partition, offset)"""
+    n = len(SLOT)
+    return (
+        U64.unpack_from(key, n)[0],
+        U32.unpack_from(key, n + 8)[0],
+        U64.unpack_from(key, n + 12)[0],
+    )
+
+
+def dead_gone_key(dlq_queue_id: int, offset: int) -> bytes:
+    return DEAD_GONE + U64.pack(dlq_queue_id) + U64.pack(offset)

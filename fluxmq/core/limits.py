@@ -40,3 +40,27 @@ LIST_LIMIT_MAX = 1000
 RETENTION_RECORDS_PER_PASS_MAX = 50_000
 DEDUP_EXPIRIES_PER_PASS_MAX = 50_000
 DROP_RECORDS_PER_PASS_MAX = 50_000
+
+# Delivery (consumer groups).
+GROUPS_PER_QUEUE_MAX = 64
+CONSUMER_ID_CHARS_MAX = 200
+LEASE_MESSAGES_MAX = 1000
+RECEIPTS_MAX = 1000
+LEASE_MS_MIN = 100
+LEASE_MS_MAX = 12 * 3_600_000
+LEASE_TIMEOUT_DEFAULT = "30s"
+MAX_ATTEMPTS_MAX = 1000
+RETRY_BACKOFF_BASE_DEFAULT = "1s"
+RETRY_BACKOFF_MAX_DEFAULT = "5m"
+DELAY_MS_MAX = 7 * 86_400_000  # delivery_delay, delay_ms, deliver_at_ms ahead, retry delays
+MESSAGE_TTL_MS_MAX = 365 * 86_400_000
+IN_FLIGHT_MAX = 10_000  # Consume: max_in_flight
+# Offsets of one group partition between its committed offset and its delivery frontier that
+# are leased, scheduled or done-out-of-order. At the limit the partition hands out only retries
+# until the committed offset moves: one stuck message cannot grow the state without bound.
+PENDING_PER_PARTITION_MAX = 100_000
+# Records one Lease command may examine (filtered, delayed, expired ones included).
+LEASE_SCAN_RECORDS_MAX = 10_000
+EXPIRIES_PER_PASS_MAX = 10_000  # leases expired + TTL dead letters per ExpireLeases command
+REPLAY_PER_COMMAND_MAX = 1000
+FILTER_TERMS_MAX = 16

@@ -36,6 +36,24 @@ class PreparedAppend:
     payload_bytes: int  # key + value + header bytes, for metrics
 
 
+RESERVED_HEADER_PREFIX = "fluxmq-"
+DELIVER_AT_HEADER = "fluxmq-deliver-at"  # decimal ms: the message is invisible to groups until
+
+
+def _deliver_at(msg: pb.PublishMessage, i: int, now_ms: int) -> bytes:
+    if msg.deliver_at_ms and msg.delay_ms:
+        raise invalid_argument(f"messages[{i}].delay_ms", "set deliver_at_ms or delay_ms, not both")
+    if msg.delay_ms:
+        if msg.delay_ms > limits.DELAY_MS_MAX:
+            raise invalid_argument(f"messages[{i}].delay_ms", "at most 7 days")
+        at = now_ms + msg.delay_ms
+    else:
+        if msg.deliver_at_ms > now_ms + limits.DELAY_MS_MAX:
+            raise invalid_argument(f"messages[{i}].deliver_at_ms", "at most 7 days ahead")
+        at = msg.deliver_at_ms
+    return str(at).encode()
+
+
 def prepare_append(
     queue: str,
     queue_id: int,
@@ -86,7 +104,14 @@ def prepare_append(
                     raise invalid_argument(
                         f"messages[{i}].headers", "header names are 1..256 characters"
                     )
+                if name.startswith(RESERVED_HEADER_PREFIX):
+                    raise invalid_argument(
+                        f"messages[{i}].headers[{name}]",
+                        f"header names starting with {RESERVED_HEADER_PREFIX!r} are reserved",
+                    )
                 size += len(name) + len(header_value)
+        if msg.deliver_at_ms or msg.delay_ms:
+            headers = tuple(sorted((*headers, (DELIVER_AT_HEADER, _deliver_at(msg, i, now_ms)))))
         if size > limit:
             raise message_too_large(f"messages[{i}].value", size, limit)
         idem = msg.idempotency_key

@@ -24,8 +24,20 @@ MUTABLE_PATHS = frozenset(
         "dedup_window",
         "max_message_bytes",
         "labels",
+        "lease_timeout",
+        "max_attempts",
+        "retry_backoff",
+        "retry_backoff.base",
+        "retry_backoff.max",
+        "message_ttl",
+        "delivery_delay",
+        "dead_letter_queue",
+        "dead_letter_disabled",
+        "retain_until_consumed",
+        "dead_letter_alert_threshold",
     }
 )
+_ALL_MUTABLE = frozenset(p for p in MUTABLE_PATHS if "." not in p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,23 @@ class QueuePolicy:
     max_bytes: int  # 0 = unlimited
     dedup_window_ms: int
     max_message_bytes: int
+    lease_ms: int = 30_000
+    max_attempts: int = 0  # 0 = unlimited
+    backoff_base_ms: int = 1000
+    backoff_max_ms: int = 300_000
+    message_ttl_ms: int = 0  # 0 = none
+    delivery_delay_ms: int = 0
+    dead_letter_queue: str | None = None  # None: dead messages are dropped (and counted)
+    retain_until_consumed: bool = False
+    dead_letter_alert_threshold: int = 0
+
+    def retry_delay_ms(self, attempt: int) -> int:
+        """Backoff before the retry that follows delivery ``attempt`` (1-based).
+
+        Example: base 1s, max 5m -> attempt 1: 1000, 2: 2000, 3: 4000, ... capped at 300000.
+        """
+        exponent = min(max(attempt - 1, 0), 40)
+        return min(self.backoff_max_ms, self.backoff_base_ms << exponent)
 
     @property
     def has_retention(self) -> bool:
@@ -75,7 +104,55 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
         raise invalid_argument(
             f"{prefix}.retention.max_bytes", "must be positive (empty = unlimited)"
         )
+    lease_ms = _duration(
+        config.lease_timeout or limits.LEASE_TIMEOUT_DEFAULT,
+        f"{prefix}.lease_timeout",
+        limits.LEASE_MS_MIN,
+        limits.LEASE_MS_MAX,
+    )
+    if config.max_attempts > limits.MAX_ATTEMPTS_MAX:
+        raise invalid_argument(f"{prefix}.max_attempts", f"at most {limits.MAX_ATTEMPTS_MAX}")
+    rb = config.retry_backoff
+    base_ms = _duration(
+        rb.base or limits.RETRY_BACKOFF_BASE_DEFAULT,
+        f"{prefix}.retry_backoff.base",
+        0,
+        limits.DELAY_MS_MAX,
+    )
+    backoff_max_ms = _duration(
+        rb.max or limits.RETRY_BACKOFF_MAX_DEFAULT,
+        f"{prefix}.retry_backoff.max",
+        0,
+        limits.DELAY_MS_MAX,
+    )
+    if backoff_max_ms < base_ms:
+        raise invalid_argument(f"{prefix}.retry_backoff.max", "must be >= retry_backoff.base")
+    ttl_ms = (
+        _duration(config.message_ttl, f"{prefix}.message_ttl", 1, limits.MESSAGE_TTL_MS_MAX)
+        if config.message_ttl
+        else 0
+    )
+    delay_ms = (
+        _duration(config.delivery_delay, f"{prefix}.delivery_delay", 0, limits.DELAY_MS_MAX)
+        if config.delivery_delay
+        else 0
+    )
+    dlq: str | None = None
+    if not config.dead_letter_disabled:
+        dlq = config.dead_letter_queue or f"{config.name}.dlq"
+        validate_name(dlq, f"{prefix}.dead_letter_queue")
+        if dlq == config.name:
+            raise invalid_argument(f"{prefix}.dead_letter_queue", "a queue cannot be its own DLQ")
     return QueuePolicy(
+        lease_ms=lease_ms,
+        max_attempts=config.max_attempts,
+        backoff_base_ms=base_ms,
+        backoff_max_ms=backoff_max_ms,
+        message_ttl_ms=ttl_ms,
+        delivery_delay_ms=delay_ms,
+        dead_letter_queue=dlq,
+        retain_until_consumed=config.retain_until_consumed,
+        dead_letter_alert_threshold=config.dead_letter_alert_threshold,
         partitions=partitions,
         max_age_ms=max_age_ms,
         max_messages=r.max_messages,
@@ -83,6 +160,13 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
         dedup_window_ms=dedup_ms,
         max_message_bytes=max_message_bytes,
     )
+
+
+def _duration(text: str, field_path: str, low_ms: int, high_ms: int) -> int:
+    ms = parse_duration_ms(text, field_path)
+    if not low_ms <= ms <= high_ms:
+        raise invalid_argument(field_path, f"must be between {low_ms}ms and {high_ms}ms")
+    return ms
 
 
 def _validate_labels(labels: Iterable[tuple[str, str]], prefix: str) -> None:
@@ -113,6 +197,13 @@ def normalize_new(config: pb.QueueConfig, prefix: str = "config") -> pb.QueueCon
     out.type = config.type or pb.QUEUE_TYPE_STREAM
     out.dedup_window = config.dedup_window or limits.DEDUP_WINDOW_DEFAULT
     out.max_message_bytes = config.max_message_bytes or limits.MESSAGE_BYTES_DEFAULT
+    out.lease_timeout = config.lease_timeout or limits.LEASE_TIMEOUT_DEFAULT
+    out.retry_backoff.base = config.retry_backoff.base or limits.RETRY_BACKOFF_BASE_DEFAULT
+    out.retry_backoff.max = config.retry_backoff.max or limits.RETRY_BACKOFF_MAX_DEFAULT
+    if config.dead_letter_disabled:
+        out.dead_letter_queue = ""
+    else:
+        out.dead_letter_queue = config.dead_letter_queue or f"{config.name}.dlq"
     return out
 
 
@@ -128,11 +219,7 @@ def merge_update(
             raise invalid_argument(
                 f"update_mask.paths[{path}]", f"unknown or immutable field {path!r}"
             )
-    chosen = (
-        set(paths)
-        if paths
-        else {"partitions", "retention", "dedup_window", "max_message_bytes", "labels"}
-    )
+    chosen = set(paths) if paths else set(_ALL_MUTABLE)
     if not paths and patch.type not in (pb.QUEUE_TYPE_UNSPECIFIED, current.type):
         raise invalid_argument(f"{prefix}.type", "the queue type cannot be changed")
     new = pb.QueueConfig()
@@ -156,6 +243,23 @@ def merge_update(
     if "labels" in chosen:
         new.labels.clear()
         new.labels.update(patch.labels)
+    for name in (
+        "lease_timeout",
+        "max_attempts",
+        "message_ttl",
+        "delivery_delay",
+        "dead_letter_queue",
+        "dead_letter_disabled",
+        "retain_until_consumed",
+        "dead_letter_alert_threshold",
+    ):
+        if name in chosen:
+            setattr(new, name, getattr(patch, name))
+    if "retry_backoff" in chosen:
+        new.retry_backoff.CopyFrom(patch.retry_backoff)
+    for sub in ("base", "max"):
+        if f"retry_backoff.{sub}" in chosen:
+            setattr(new.retry_backoff, sub, getattr(patch.retry_backoff, sub))
     return normalize_new(new, prefix)
 
 

@@ -12,17 +12,39 @@ An exception from storage aborts the whole transaction; nothing of the batch is 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys, limits
 from fluxmq.core.commands import Op, decode
-from fluxmq.core.errors import FluxError, queue_exists, queue_not_found
+from fluxmq.core.delivery import REPLAY_GROUP_HEADER, Delivery, DeliveryState, GroupState, header
+from fluxmq.core.errors import (
+    FluxError,
+    offset_out_of_range,
+    partition_out_of_range,
+    queue_exists,
+    queue_not_found,
+)
 from fluxmq.core.queue_config import QueuePolicy, policy_of
-from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
+from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Record, Store, WriteTxn
+from storage.codec import prepare
+
+# Headers of a dead letter (DESIGN §2), added to the original message's own headers.
+DEAD_HEADERS = (
+    "fluxmq-original-queue",
+    "fluxmq-original-partition",
+    "fluxmq-original-offset",
+    "fluxmq-original-timestamp",
+    "fluxmq-attempts",
+    "fluxmq-dead-reason",
+    "fluxmq-dead-at",
+    "fluxmq-group",
+)
+REPLAYED_FROM_HEADER = "fluxmq-replayed-from"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +72,39 @@ class AppendResult:
     timestamps_ms: list[int]
     duplicates: list[bool]
     high_watermarks: dict[int, int]  # partition -> high watermark after the append
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult:
+    group_id: int
+    deliveries: list[Delivery]
+
+
+@dataclass(frozen=True, slots=True)
+class SettleResult:
+    """Ack / Nack / ExtendLease: one status per receipt (fluxmq.v1.ReceiptStatus)."""
+
+    statuses: list[int]
+    deadlines_ms: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeResult:
+    purged_records: int
+    skipped_deliveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransactResult:
+    acks: list[SettleResult]
+    appends: list[AppendResult]
+
+
+@dataclass(slots=True)
+class ExpireResult:
+    expired_leases: int = 0
+    expired_ttl: int = 0
+    dead_letters: int = 0
 
 
 @dataclass(slots=True)
@@ -105,7 +160,32 @@ class QueueStateMachine:
         self._last_ts: dict[int, int] = {}
         # Called after each commit with the logs that grew (from the applying thread): how
         # waiting readers learn about new records whoever proposed them.
-        self.commit_listener: Callable[[list[int]], None] | None = None
+        self.commit_listener: Callable[[list[int], list[int]], None] | None = None
+        with store.read() as txn:
+            self.delivery = DeliveryState.load(txn)
+        # Held while applying and by readers of the delivery state (another thread).
+        self.lock = threading.RLock()
+        self.dead_letters_dropped = 0  # dead messages of queues without a DLQ (since start)
+        self._handlers: dict[Op, Callable[[_Batch, Any], Result]] = {
+            Op.CREATE_QUEUE: self._create_queue,
+            Op.UPDATE_QUEUE: self._update_queue,
+            Op.DELETE_QUEUE: self._delete_queue,
+            Op.APPEND: self._append,
+            Op.PURGE: self._purge,
+            Op.APPLY_RETENTION: self._apply_retention,
+            Op.CREATE_GROUP: self._create_group,
+            Op.DELETE_GROUP: self._delete_group,
+            Op.LEASE: self._lease,
+            Op.ACK: self._ack,
+            Op.NACK: self._nack,
+            Op.EXTEND_LEASE: self._extend,
+            Op.EXPIRE_LEASES: self._expire,
+            Op.COMMIT_OFFSETS: self._commit_offsets,
+            Op.RESET_OFFSETS: self._reset_offsets,
+            Op.REPLAY_DEAD_LETTERS: self._replay_dead_letters,
+            Op.PURGE_DEAD_LETTERS: self._purge_dead_letters,
+            Op.TRANSACT: self._transact,
+        }
 
     @property
     def catalog(self) -> dict[str, QueueEntry]:
@@ -123,23 +203,32 @@ class QueueStateMachine:
         below the last applied index are skipped (their result is None)."""
         results: list[Result] = []
         applied = self._applied
-        with self._store.write() as txn:
-            batch = _Batch(txn)
-            for entry in entries:
-                if entry.index <= applied:
-                    results.append(None)
-                    continue
-                results.append(self._apply_one(batch, entry.payload))
-                applied = entry.index
-            if applied != self._applied:
-                txn.put(keys.APPLIED, keys.U64.pack(applied))
-        # Committed: only now do readers see the new catalog and the new timestamps.
-        self._applied = applied
-        if batch.catalog is not None:
-            self._catalog = batch.catalog
-        self._last_ts.update(batch.last_ts)
-        if batch.last_ts and self.commit_listener is not None:
-            self.commit_listener(sorted(batch.last_ts))
+        with self.lock:
+            try:
+                with self._store.write() as txn:
+                    batch = _Batch(txn)
+                    for entry in entries:
+                        if entry.index <= applied:
+                            results.append(None)
+                            continue
+                        results.append(self._apply_one(batch, entry.payload))
+                        applied = entry.index
+                    if applied != self._applied:
+                        txn.put(keys.APPLIED, keys.U64.pack(applied))
+            except BaseException:
+                # The transaction rolled back: so must the in-memory delivery state.
+                with self._store.read() as rtxn:
+                    self.delivery = DeliveryState.load(rtxn)
+                raise
+            # Committed: only now do readers see the new catalog and the new timestamps.
+            self._applied = applied
+            if batch.catalog is not None:
+                self._catalog = batch.catalog
+            self._last_ts.update(batch.last_ts)
+            touched = sorted(self.delivery.touched)
+            self.delivery.touched.clear()
+        if (batch.last_ts or touched) and self.commit_listener is not None:
+            self.commit_listener(sorted(batch.last_ts), touched)
         return results
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -147,22 +236,19 @@ class QueueStateMachine:
     def _apply_one(self, batch: _Batch, payload: bytes) -> Result:
         op, cmd = decode(payload)
         try:
-            if op is Op.APPEND:
-                return self._append(batch, cmd)
-            if op is Op.CREATE_QUEUE:
-                return self._create_queue(batch, cmd)
-            if op is Op.UPDATE_QUEUE:
-                return self._update_queue(batch, cmd)
-            if op is Op.DELETE_QUEUE:
-                self._delete_queue(batch, cmd)
-                return None
-            if op is Op.PURGE:
-                return self._purge(batch, cmd)
-            if op is Op.APPLY_RETENTION:
-                return self._apply_retention(batch, cmd)
+            return self._dispatch(batch, op, cmd)
         except FluxError as err:
+            # Refusals are raised before anything changes (checked first, then applied).
+            assert not self.delivery.dead_letters
             return err
-        raise AssertionError(f"op {op} has no handler")
+        finally:
+            self.delivery.flush(batch.txn)
+
+    def _dispatch(self, batch: _Batch, op: Op, cmd: object) -> Result:
+        handler = self._handlers.get(op)
+        if handler is None:
+            raise AssertionError(f"op {op} has no handler")
+        return handler(batch, cmd)
 
     def _cat(self, batch: _Batch) -> dict[str, QueueEntry]:
         return batch.catalog if batch.catalog is not None else self._catalog
@@ -226,15 +312,33 @@ class QueueStateMachine:
         # must not hold the writer (and every other queue's publishes) for seconds.
         for partition in range(entry.policy.partitions):
             txn.put(keys.TRASH + keys.U64.pack(keys.log_id(entry.queue_id, partition)), b"")
+        self.delivery.delete_queue(txn, entry.queue_id)
         del self._cat_for_write(batch)[cmd.name]
 
-    def _purge(self, batch: _Batch, cmd: cpb.PurgeCmd) -> int:
+    def _purge(self, batch: _Batch, cmd: cpb.PurgeCmd) -> PurgeResult:
+        """Querator's clear, per group; then the log loses what no group needs any more."""
         entry = self._entry(batch, cmd.name, cmd.queue_id or None)
+        groups = self.delivery.of_queue(entry.queue_id)
+        npart = entry.policy.partitions
+        skipped = sum(
+            self.delivery.purge(batch.txn, g, npart, cmd.scope, cmd.destructive, cmd.now_ms)
+            for g in groups
+        )
         purged = 0
-        for partition in range(entry.policy.partitions):
-            log = batch.txn.log(keys.log_id(entry.queue_id, partition))
-            purged += log.truncate_before(log.watermarks().high).removed_records
-        return purged
+        if cmd.destructive or cmd.scope != pb.PURGE_SCOPE_SCHEDULED:
+            for partition in range(npart):
+                log = batch.txn.log(keys.log_id(entry.queue_id, partition))
+                floor = self._consumed_floor(entry, partition, log.watermarks().high)
+                purged += log.truncate_before(floor).removed_records
+        return PurgeResult(purged, skipped)
+
+    def _consumed_floor(self, entry: QueueEntry, partition: int, high: int) -> int:
+        """The smallest offset some group of the queue still needs (``high`` if none)."""
+        floor = high
+        for g in self.delivery.of_queue(entry.queue_id):
+            part = g.parts.get(partition)
+            floor = min(floor, part.committed if part is not None else 0)
+        return floor
 
     # -- append -----------------------------------------------------------------------------
 
@@ -251,23 +355,29 @@ class QueueStateMachine:
             ts = log.read(wm.high - 1, 1, 1)[0].timestamp_ms
         return ts
 
-    def _append(self, batch: _Batch, cmd: cpb.AppendCmd) -> AppendResult:
+    def _check_append(self, batch: _Batch, cmd: cpb.AppendCmd) -> QueueEntry:
         entry = self._entry(batch, cmd.queue, cmd.queue_id)
-        records = cmd.records
-        partitions = cmd.partitions
-        idempotency_keys = cmd.idempotency_keys
-        count = len(records)
+        count = len(cmd.records)
         if (
-            count != len(partitions)
-            or (idempotency_keys and len(idempotency_keys) != count)
+            count != len(cmd.partitions)
+            or (cmd.idempotency_keys and len(cmd.idempotency_keys) != count)
             or not 1 <= count <= limits.PUBLISH_MESSAGES_MAX
         ):
             raise FluxError("INVALID_ARGUMENT", "append: one partition per record, 1..1000 records")
         npart = entry.policy.partitions
-        for p in set(partitions):
+        for p in set(cmd.partitions):
             if p >= npart:
                 raise FluxError("PARTITION_OUT_OF_RANGE", f"partition {p} >= {npart}")
+        return entry
 
+    def _append(self, batch: _Batch, cmd: cpb.AppendCmd) -> AppendResult:
+        return self._append_checked(batch, self._check_append(batch, cmd), cmd)
+
+    def _append_checked(self, batch: _Batch, entry: QueueEntry, cmd: cpb.AppendCmd) -> AppendResult:
+        records = cmd.records
+        partitions = cmd.partitions
+        idempotency_keys = cmd.idempotency_keys
+        count = len(records)
         txn = batch.txn
         queue_id = entry.queue_id
         now_ms = cmd.now_ms
@@ -349,11 +459,16 @@ class QueueStateMachine:
             for partition in range(entry.policy.partitions):
                 log = txn.log(keys.log_id(entry.queue_id, partition))
                 cut = retention_cut(log, entry.policy, cmd.now_ms)
+                if entry.policy.retain_until_consumed:
+                    cut = min(cut, self._consumed_floor(entry, partition, cut))
                 if cut > log.watermarks().low and budget > 0:
                     done = log.truncate_before(cut, max_records=budget)
                     budget -= done.removed_records
                     result.removed_records += done.removed_records
                     result.removed_bytes += done.removed_bytes
+                    low = log.watermarks().low
+                    for g in self.delivery.of_queue(entry.queue_id):
+                        self.delivery.catch_up(txn, g, partition, low)
         result.expired_dedup_keys = self._expire_dedup(batch, cmd.now_ms)
         result.dropped_records = self._drop_trash(batch)
         return result
@@ -390,6 +505,358 @@ class QueueStateMachine:
         for key in gone:
             txn.delete(key)
         return dropped
+
+    # -- consumer groups --------------------------------------------------------------------
+
+    def _group(
+        self, batch: _Batch, queue: str, queue_id: int, group: str
+    ) -> tuple[QueueEntry, GroupState]:
+        entry = self._entry(batch, queue, queue_id)
+        return entry, self.delivery.get(entry.queue_id, queue, group)
+
+    def _position(self, log: PartitionLogReader, start: pb.StartPosition) -> int:
+        wm = log.watermarks()
+        which = start.WhichOneof("position") or "earliest"
+        if which == "earliest":
+            return wm.low
+        if which == "latest":
+            return wm.high
+        if which == "offset":
+            return min(max(start.offset, wm.low), wm.high)
+        return log.offset_for_timestamp(start.timestamp_ms)
+
+    def _create_group(self, batch: _Batch, cmd: cpb.CreateGroupCmd) -> pb.Group:
+        entry = self._entry(batch, cmd.queue, cmd.queue_id)
+        txn = batch.txn
+        raw = txn.get(keys.NEXT_GROUP_ID)
+        group_id = keys.U64.unpack(raw)[0] if raw else 1
+        meta = pb.Group(
+            queue=cmd.queue,
+            name=cmd.group,
+            mode=cmd.mode or pb.DELIVERY_MODE_SHARED,
+            filter=cmd.filter,
+            start=cmd.start,
+            created_at_ms=cmd.now_ms,
+            group_id=group_id,
+        )
+        starts = {
+            p: self._position(txn.log(keys.log_id(entry.queue_id, p)), cmd.start)
+            for p in range(entry.policy.partitions)
+        }
+        self.delivery.create(txn, entry.queue_id, meta, starts)
+        txn.put(keys.NEXT_GROUP_ID, keys.U64.pack(group_id + 1))
+        return meta
+
+    def _delete_group(self, batch: _Batch, cmd: cpb.DeleteGroupCmd) -> None:
+        _entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        self.delivery.delete(batch.txn, g)
+
+    def _lease(self, batch: _Batch, cmd: cpb.LeaseCmd) -> LeaseResult:
+        entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        out = self.delivery.lease(
+            batch.txn, g, entry.policy, cmd.consumer_id, cmd.max_messages, cmd.lease_ms, cmd.now_ms
+        )
+        if out:
+            self.delivery.save_lease_counter(batch.txn)
+        self._write_dead_letters(batch, cmd.now_ms)
+        return LeaseResult(g.group_id, out)
+
+    def _check_receipts(self, g: GroupState, receipts: Sequence[pb.Receipt], path: str) -> None:
+        for i, r in enumerate(receipts):
+            if r.group_id != g.group_id:
+                raise foreign_receipt(g, f"{path}[{i}]")
+
+    def _ack(self, batch: _Batch, cmd: cpb.AckCmd) -> SettleResult:
+        _entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        self._check_receipts(g, cmd.receipts, "receipts")
+        return SettleResult(self.delivery.ack(batch.txn, g, cmd.receipts))
+
+    def _nack(self, batch: _Batch, cmd: cpb.NackCmd) -> SettleResult:
+        entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        self._check_receipts(g, cmd.receipts, "receipts")
+        if cmd.dead and entry.policy.dead_letter_queue is None:
+            raise no_dead_letter_queue(entry.name)
+        statuses = self.delivery.nack(
+            batch.txn,
+            g,
+            entry.policy,
+            cmd.receipts,
+            cmd.now_ms,
+            cmd.retry_at_ms,
+            cmd.dead,
+            cmd.reason,
+        )
+        self._write_dead_letters(batch, cmd.now_ms)
+        return SettleResult(statuses)
+
+    def _extend(self, batch: _Batch, cmd: cpb.ExtendLeaseCmd) -> SettleResult:
+        _entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        self._check_receipts(g, cmd.receipts, "receipts")
+        out = self.delivery.extend(batch.txn, g, cmd.receipts, cmd.now_ms, cmd.lease_ms)
+        return SettleResult([s for s, _ in out], [d for _, d in out])
+
+    def _expire(self, batch: _Batch, cmd: cpb.ExpireLeasesCmd) -> ExpireResult:
+        policies = {e.queue_id: e.policy for e in self._cat(batch).values()}
+        leases, ttl = self.delivery.expire(batch.txn, policies, cmd.now_ms)
+        dead = self._write_dead_letters(batch, cmd.now_ms)
+        return ExpireResult(leases, ttl, dead)
+
+    def _commit_offsets(self, batch: _Batch, cmd: cpb.CommitOffsetsCmd) -> None:
+        entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        if entry.queue.config.type != pb.QUEUE_TYPE_STREAM:
+            raise FluxError(
+                "NOT_A_STREAM_QUEUE",
+                f"queue {entry.name!r} is a work queue: its offsets move with Ack and Nack "
+                "(ResetOffsets replays or skips)",
+                metadata={"queue": entry.name},
+            )
+        txn = batch.txn
+        for p, offset in sorted(cmd.offsets.items()):
+            if p >= entry.policy.partitions:
+                raise partition_out_of_range(
+                    entry.name, p, entry.policy.partitions, f"offsets[{p}]"
+                )
+            wm = txn.log(keys.log_id(entry.queue_id, p)).watermarks()
+            if offset > wm.high:
+                raise offset_out_of_range(entry.name, p, offset, wm.low, wm.high)
+        for p, offset in sorted(cmd.offsets.items()):
+            self.delivery.reset(txn, g, p, offset)
+
+    def _reset_offsets(self, batch: _Batch, cmd: cpb.ResetOffsetsCmd) -> None:
+        entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        npart = entry.policy.partitions
+        for i, p in enumerate(cmd.partitions):
+            if p >= npart:
+                raise partition_out_of_range(entry.name, p, npart, f"partitions[{i}]")
+        txn = batch.txn
+        for p in sorted(set(cmd.partitions)) if cmd.partitions else range(npart):
+            offset = self._position(txn.log(keys.log_id(entry.queue_id, p)), cmd.to)
+            self.delivery.reset(txn, g, p, offset)
+
+    # -- transactions -----------------------------------------------------------------------
+
+    def _transact(self, batch: _Batch, cmd: cpb.TransactCmd) -> TransactResult:
+        """All or nothing: everything is checked before anything is written."""
+        groups: list[GroupState] = []
+        seen: set[tuple[int, int, int]] = set()
+        for i, ack in enumerate(cmd.acks):
+            _entry, g = self._group(batch, ack.queue, ack.queue_id, ack.group)
+            self._check_receipts(g, ack.receipts, f"acks[{i}].receipts")
+            for j, status in enumerate(self.delivery.check_held(g, ack.receipts)):
+                r = ack.receipts[j]
+                key = (g.group_id, r.partition, r.offset)
+                if status or key in seen:
+                    name = pb.ReceiptStatus.Name(status or pb.RECEIPT_STATUS_ALREADY_ACKED)
+                    raise FluxError(
+                        "LEASE_NOT_HELD",
+                        f"acks[{i}].receipts[{j}] is {name}: the transaction was not applied",
+                        metadata={"field": f"acks[{i}].receipts[{j}]", "status": name},
+                    )
+                seen.add(key)
+            groups.append(g)
+        entries = [self._check_append(batch, append) for append in cmd.appends]
+        acks = [
+            SettleResult(self.delivery.ack(batch.txn, g, ack.receipts))
+            for g, ack in zip(groups, cmd.acks, strict=True)
+        ]
+        appends = [
+            self._append_checked(batch, entry, append)
+            for entry, append in zip(entries, cmd.appends, strict=True)
+        ]
+        return TransactResult(acks, appends)
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    def _dead_letter_queue(
+        self, batch: _Batch, origin: QueueEntry, now_ms: int
+    ) -> QueueEntry | None:
+        """The DLQ of ``origin``, created on first use (None: the queue has no DLQ)."""
+        name = origin.policy.dead_letter_queue
+        if name is None:
+            return None
+        existing = self._cat(batch).get(name)
+        if existing is not None:
+            return existing
+        config = pb.QueueConfig(
+            name=name,
+            partitions=1,
+            type=pb.QUEUE_TYPE_WORK,
+            dedup_window=limits.DEDUP_WINDOW_DEFAULT,
+            max_message_bytes=limits.MESSAGE_BYTES_MAX,
+            lease_timeout=limits.LEASE_TIMEOUT_DEFAULT,
+            dead_letter_disabled=True,
+        )
+        config.retry_backoff.base = limits.RETRY_BACKOFF_BASE_DEFAULT
+        config.retry_backoff.max = limits.RETRY_BACKOFF_MAX_DEFAULT
+        queue = self._create_queue(batch, cpb.CreateQueueCmd(config=config, now_ms=now_ms))
+        queue.dead_letter_of = origin.name
+        batch.txn.put(keys.queue_key(name), queue.SerializeToString())
+        self._cat_for_write(batch)[name] = QueueEntry(queue, policy_of(queue.config))
+        return self._cat(batch)[name]
+
+    def _write_dead_letters(self, batch: _Batch, now_ms: int) -> int:
+        pending = self.delivery.dead_letters
+        if not pending:
+            return 0
+        self.delivery.dead_letters = []
+        by_id = {e.queue_id: e for e in self._cat(batch).values()}
+        written = 0
+        for dl in pending:
+            origin = by_id[dl.queue_id]
+            dlq = self._dead_letter_queue(batch, origin, now_ms)
+            if dlq is None:
+                self.dead_letters_dropped += 1
+                continue
+            extra = (
+                origin.name,
+                str(dl.partition),
+                str(dl.record.offset),
+                str(dl.record.timestamp_ms),
+                str(dl.attempts),
+                dl.reason,
+                str(now_ms),
+                dl.group,
+            )
+            headers = [(k, v) for k, v in dl.record.headers if not k.startswith("fluxmq-")]
+            headers += [(k, v.encode()) for k, v in zip(DEAD_HEADERS, extra, strict=True)]
+            self._append_raw(batch, dlq, 0, now_ms, dl.record.key, dl.record.value, headers)
+            written += 1
+        return written
+
+    def _append_raw(
+        self,
+        batch: _Batch,
+        entry: QueueEntry,
+        partition: int,
+        now_ms: int,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> int:
+        log = batch.txn.log(keys.log_id(entry.queue_id, partition))
+        ts = max(now_ms, self._last_timestamp(batch, log))
+        offset = log.append_prepared(ts, [prepare(value, key, tuple(sorted(headers)), None)])
+        batch.last_ts[log.log_id] = ts
+        return offset
+
+    def _replay_dead_letters(self, batch: _Batch, cmd: cpb.ReplayDeadLettersCmd) -> int:
+        """Dead letters back to their origin queue as new messages aimed at their group."""
+        origin = self._entry(batch, cmd.queue, cmd.queue_id)
+        dlq = self._dead_letter_queue_if_any(batch, origin)
+        if dlq is None:
+            return 0
+        txn = batch.txn
+        log = txn.log(keys.log_id(dlq.queue_id, 0))
+        replayed = 0
+        for record in self._dead_letter_records(txn, dlq, log, cmd.ids, cmd.all):
+            group = header(record, "fluxmq-group")
+            if cmd.all and cmd.group and (group or b"").decode() != cmd.group:
+                continue
+            part = int(header(record, "fluxmq-original-partition") or b"0")
+            if part >= origin.policy.partitions:
+                part = 0
+            headers = [(k, v) for k, v in record.headers if not k.startswith("fluxmq-")]
+            if group:
+                headers.append((REPLAY_GROUP_HEADER, group))
+            headers.append((REPLAYED_FROM_HEADER, str(record.offset).encode()))
+            self._append_raw(batch, origin, part, cmd.now_ms, record.key, record.value, headers)
+            txn.put(keys.dead_gone_key(dlq.queue_id, record.offset), b"")
+            replayed += 1
+            if replayed >= limits.REPLAY_PER_COMMAND_MAX:
+                break
+        self._compact_dead_letters(txn, dlq, log)
+        return replayed
+
+    def _purge_dead_letters(self, batch: _Batch, cmd: cpb.PurgeDeadLettersCmd) -> int:
+        origin = self._entry(batch, cmd.queue, cmd.queue_id)
+        dlq = self._dead_letter_queue_if_any(batch, origin)
+        if dlq is None:
+            return 0
+        txn = batch.txn
+        log = txn.log(keys.log_id(dlq.queue_id, 0))
+        purged = 0
+        if cmd.all:
+            wm = log.watermarks()
+            gone = self._gone_count(txn, dlq.queue_id, wm.low)
+            purged = wm.high - wm.low - gone
+            log.truncate_before(wm.high)
+        else:
+            for record in self._dead_letter_records(txn, dlq, log, cmd.ids, False):
+                txn.put(keys.dead_gone_key(dlq.queue_id, record.offset), b"")
+                purged += 1
+        self._compact_dead_letters(txn, dlq, log)
+        return purged
+
+    def _dead_letter_queue_if_any(self, batch: _Batch, origin: QueueEntry) -> QueueEntry | None:
+        name = origin.policy.dead_letter_queue
+        return None if name is None else self._cat(batch).get(name)
+
+    def _dead_letter_records(
+        self, txn: ReadTxn, dlq: QueueEntry, log: PartitionLogReader, ids: Sequence[int], all_: bool
+    ) -> Iterator[Record]:
+        wm = log.watermarks()
+        if all_:
+            offset = wm.low
+            while offset < wm.high:
+                records = log.read(offset, 1000, 16 * 1024 * 1024)
+                for record in records:
+                    if txn.get(keys.dead_gone_key(dlq.queue_id, record.offset)) is None:
+                        yield record
+                offset = records[-1].offset + 1
+            return
+        for dl_id in sorted(set(ids)):
+            if (
+                wm.low <= dl_id < wm.high
+                and txn.get(keys.dead_gone_key(dlq.queue_id, dl_id)) is None
+            ):
+                yield log.read(dl_id, 1, 16 * 1024 * 1024)[0]
+
+    def _gone_count(self, txn: ReadTxn, dlq_queue_id: int, low: int) -> int:
+        prefix = keys.DEAD_GONE + keys.U64.pack(dlq_queue_id)
+        return sum(1 for k, _ in txn.scan(prefix) if keys.U64.unpack_from(k, len(prefix))[0] >= low)
+
+    def _compact_dead_letters(self, txn: WriteTxn, dlq: QueueEntry, log: PartitionLog) -> None:
+        """Drop gone rows below the low watermark, and move the low watermark over gone ones."""
+        prefix = keys.DEAD_GONE + keys.U64.pack(dlq.queue_id)
+        low = log.watermarks().low
+        gone = sorted(keys.U64.unpack_from(k, len(prefix))[0] for k, _ in txn.scan(prefix))
+        cut = low
+        for offset in gone:
+            if offset < cut:
+                continue
+            if offset != cut:
+                break
+            cut += 1
+        if cut > low:
+            log.truncate_before(cut)
+        for offset in gone:
+            if offset < cut:
+                txn.delete(keys.dead_gone_key(dlq.queue_id, offset))
+
+    def dead_letter_depth(self, txn: ReadTxn, origin: QueueEntry) -> int:
+        """Dead letters of ``origin`` not replayed or purged (read-only, any thread)."""
+        name = origin.policy.dead_letter_queue
+        dlq = self._catalog.get(name) if name is not None else None
+        if dlq is None:
+            return 0
+        wm = txn.log(keys.log_id(dlq.queue_id, 0)).watermarks()
+        return wm.high - wm.low - self._gone_count(txn, dlq.queue_id, wm.low)
+
+
+def foreign_receipt(g: GroupState, field_path: str) -> FluxError:
+    return FluxError(
+        "RECEIPT_MISMATCH",
+        f"{field_path} was not issued by group {g.name!r} of queue {g.meta.queue!r}",
+        metadata={"field": field_path, "group": g.name},
+    )
+
+
+def no_dead_letter_queue(queue: str) -> FluxError:
+    return FluxError(
+        "NO_DEAD_LETTER_QUEUE",
+        f"queue {queue!r} has no dead-letter queue (it is one, or dead_letter_disabled is set)",
+        metadata={"queue": queue},
+    )
 
 
 def _by_queue_id(entry: QueueEntry) -> int:
@@ -448,14 +915,23 @@ def _expired_dedup_rows(
             return
 
 
-def retention_due(txn: ReadTxn, catalog: dict[str, QueueEntry], now_ms: int) -> bool:
-    """Whether an ApplyRetention command at ``now_ms`` would change anything (read-only)."""
+def retention_due(
+    txn: ReadTxn,
+    catalog: dict[str, QueueEntry],
+    now_ms: int,
+    floor: Callable[[QueueEntry, int, int], int] | None = None,
+) -> bool:
+    """Whether an ApplyRetention command at ``now_ms`` would change anything (read-only).
+    ``floor(entry, partition, cut)`` bounds the cut of retain_until_consumed queues."""
     for entry in catalog.values():
         if not entry.policy.has_retention:
             continue
         for partition in range(entry.policy.partitions):
             log = txn.log(keys.log_id(entry.queue_id, partition))
-            if retention_cut(log, entry.policy, now_ms) > log.watermarks().low:
+            cut = retention_cut(log, entry.policy, now_ms)
+            if entry.policy.retain_until_consumed and floor is not None:
+                cut = floor(entry, partition, cut)
+            if cut > log.watermarks().low:
                 return True
     windows = {e.queue_id: e.policy.dedup_window_ms for e in catalog.values()}
     for _ in _expired_dedup_rows(txn, windows, now_ms):

@@ -13,7 +13,7 @@ from fluxmq.core import commands, keys
 from fluxmq.core.errors import FluxError
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.queue_config import normalize_new, policy_of
-from fluxmq.core.state_machine import AppendResult, QueueStateMachine, RetentionResult
+from fluxmq.core.state_machine import AppendResult, PurgeResult, QueueStateMachine, RetentionResult
 from storage import LmdbStore, MemoryStore, Store
 
 T0 = 1_700_000_000_000
@@ -263,7 +263,7 @@ def test_purge_empties_every_partition(store: Store) -> None:
     d.append(q, [b"a", b"b"], partition=0)
     d.append(q, [b"c"], partition=1)
     purged = d.one(cpb.PurgeCmd(name="q", queue_id=q.queue_id, now_ms=T0))
-    assert purged == 3
+    assert isinstance(purged, PurgeResult) and purged.purged_records == 3
     assert d.watermarks(q, 0) == (2, 2) and d.watermarks(q, 1) == (1, 1)
 
 

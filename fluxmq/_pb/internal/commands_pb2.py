@@ -25,13 +25,15 @@ _sym_db = _symbol_database.Default()
 from fluxmq._pb.v1 import queue_pb2 as fluxmq_dot_v1_dot_queue__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x66luxmq/internal/commands.proto\x12\x0f\x66luxmq.internal\x1a\x15\x66luxmq/v1/queue.proto\"H\n\x0e\x43reateQueueCmd\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.fluxmq.v1.QueueConfig\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\"z\n\x0eUpdateQueueCmd\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.fluxmq.v1.QueueConfig\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\x12\x10\n\x08queue_id\x18\x03 \x01(\x04\x12\x1e\n\x16\x65xpected_updated_at_ms\x18\x04 \x01(\x03\".\n\x0e\x44\x65leteQueueCmd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\"{\n\tAppendCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\x12\x0f\n\x07records\x18\x04 \x03(\x0c\x12\x12\n\npartitions\x18\x05 \x03(\r\x12\x18\n\x10idempotency_keys\x18\x06 \x03(\t\":\n\x08PurgeCmd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\"#\n\x11\x41pplyRetentionCmd\x12\x0e\n\x06now_ms\x18\x01 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x66luxmq/internal/commands.proto\x12\x0f\x66luxmq.internal\x1a\x15\x66luxmq/v1/queue.proto\"H\n\x0e\x43reateQueueCmd\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.fluxmq.v1.QueueConfig\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\"z\n\x0eUpdateQueueCmd\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.fluxmq.v1.QueueConfig\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\x12\x10\n\x08queue_id\x18\x03 \x01(\x04\x12\x1e\n\x16\x65xpected_updated_at_ms\x18\x04 \x01(\x03\".\n\x0e\x44\x65leteQueueCmd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06now_ms\x18\x02 \x01(\x03\"{\n\tAppendCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\x12\x0f\n\x07records\x18\x04 \x03(\x0c\x12\x12\n\npartitions\x18\x05 \x03(\r\x12\x18\n\x10idempotency_keys\x18\x06 \x03(\t\"u\n\x08PurgeCmd\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\x12$\n\x05scope\x18\x04 \x01(\x0e\x32\x15.fluxmq.v1.PurgeScope\x12\x13\n\x0b\x64\x65structive\x18\x05 \x01(\x08\"#\n\x11\x41pplyRetentionCmd\x12\x0e\n\x06now_ms\x18\x01 \x01(\x03\"\xc8\x01\n\x0e\x43reateGroupCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\r\n\x05group\x18\x03 \x01(\t\x12\'\n\x05start\x18\x04 \x01(\x0b\x32\x18.fluxmq.v1.StartPosition\x12%\n\x04mode\x18\x05 \x01(\x0e\x32\x17.fluxmq.v1.DeliveryMode\x12&\n\x06\x66ilter\x18\x06 \x01(\x0b\x32\x16.fluxmq.v1.GroupFilter\x12\x0e\n\x06now_ms\x18\x07 \x01(\x03\"@\n\x0e\x44\x65leteGroupCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\r\n\x05group\x18\x03 \x01(\t\"\x87\x01\n\x08LeaseCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\r\n\x05group\x18\x03 \x01(\t\x12\x13\n\x0b\x63onsumer_id\x18\x04 \x01(\t\x12\x14\n\x0cmax_messages\x18\x05 \x01(\r\x12\x10\n\x08lease_ms\x18\x06 \x01(\r\x12\x0e\n\x06now_ms\x18\x07 \x01(\x03\"n\n\x06\x41\x63kCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\r\n\x05group\x18\x03 \x01(\t\x12$\n\x08receipts\x18\x04 \x03(\x0b\x32\x12.fluxmq.v1.Receipt\x12\x0e\n\x06now_ms\x18\x05 \x01(\x03\"\xa2\x01\n\x07NackCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\r\n\x05group\x18\x03 \x01(\t\x12$\n\x08receipts\x18\x04 \x03(\x0b\x32\x12.fluxmq.v1.Receipt\x12\x0e\n\x06now_ms\x18\x05 \x01(\x03\x12\x13\n\x0bretry_at_ms\x18\x06 \x01(\x03\x12\x0c\n\x04\x64\x65\x61\x64\x18\x07 \x01(\x08\x12\x0e\n\x06reason\x18\x08 \x01(\t\"\x88\x01\n\x0e\x45xtendLeaseCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\r\n\x05group\x18\x03 \x01(\t\x12$\n\x08receipts\x18\x04 \x03(\x0b\x32\x12.fluxmq.v1.Receipt\x12\x0e\n\x06now_ms\x18\x05 \x01(\x03\x12\x10\n\x08lease_ms\x18\x06 \x01(\r\"!\n\x0f\x45xpireLeasesCmd\x12\x0e\n\x06now_ms\x18\x01 \x01(\x03\"\xb3\x01\n\x10\x43ommitOffsetsCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\r\n\x05group\x18\x03 \x01(\t\x12?\n\x07offsets\x18\x04 \x03(\x0b\x32..fluxmq.internal.CommitOffsetsCmd.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"{\n\x0fResetOffsetsCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\r\n\x05group\x18\x03 \x01(\t\x12\x12\n\npartitions\x18\x04 \x03(\r\x12$\n\x02to\x18\x05 \x01(\x0b\x32\x18.fluxmq.v1.StartPosition\"p\n\x14ReplayDeadLettersCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0b\n\x03ids\x18\x03 \x03(\x04\x12\x0b\n\x03\x61ll\x18\x04 \x01(\x08\x12\r\n\x05group\x18\x05 \x01(\t\x12\x0e\n\x06now_ms\x18\x06 \x01(\x03\"P\n\x13PurgeDeadLettersCmd\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x04\x12\x0b\n\x03ids\x18\x03 \x03(\x04\x12\x0b\n\x03\x61ll\x18\x04 \x01(\x08\"a\n\x0bTransactCmd\x12%\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x17.fluxmq.internal.AckCmd\x12+\n\x07\x61ppends\x18\x02 \x03(\x0b\x32\x1a.fluxmq.internal.AppendCmdb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fluxmq.internal.commands_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_COMMITOFFSETSCMD_OFFSETSENTRY']._loaded_options = None
+  _globals['_COMMITOFFSETSCMD_OFFSETSENTRY']._serialized_options = b'8\001'
   _globals['_CREATEQUEUECMD']._serialized_start=74
   _globals['_CREATEQUEUECMD']._serialized_end=146
   _globals['_UPDATEQUEUECMD']._serialized_start=148
@@ -41,7 +43,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_APPENDCMD']._serialized_start=320
   _globals['_APPENDCMD']._serialized_end=443
   _globals['_PURGECMD']._serialized_start=445
-  _globals['_PURGECMD']._serialized_end=503
-  _globals['_APPLYRETENTIONCMD']._serialized_start=505
-  _globals['_APPLYRETENTIONCMD']._serialized_end=540
+  _globals['_PURGECMD']._serialized_end=562
+  _globals['_APPLYRETENTIONCMD']._serialized_start=564
+  _globals['_APPLYRETENTIONCMD']._serialized_end=599
+  _globals['_CREATEGROUPCMD']._serialized_start=602
+  _globals['_CREATEGROUPCMD']._serialized_end=802
+  _globals['_DELETEGROUPCMD']._serialized_start=804
+  _globals['_DELETEGROUPCMD']._serialized_end=868
+  _globals['_LEASECMD']._serialized_start=871
+  _globals['_LEASECMD']._serialized_end=1006
+  _globals['_ACKCMD']._serialized_start=1008
+  _globals['_ACKCMD']._serialized_end=1118
+  _globals['_NACKCMD']._serialized_start=1121
+  _globals['_NACKCMD']._serialized_end=1283
+  _globals['_EXTENDLEASECMD']._serialized_start=1286
+  _globals['_EXTENDLEASECMD']._serialized_end=1422
+  _globals['_EXPIRELEASESCMD']._serialized_start=1424
+  _globals['_EXPIRELEASESCMD']._serialized_end=1457
+  _globals['_COMMITOFFSETSCMD']._serialized_start=1460
+  _globals['_COMMITOFFSETSCMD']._serialized_end=1639
+  _globals['_COMMITOFFSETSCMD_OFFSETSENTRY']._serialized_start=1593
+  _globals['_COMMITOFFSETSCMD_OFFSETSENTRY']._serialized_end=1639
+  _globals['_RESETOFFSETSCMD']._serialized_start=1641
+  _globals['_RESETOFFSETSCMD']._serialized_end=1764
+  _globals['_REPLAYDEADLETTERSCMD']._serialized_start=1766
+  _globals['_REPLAYDEADLETTERSCMD']._serialized_end=1878
+  _globals['_PURGEDEADLETTERSCMD']._serialized_start=1880
+  _globals['_PURGEDEADLETTERSCMD']._serialized_end=1960
+  _globals['_TRANSACTCMD']._serialized_start=1962
+  _globals['_TRANSACTCMD']._serialized_end=2059
 # @@protoc_insertion_point(module_scope)

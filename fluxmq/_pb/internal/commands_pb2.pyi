@@ -52,17 +52,192 @@ class AppendCmd(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., records: _Optional[_Iterable[bytes]] = ..., partitions: _Optional[_Iterable[int]] = ..., idempotency_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PurgeCmd(_message.Message):
-    __slots__ = ("name", "queue_id", "now_ms")
+    __slots__ = ("name", "queue_id", "now_ms", "scope", "destructive")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    DESTRUCTIVE_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_id: int
     now_ms: int
-    def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
+    scope: _queue_pb2.PurgeScope
+    destructive: bool
+    def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., scope: _Optional[_Union[_queue_pb2.PurgeScope, str]] = ..., destructive: _Optional[bool] = ...) -> None: ...
 
 class ApplyRetentionCmd(_message.Message):
     __slots__ = ("now_ms",)
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
     now_ms: int
     def __init__(self, now_ms: _Optional[int] = ...) -> None: ...
+
+class CreateGroupCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "start", "mode", "filter", "now_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    start: _queue_pb2.StartPosition
+    mode: _queue_pb2.DeliveryMode
+    filter: _queue_pb2.GroupFilter
+    now_ms: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., start: _Optional[_Union[_queue_pb2.StartPosition, _Mapping]] = ..., mode: _Optional[_Union[_queue_pb2.DeliveryMode, str]] = ..., filter: _Optional[_Union[_queue_pb2.GroupFilter, _Mapping]] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class DeleteGroupCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ...) -> None: ...
+
+class LeaseCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "consumer_id", "max_messages", "lease_ms", "now_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    consumer_id: str
+    max_messages: int
+    lease_ms: int
+    now_ms: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., lease_ms: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class AckCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "receipts", "now_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    receipts: _containers.RepeatedCompositeFieldContainer[_queue_pb2.Receipt]
+    now_ms: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[_queue_pb2.Receipt, _Mapping]]] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class NackCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "receipts", "now_ms", "retry_at_ms", "dead", "reason")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    receipts: _containers.RepeatedCompositeFieldContainer[_queue_pb2.Receipt]
+    now_ms: int
+    retry_at_ms: int
+    dead: bool
+    reason: str
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[_queue_pb2.Receipt, _Mapping]]] = ..., now_ms: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., dead: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ExtendLeaseCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "receipts", "now_ms", "lease_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    receipts: _containers.RepeatedCompositeFieldContainer[_queue_pb2.Receipt]
+    now_ms: int
+    lease_ms: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[_queue_pb2.Receipt, _Mapping]]] = ..., now_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class ExpireLeasesCmd(_message.Message):
+    __slots__ = ("now_ms",)
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    now_ms: int
+    def __init__(self, now_ms: _Optional[int] = ...) -> None: ...
+
+class CommitOffsetsCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "offsets")
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    offsets: _containers.ScalarMap[int, int]
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class ResetOffsetsCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "partitions", "to")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    to: _queue_pb2.StartPosition
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., to: _Optional[_Union[_queue_pb2.StartPosition, _Mapping]] = ...) -> None: ...
+
+class ReplayDeadLettersCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "ids", "all", "group", "now_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    all: bool
+    group: str
+    now_ms: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., all: _Optional[bool] = ..., group: _Optional[str] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class PurgeDeadLettersCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "ids", "all")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    all: bool
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class TransactCmd(_message.Message):
+    __slots__ = ("acks", "appends")
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    APPENDS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[AckCmd]
+    appends: _containers.RepeatedCompositeFieldContainer[AppendCmd]
+    def __init__(self, acks: _Optional[_Iterable[_Union[AckCmd, _Mapping]]] = ..., appends: _Optional[_Iterable[_Union[AppendCmd, _Mapping]]] = ...) -> None: ...

@@ -13,9 +13,48 @@ class QueueType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     QUEUE_TYPE_UNSPECIFIED: _ClassVar[QueueType]
     QUEUE_TYPE_STREAM: _ClassVar[QueueType]
     QUEUE_TYPE_WORK: _ClassVar[QueueType]
+
+class PurgeScope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PURGE_SCOPE_UNSPECIFIED: _ClassVar[PurgeScope]
+    PURGE_SCOPE_READY: _ClassVar[PurgeScope]
+    PURGE_SCOPE_SCHEDULED: _ClassVar[PurgeScope]
+    PURGE_SCOPE_ALL: _ClassVar[PurgeScope]
+
+class DeliveryMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DELIVERY_MODE_UNSPECIFIED: _ClassVar[DeliveryMode]
+    DELIVERY_MODE_SHARED: _ClassVar[DeliveryMode]
+    DELIVERY_MODE_ORDERED: _ClassVar[DeliveryMode]
+
+class ReceiptStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECEIPT_STATUS_UNSPECIFIED: _ClassVar[ReceiptStatus]
+    RECEIPT_STATUS_ACKED: _ClassVar[ReceiptStatus]
+    RECEIPT_STATUS_ALREADY_ACKED: _ClassVar[ReceiptStatus]
+    RECEIPT_STATUS_UNKNOWN: _ClassVar[ReceiptStatus]
+    RECEIPT_STATUS_STALE: _ClassVar[ReceiptStatus]
+    RECEIPT_STATUS_NACKED: _ClassVar[ReceiptStatus]
+    RECEIPT_STATUS_DEAD_LETTERED: _ClassVar[ReceiptStatus]
+    RECEIPT_STATUS_EXTENDED: _ClassVar[ReceiptStatus]
 QUEUE_TYPE_UNSPECIFIED: QueueType
 QUEUE_TYPE_STREAM: QueueType
 QUEUE_TYPE_WORK: QueueType
+PURGE_SCOPE_UNSPECIFIED: PurgeScope
+PURGE_SCOPE_READY: PurgeScope
+PURGE_SCOPE_SCHEDULED: PurgeScope
+PURGE_SCOPE_ALL: PurgeScope
+DELIVERY_MODE_UNSPECIFIED: DeliveryMode
+DELIVERY_MODE_SHARED: DeliveryMode
+DELIVERY_MODE_ORDERED: DeliveryMode
+RECEIPT_STATUS_UNSPECIFIED: ReceiptStatus
+RECEIPT_STATUS_ACKED: ReceiptStatus
+RECEIPT_STATUS_ALREADY_ACKED: ReceiptStatus
+RECEIPT_STATUS_UNKNOWN: ReceiptStatus
+RECEIPT_STATUS_STALE: ReceiptStatus
+RECEIPT_STATUS_NACKED: ReceiptStatus
+RECEIPT_STATUS_DEAD_LETTERED: ReceiptStatus
+RECEIPT_STATUS_EXTENDED: ReceiptStatus
 
 class Retention(_message.Message):
     __slots__ = ("max_age", "max_messages", "max_bytes")
@@ -28,7 +67,7 @@ class Retention(_message.Message):
     def __init__(self, max_age: _Optional[str] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[str] = ...) -> None: ...
 
 class QueueConfig(_message.Message):
-    __slots__ = ("name", "partitions", "type", "retention", "dedup_window", "max_message_bytes", "labels")
+    __slots__ = ("name", "partitions", "type", "retention", "dedup_window", "max_message_bytes", "labels", "lease_timeout", "max_attempts", "retry_backoff", "message_ttl", "delivery_delay", "dead_letter_queue", "dead_letter_disabled", "retain_until_consumed", "dead_letter_alert_threshold")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +82,15 @@ class QueueConfig(_message.Message):
     DEDUP_WINDOW_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_BACKOFF_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TTL_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_DELAY_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_DISABLED_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_UNTIL_CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_ALERT_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     name: str
     partitions: int
     type: QueueType
@@ -50,19 +98,38 @@ class QueueConfig(_message.Message):
     dedup_window: str
     max_message_bytes: int
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., type: _Optional[_Union[QueueType, str]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., dedup_window: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    lease_timeout: str
+    max_attempts: int
+    retry_backoff: RetryBackoff
+    message_ttl: str
+    delivery_delay: str
+    dead_letter_queue: str
+    dead_letter_disabled: bool
+    retain_until_consumed: bool
+    dead_letter_alert_threshold: int
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., type: _Optional[_Union[QueueType, str]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., dedup_window: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_timeout: _Optional[str] = ..., max_attempts: _Optional[int] = ..., retry_backoff: _Optional[_Union[RetryBackoff, _Mapping]] = ..., message_ttl: _Optional[str] = ..., delivery_delay: _Optional[str] = ..., dead_letter_queue: _Optional[str] = ..., dead_letter_disabled: _Optional[bool] = ..., retain_until_consumed: _Optional[bool] = ..., dead_letter_alert_threshold: _Optional[int] = ...) -> None: ...
+
+class RetryBackoff(_message.Message):
+    __slots__ = ("base", "max")
+    BASE_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    base: str
+    max: str
+    def __init__(self, base: _Optional[str] = ..., max: _Optional[str] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("config", "queue_id", "created_at_ms", "updated_at_ms")
+    __slots__ = ("config", "queue_id", "created_at_ms", "updated_at_ms", "dead_letter_of")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_OF_FIELD_NUMBER: _ClassVar[int]
     config: QueueConfig
     queue_id: int
     created_at_ms: int
     updated_at_ms: int
-    def __init__(self, config: _Optional[_Union[QueueConfig, _Mapping]] = ..., queue_id: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., updated_at_ms: _Optional[int] = ...) -> None: ...
+    dead_letter_of: str
+    def __init__(self, config: _Optional[_Union[QueueConfig, _Mapping]] = ..., queue_id: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., updated_at_ms: _Optional[int] = ..., dead_letter_of: _Optional[str] = ...) -> None: ...
 
 class CreateQueueRequest(_message.Message):
     __slots__ = ("config",)
@@ -115,16 +182,22 @@ class DeleteQueueResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PurgeQueueRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "scope", "destructive")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    DESTRUCTIVE_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    scope: PurgeScope
+    destructive: bool
+    def __init__(self, name: _Optional[str] = ..., scope: _Optional[_Union[PurgeScope, str]] = ..., destructive: _Optional[bool] = ...) -> None: ...
 
 class PurgeQueueResponse(_message.Message):
-    __slots__ = ("purged_messages",)
+    __slots__ = ("purged_messages", "skipped_deliveries")
     PURGED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     purged_messages: int
-    def __init__(self, purged_messages: _Optional[int] = ...) -> None: ...
+    skipped_deliveries: int
+    def __init__(self, purged_messages: _Optional[int] = ..., skipped_deliveries: _Optional[int] = ...) -> None: ...
 
 class GetQueueStatsRequest(_message.Message):
     __slots__ = ("name",)
@@ -147,19 +220,35 @@ class PartitionStats(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., low_watermark: _Optional[int] = ..., high_watermark: _Optional[int] = ..., messages: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("name", "partitions", "messages", "bytes")
+    __slots__ = ("name", "partitions", "messages", "bytes", "groups", "dead_letters")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionStats]
     messages: int
     bytes: int
-    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStats, _Mapping]]] = ..., messages: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GroupLag]
+    dead_letters: int
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStats, _Mapping]]] = ..., messages: _Optional[int] = ..., bytes: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupLag, _Mapping]]] = ..., dead_letters: _Optional[int] = ...) -> None: ...
+
+class GroupLag(_message.Message):
+    __slots__ = ("name", "lag", "in_flight", "scheduled")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    lag: int
+    in_flight: int
+    scheduled: int
+    def __init__(self, name: _Optional[str] = ..., lag: _Optional[int] = ..., in_flight: _Optional[int] = ..., scheduled: _Optional[int] = ...) -> None: ...
 
 class PublishMessage(_message.Message):
-    __slots__ = ("key", "value", "headers", "partition", "idempotency_key")
+    __slots__ = ("key", "value", "headers", "partition", "idempotency_key", "deliver_at_ms", "delay_ms")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -172,12 +261,16 @@ class PublishMessage(_message.Message):
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     key: bytes
     value: bytes
     headers: _containers.ScalarMap[str, bytes]
     partition: int
     idempotency_key: str
-    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, bytes]] = ..., partition: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    deliver_at_ms: int
+    delay_ms: int
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, bytes]] = ..., partition: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ("queue", "messages", "request_timeout_ms")
@@ -335,3 +428,404 @@ class SeekToTimestampResponse(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     offset: int
     def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
+class GroupFilter(_message.Message):
+    __slots__ = ("header_equals", "key_prefix")
+    class HeaderEqualsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    HEADER_EQUALS_FIELD_NUMBER: _ClassVar[int]
+    KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    header_equals: _containers.ScalarMap[str, bytes]
+    key_prefix: bytes
+    def __init__(self, header_equals: _Optional[_Mapping[str, bytes]] = ..., key_prefix: _Optional[bytes] = ...) -> None: ...
+
+class CreateGroupRequest(_message.Message):
+    __slots__ = ("queue", "group", "start", "mode", "filter")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    start: StartPosition
+    mode: DeliveryMode
+    filter: GroupFilter
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., mode: _Optional[_Union[DeliveryMode, str]] = ..., filter: _Optional[_Union[GroupFilter, _Mapping]] = ...) -> None: ...
+
+class Group(_message.Message):
+    __slots__ = ("queue", "name", "mode", "filter", "start", "created_at_ms", "group_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    name: str
+    mode: DeliveryMode
+    filter: GroupFilter
+    start: StartPosition
+    created_at_ms: int
+    group_id: int
+    def __init__(self, queue: _Optional[str] = ..., name: _Optional[str] = ..., mode: _Optional[_Union[DeliveryMode, str]] = ..., filter: _Optional[_Union[GroupFilter, _Mapping]] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., created_at_ms: _Optional[int] = ..., group_id: _Optional[int] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[Group]
+    def __init__(self, groups: _Optional[_Iterable[_Union[Group, _Mapping]]] = ...) -> None: ...
+
+class DescribeGroupRequest(_message.Message):
+    __slots__ = ("queue", "group")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class GroupPartition(_message.Message):
+    __slots__ = ("partition", "committed", "high_watermark", "lag", "in_flight", "scheduled", "dead", "filtered", "skipped_by_retention", "acked", "delivered_up_to")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_BY_RETENTION_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_UP_TO_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    committed: int
+    high_watermark: int
+    lag: int
+    in_flight: int
+    scheduled: int
+    dead: int
+    filtered: int
+    skipped_by_retention: int
+    acked: int
+    delivered_up_to: int
+    def __init__(self, partition: _Optional[int] = ..., committed: _Optional[int] = ..., high_watermark: _Optional[int] = ..., lag: _Optional[int] = ..., in_flight: _Optional[int] = ..., scheduled: _Optional[int] = ..., dead: _Optional[int] = ..., filtered: _Optional[int] = ..., skipped_by_retention: _Optional[int] = ..., acked: _Optional[int] = ..., delivered_up_to: _Optional[int] = ...) -> None: ...
+
+class GroupDescription(_message.Message):
+    __slots__ = ("group", "partitions", "in_flight_by_consumer")
+    class InFlightByConsumerEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_BY_CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    group: Group
+    partitions: _containers.RepeatedCompositeFieldContainer[GroupPartition]
+    in_flight_by_consumer: _containers.ScalarMap[str, int]
+    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[GroupPartition, _Mapping]]] = ..., in_flight_by_consumer: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class DeleteGroupRequest(_message.Message):
+    __slots__ = ("queue", "group")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class DeleteGroupResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Receipt(_message.Message):
+    __slots__ = ("partition", "offset", "attempt", "lease_deadline_ms", "lease_id", "group_id")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    offset: int
+    attempt: int
+    lease_deadline_ms: int
+    lease_id: int
+    group_id: int
+    def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ..., attempt: _Optional[int] = ..., lease_deadline_ms: _Optional[int] = ..., lease_id: _Optional[int] = ..., group_id: _Optional[int] = ...) -> None: ...
+
+class LeasedMessage(_message.Message):
+    __slots__ = ("record", "receipt")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    record: Record
+    receipt: Receipt
+    def __init__(self, record: _Optional[_Union[Record, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("queue", "group", "consumer_id", "max_messages", "lease_ms", "wait_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    consumer_id: str
+    max_messages: int
+    lease_ms: int
+    wait_ms: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., lease_ms: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class LeaseResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[LeasedMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[LeasedMessage, _Mapping]]] = ...) -> None: ...
+
+class ConsumeRequest(_message.Message):
+    __slots__ = ("queue", "group", "consumer_id", "max_in_flight", "lease_ms", "batch_max")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_MAX_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    consumer_id: str
+    max_in_flight: int
+    lease_ms: int
+    batch_max: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease_ms: _Optional[int] = ..., batch_max: _Optional[int] = ...) -> None: ...
+
+class ConsumeResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[LeasedMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[LeasedMessage, _Mapping]]] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("queue", "group", "receipts")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    receipts: _containers.RepeatedCompositeFieldContainer[Receipt]
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[ReceiptStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[ReceiptStatus, str]]] = ...) -> None: ...
+
+class NackRequest(_message.Message):
+    __slots__ = ("queue", "group", "receipts", "retry_after_ms", "retry_at_ms", "dead", "reason")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    receipts: _containers.RepeatedCompositeFieldContainer[Receipt]
+    retry_after_ms: int
+    retry_at_ms: int
+    dead: bool
+    reason: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ..., retry_after_ms: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., dead: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class NackResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[ReceiptStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[ReceiptStatus, str]]] = ...) -> None: ...
+
+class ExtendLeaseRequest(_message.Message):
+    __slots__ = ("queue", "group", "receipts", "lease_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    receipts: _containers.RepeatedCompositeFieldContainer[Receipt]
+    lease_ms: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class ExtendLeaseResponse(_message.Message):
+    __slots__ = ("statuses", "lease_deadlines_ms")
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DEADLINES_MS_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[ReceiptStatus]
+    lease_deadlines_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[ReceiptStatus, str]]] = ..., lease_deadlines_ms: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PartitionOffsets(_message.Message):
+    __slots__ = ("partition", "committed", "latest", "lag")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    committed: int
+    latest: int
+    lag: int
+    def __init__(self, partition: _Optional[int] = ..., committed: _Optional[int] = ..., latest: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+
+class OffsetsResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionOffsets]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionOffsets, _Mapping]]] = ...) -> None: ...
+
+class CommitOffsetsRequest(_message.Message):
+    __slots__ = ("queue", "group", "offsets")
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    offsets: _containers.ScalarMap[int, int]
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class GetOffsetsRequest(_message.Message):
+    __slots__ = ("queue", "group")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class ResetOffsetsRequest(_message.Message):
+    __slots__ = ("queue", "group", "partitions", "to")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    to: StartPosition
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., to: _Optional[_Union[StartPosition, _Mapping]] = ...) -> None: ...
+
+class DeadLetter(_message.Message):
+    __slots__ = ("id", "record", "group", "reason", "attempts", "dead_at_ms", "original_partition", "original_offset")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    record: Record
+    group: str
+    reason: str
+    attempts: int
+    dead_at_ms: int
+    original_partition: int
+    original_offset: int
+    def __init__(self, id: _Optional[int] = ..., record: _Optional[_Union[Record, _Mapping]] = ..., group: _Optional[str] = ..., reason: _Optional[str] = ..., attempts: _Optional[int] = ..., dead_at_ms: _Optional[int] = ..., original_partition: _Optional[int] = ..., original_offset: _Optional[int] = ...) -> None: ...
+
+class ListDeadLettersRequest(_message.Message):
+    __slots__ = ("queue", "group", "from_ms", "to_ms", "page_token", "limit")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    from_ms: int
+    to_ms: int
+    page_token: str
+    limit: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., page_token: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListDeadLettersResponse(_message.Message):
+    __slots__ = ("dead_letters", "next_page_token")
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    dead_letters: _containers.RepeatedCompositeFieldContainer[DeadLetter]
+    next_page_token: str
+    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ReplayDeadLettersRequest(_message.Message):
+    __slots__ = ("queue", "ids", "all", "group")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    all: bool
+    group: str
+    def __init__(self, queue: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., all: _Optional[bool] = ..., group: _Optional[str] = ...) -> None: ...
+
+class ReplayDeadLettersResponse(_message.Message):
+    __slots__ = ("replayed",)
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    replayed: int
+    def __init__(self, replayed: _Optional[int] = ...) -> None: ...
+
+class PurgeDeadLettersRequest(_message.Message):
+    __slots__ = ("queue", "ids", "all")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    all: bool
+    def __init__(self, queue: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class PurgeDeadLettersResponse(_message.Message):
+    __slots__ = ("purged",)
+    PURGED_FIELD_NUMBER: _ClassVar[int]
+    purged: int
+    def __init__(self, purged: _Optional[int] = ...) -> None: ...
+
+class TransactRequest(_message.Message):
+    __slots__ = ("acks", "publishes", "request_timeout_ms")
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[AckRequest]
+    publishes: _containers.RepeatedCompositeFieldContainer[PublishRequest]
+    request_timeout_ms: int
+    def __init__(self, acks: _Optional[_Iterable[_Union[AckRequest, _Mapping]]] = ..., publishes: _Optional[_Iterable[_Union[PublishRequest, _Mapping]]] = ..., request_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class TransactResponse(_message.Message):
+    __slots__ = ("acks", "publishes")
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHES_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[AckResponse]
+    publishes: _containers.RepeatedCompositeFieldContainer[PublishResponse]
+    def __init__(self, acks: _Optional[_Iterable[_Union[AckResponse, _Mapping]]] = ..., publishes: _Optional[_Iterable[_Union[PublishResponse, _Mapping]]] = ...) -> None: ...

@@ -98,6 +98,86 @@ class QueueServiceStub:
                 request_serializer=fluxmq_dot_v1_dot_queue__pb2.SeekToTimestampRequest.SerializeToString,
                 response_deserializer=fluxmq_dot_v1_dot_queue__pb2.SeekToTimestampResponse.FromString,
                 _registered_method=True)
+        self.CreateGroup = channel.unary_unary(
+                '/fluxmq.v1.QueueService/CreateGroup',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.CreateGroupRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.Group.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/fluxmq.v1.QueueService/ListGroups',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DescribeGroup = channel.unary_unary(
+                '/fluxmq.v1.QueueService/DescribeGroup',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.DescribeGroupRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.GroupDescription.FromString,
+                _registered_method=True)
+        self.DeleteGroup = channel.unary_unary(
+                '/fluxmq.v1.QueueService/DeleteGroup',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.DeleteGroupRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.DeleteGroupResponse.FromString,
+                _registered_method=True)
+        self.Lease = channel.unary_unary(
+                '/fluxmq.v1.QueueService/Lease',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.LeaseResponse.FromString,
+                _registered_method=True)
+        self.Consume = channel.unary_stream(
+                '/fluxmq.v1.QueueService/Consume',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.ConsumeRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.ConsumeResponse.FromString,
+                _registered_method=True)
+        self.Ack = channel.unary_unary(
+                '/fluxmq.v1.QueueService/Ack',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.AckRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.AckResponse.FromString,
+                _registered_method=True)
+        self.Nack = channel.unary_unary(
+                '/fluxmq.v1.QueueService/Nack',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.NackRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.NackResponse.FromString,
+                _registered_method=True)
+        self.ExtendLease = channel.unary_unary(
+                '/fluxmq.v1.QueueService/ExtendLease',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.ExtendLeaseRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.ExtendLeaseResponse.FromString,
+                _registered_method=True)
+        self.CommitOffsets = channel.unary_unary(
+                '/fluxmq.v1.QueueService/CommitOffsets',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.CommitOffsetsRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.OffsetsResponse.FromString,
+                _registered_method=True)
+        self.GetOffsets = channel.unary_unary(
+                '/fluxmq.v1.QueueService/GetOffsets',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.GetOffsetsRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.OffsetsResponse.FromString,
+                _registered_method=True)
+        self.ResetOffsets = channel.unary_unary(
+                '/fluxmq.v1.QueueService/ResetOffsets',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.ResetOffsetsRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.OffsetsResponse.FromString,
+                _registered_method=True)
+        self.ListDeadLetters = channel.unary_unary(
+                '/fluxmq.v1.QueueService/ListDeadLetters',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.ListDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.ReplayDeadLetters = channel.unary_unary(
+                '/fluxmq.v1.QueueService/ReplayDeadLetters',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.ReplayDeadLettersRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.ReplayDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.PurgeDeadLetters = channel.unary_unary(
+                '/fluxmq.v1.QueueService/PurgeDeadLetters',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.PurgeDeadLettersRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.PurgeDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.Transact = channel.unary_unary(
+                '/fluxmq.v1.QueueService/Transact',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.TransactRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.TransactResponse.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -185,6 +265,110 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateGroup(self, request, context):
+        """Consumer groups. Every group of a queue receives every message (fan-out); the members of a
+        group compete for them. A group's start position is fixed when it is created.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Lease(self, request, context):
+        """Leases up to max_messages ready messages to consumer_id (long poll with wait_ms). Each comes
+        with a receipt; a lease not acked, nacked or extended before its deadline is redelivered
+        with attempt + 1. An empty result is OK.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Consume(self, request, context):
+        """Leases pushed as messages become ready, never more than max_in_flight unacked at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Nack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExtendLease(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitOffsets(self, request, context):
+        """Offsets of a group: committed = everything below is done.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDeadLetters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplayDeadLetters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeDeadLetters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Transact(self, request, context):
+        """Acks and publishes applied all-or-nothing, as one replicated command.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +431,86 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.SeekToTimestamp,
                     request_deserializer=fluxmq_dot_v1_dot_queue__pb2.SeekToTimestampRequest.FromString,
                     response_serializer=fluxmq_dot_v1_dot_queue__pb2.SeekToTimestampResponse.SerializeToString,
+            ),
+            'CreateGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateGroup,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.CreateGroupRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.Group.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.ListGroupsRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DescribeGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGroup,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.DescribeGroupRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.GroupDescription.SerializeToString,
+            ),
+            'DeleteGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroup,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.DeleteGroupRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.DeleteGroupResponse.SerializeToString,
+            ),
+            'Lease': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lease,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.LeaseRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.LeaseResponse.SerializeToString,
+            ),
+            'Consume': grpc.unary_stream_rpc_method_handler(
+                    servicer.Consume,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.ConsumeRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.ConsumeResponse.SerializeToString,
+            ),
+            'Ack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ack,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.AckRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.AckResponse.SerializeToString,
+            ),
+            'Nack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Nack,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.NackRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.NackResponse.SerializeToString,
+            ),
+            'ExtendLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExtendLease,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.ExtendLeaseRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.ExtendLeaseResponse.SerializeToString,
+            ),
+            'CommitOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitOffsets,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.CommitOffsetsRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.OffsetsResponse.SerializeToString,
+            ),
+            'GetOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOffsets,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.GetOffsetsRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.OffsetsResponse.SerializeToString,
+            ),
+            'ResetOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetOffsets,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.ResetOffsetsRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.OffsetsResponse.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.ListDeadLettersResponse.SerializeToString,
+            ),
+            'ReplayDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayDeadLetters,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.ReplayDeadLettersRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.ReplayDeadLettersResponse.SerializeToString,
+            ),
+            'PurgeDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeDeadLetters,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.PurgeDeadLettersRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.PurgeDeadLettersResponse.SerializeToString,
+            ),
+            'Transact': grpc.unary_unary_rpc_method_handler(
+                    servicer.Transact,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.TransactRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.TransactResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -577,6 +841,438 @@ class QueueService:
             '/fluxmq.v1.QueueService/SeekToTimestamp',
             fluxmq_dot_v1_dot_queue__pb2.SeekToTimestampRequest.SerializeToString,
             fluxmq_dot_v1_dot_queue__pb2.SeekToTimestampResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/CreateGroup',
+            fluxmq_dot_v1_dot_queue__pb2.CreateGroupRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.Group.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/ListGroups',
+            fluxmq_dot_v1_dot_queue__pb2.ListGroupsRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/DescribeGroup',
+            fluxmq_dot_v1_dot_queue__pb2.DescribeGroupRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.GroupDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/DeleteGroup',
+            fluxmq_dot_v1_dot_queue__pb2.DeleteGroupRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.DeleteGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/Lease',
+            fluxmq_dot_v1_dot_queue__pb2.LeaseRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.LeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Consume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/Consume',
+            fluxmq_dot_v1_dot_queue__pb2.ConsumeRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.ConsumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/Ack',
+            fluxmq_dot_v1_dot_queue__pb2.AckRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Nack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/Nack',
+            fluxmq_dot_v1_dot_queue__pb2.NackRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.NackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExtendLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/ExtendLease',
+            fluxmq_dot_v1_dot_queue__pb2.ExtendLeaseRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.ExtendLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/CommitOffsets',
+            fluxmq_dot_v1_dot_queue__pb2.CommitOffsetsRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.OffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/GetOffsets',
+            fluxmq_dot_v1_dot_queue__pb2.GetOffsetsRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.OffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/ResetOffsets',
+            fluxmq_dot_v1_dot_queue__pb2.ResetOffsetsRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.OffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/ListDeadLetters',
+            fluxmq_dot_v1_dot_queue__pb2.ListDeadLettersRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.ListDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/ReplayDeadLetters',
+            fluxmq_dot_v1_dot_queue__pb2.ReplayDeadLettersRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.ReplayDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/PurgeDeadLetters',
+            fluxmq_dot_v1_dot_queue__pb2.PurgeDeadLettersRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.PurgeDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Transact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/Transact',
+            fluxmq_dot_v1_dot_queue__pb2.TransactRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.TransactResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,920 @@
+"""Consumer groups: who has which message, per group and partition (DESIGN §2).
+
+Per (group, partition) the state is a *committed* offset (everything below is done), a delivery
+*frontier* ``next`` (offsets at or above it were never handed out), and between the two a slot
+for every offset that is not done yet: LEASED (to a member, until a deadline) or SCHEDULED
+(ready again at a time: a retry, an expired lease, a delayed message). An offset in
+[committed, next) without a slot is done (acked, dead-lettered, filtered, purged), so the
+committed offset is always the smallest slot, or ``next`` when there is none.
+
+    committed            next               high watermark
+        |  L  .  S  L  .  |  ready, never delivered  |
+
+Every change is made while applying a command (time comes in the command) and is written to the
+store in the same transaction; the in-memory indexes (heaps of due times and deadlines, counts
+per member) are rebuilt from the stored rows on start, so a replica that restarts ends up with
+exactly the same state. The owner (QueueStateMachine) reloads this state if a transaction aborts.
+
+Delivery order in ``shared`` mode is by *ready time*: a never-delivered message is ready at its
+publish time (or its delivery delay), a retry at its due time, an expired lease at its deadline.
+So an expired lease goes behind the messages already waiting, as in Querator and SQS. In
+``ordered`` mode a partition is handed to one consumer at a time and strictly in offset order:
+while any of its messages is leased nobody gets the next batch, and a retry not yet due holds the
+partition.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core import keys, limits
+from fluxmq.core.errors import FluxError
+from fluxmq.core.queue_config import QueuePolicy
+from storage.api import PartitionLogReader, ReadTxn, Record, WriteTxn
+
+NEW, LEASED, SCHEDULED = 0, 1, 2
+
+DELIVER_AT_HEADER = "fluxmq-deliver-at"
+REPLAY_GROUP_HEADER = "fluxmq-replay-group"
+
+# Per-receipt outcomes (values of fluxmq.v1.ReceiptStatus).
+ACKED = pb.RECEIPT_STATUS_ACKED
+ALREADY_ACKED = pb.RECEIPT_STATUS_ALREADY_ACKED
+UNKNOWN = pb.RECEIPT_STATUS_UNKNOWN
+STALE = pb.RECEIPT_STATUS_STALE
+NACKED = pb.RECEIPT_STATUS_NACKED
+DEAD_LETTERED = pb.RECEIPT_STATUS_DEAD_LETTERED
+EXTENDED = pb.RECEIPT_STATUS_EXTENDED
+
+_READ_BYTES_MAX = 16 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Slot:
+    kind: int
+    attempt: int  # deliveries so far
+    due_ms: int  # LEASED: lease deadline; SCHEDULED: ready time
+    lease_id: int = 0
+    member: str = ""
+
+
+@dataclass(slots=True)
+class PartState:
+    committed: int
+    next: int
+    acked: int = 0
+    dead: int = 0
+    filtered: int = 0
+    skipped: int = 0  # removed by retention (or gone) before this group was done with them
+    purged: int = 0
+    slots: dict[int, Slot] = field(default_factory=dict)
+    ready: list[tuple[int, int]] = field(default_factory=list)  # heap (due_ms, offset), lazy
+    leased: int = 0
+    scheduled: int = 0
+
+    def pack(self) -> bytes:
+        return keys.PARTITION_VALUE.pack(
+            self.committed,
+            self.next,
+            self.acked,
+            self.dead,
+            self.filtered,
+            self.skipped,
+            self.purged,
+        )
+
+
+@dataclass(slots=True)
+class GroupState:
+    meta: pb.Group
+    queue_id: int
+    parts: dict[int, PartState] = field(default_factory=dict)
+    expiry: list[tuple[int, int, int, int]] = field(default_factory=list)  # (deadline, p, off, id)
+    in_flight_by_member: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def group_id(self) -> int:
+        return int(self.meta.group_id)
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.name)
+
+    @property
+    def ordered(self) -> bool:
+        return bool(self.meta.mode == pb.DELIVERY_MODE_ORDERED)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One leased message: what the consumer gets."""
+
+    partition: int
+    record: Record
+    attempt: int
+    deadline_ms: int
+    lease_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that must go to the dead-letter queue (written by the state machine)."""
+
+    queue_id: int
+    group: str
+    partition: int
+    record: Record
+    attempts: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """A copy of one group partition's state, for admin reads and tests."""
+
+    partition: int
+    committed: int
+    next: int
+    acked: int
+    dead: int
+    filtered: int
+    skipped: int
+    purged: int
+    leased: dict[int, tuple[str, int, int, int]]  # offset -> (member, lease_id, attempt, deadline)
+    scheduled: dict[int, tuple[int, int]]  # offset -> (due_ms, attempt)
+
+
+def group_not_found(queue: str, group: str) -> FluxError:
+    return FluxError(
+        "GROUP_NOT_FOUND",
+        f"queue {queue!r} has no consumer group {group!r} (create it with CreateGroup)",
+        metadata={"queue": queue, "group": group},
+    )
+
+
+def header(record: Record, name: str) -> bytes | None:
+    for key, value in record.headers:
+        if key == name:
+            return value
+    return None
+
+
+def matches(meta: pb.Group, record: Record) -> bool:
+    """Whether ``record`` is for group ``meta``: its filter, and replays aimed at one group."""
+    aimed = header(record, REPLAY_GROUP_HEADER)
+    if aimed is not None and aimed.decode() != meta.name:
+        return False
+    f = meta.filter
+    if f.HasField("key_prefix") and (record.key is None or not record.key.startswith(f.key_prefix)):
+        return False
+    return all(header(record, name) == value for name, value in f.header_equals.items())
+
+
+def ready_at_ms(record: Record, policy: QueuePolicy) -> int:
+    """When a never-delivered record becomes visible to groups."""
+    at = header(record, DELIVER_AT_HEADER)
+    if at is not None:
+        return int(at)
+    return record.timestamp_ms + policy.delivery_delay_ms
+
+
+def expired(record: Record, policy: QueuePolicy, now_ms: int) -> bool:
+    return bool(policy.message_ttl_ms) and now_ms - record.timestamp_ms >= policy.message_ttl_ms
+
+
+class DeliveryState:
+    """Every consumer group of one store. Mutated only by the applying thread."""
+
+    def __init__(self) -> None:
+        self.groups: dict[int, dict[str, GroupState]] = {}  # queue_id -> name -> group
+        self._by_id: dict[int, GroupState] = {}
+        self._dirty: set[tuple[int, int]] = set()  # (group_id, partition) with a changed row
+        self.dead_letters: list[DeadLetter] = []  # to be written by the state machine
+        self.touched: set[int] = set()  # group ids changed since the owner last looked
+        self._next_lease_id = 1
+
+    # -- loading ----------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, txn: ReadTxn) -> DeliveryState:
+        state = cls()
+        raw = txn.get(keys.NEXT_LEASE_ID)
+        state._next_lease_id = keys.U64.unpack(raw)[0] if raw else 1
+        for key, value in txn.scan(keys.GROUP):
+            meta = pb.Group.FromString(value)
+            queue_id = keys.U64.unpack_from(key, len(keys.GROUP))[0]
+            g = GroupState(meta, queue_id)
+            state.groups.setdefault(queue_id, {})[g.name] = g
+            state._by_id[g.group_id] = g
+        for key, value in txn.scan(keys.GROUP_PARTITION):
+            group_id = keys.U64.unpack_from(key, len(keys.GROUP_PARTITION))[0]
+            partition = keys.U32.unpack_from(key, len(keys.GROUP_PARTITION) + 8)[0]
+            committed, nxt, acked, dead, filtered, skipped, purged = keys.PARTITION_VALUE.unpack(
+                value
+            )
+            assert committed <= nxt, (group_id, partition, committed, nxt)
+            state._by_id[group_id].parts[partition] = PartState(
+                committed, nxt, acked, dead, filtered, skipped, purged
+            )
+        for key, value in txn.scan(keys.SLOT):
+            group_id, partition, offset = keys.split_slot_key(key)
+            kind, attempt, due_ms, lease_id = keys.SLOT_VALUE.unpack_from(value)
+            member = value[keys.SLOT_VALUE.size :].decode()
+            g = state._by_id[group_id]
+            part = g.parts[partition]
+            assert part.committed <= offset < part.next, (group_id, partition, offset)
+            slot = Slot(kind, attempt, due_ms, lease_id, member)
+            part.slots[offset] = slot
+            state._index(g, partition, part, offset, slot)
+        for g in state._by_id.values():
+            heapq.heapify(g.expiry)
+            for part in g.parts.values():
+                heapq.heapify(part.ready)
+        return state
+
+    def _index(self, g: GroupState, partition: int, part: PartState, offset: int, s: Slot) -> None:
+        if s.kind == LEASED:
+            part.leased += 1
+            g.expiry.append((s.due_ms, partition, offset, s.lease_id))
+            g.in_flight_by_member[s.member] = g.in_flight_by_member.get(s.member, 0) + 1
+        elif s.kind == SCHEDULED:
+            part.scheduled += 1
+            part.ready.append((s.due_ms, offset))
+
+    # -- persistence helpers -----------------------------------------------------------------
+
+    def flush(self, txn: WriteTxn) -> None:
+        """Write the partition rows changed by the current command."""
+        for group_id, partition in self._dirty:
+            g = self._by_id.get(group_id)
+            if g is None:
+                continue
+            part = g.parts[partition]
+            assert part.committed <= part.next
+            txn.put(keys.group_partition_key(group_id, partition), part.pack())
+        self._dirty.clear()
+
+    def _put_slot(self, txn: WriteTxn, g: GroupState, p: int, offset: int, s: Slot) -> None:
+        txn.put(
+            keys.slot_key(g.group_id, p, offset),
+            keys.SLOT_VALUE.pack(s.kind, s.attempt, s.due_ms, s.lease_id) + s.member.encode(),
+        )
+
+    def _touch(self, g: GroupState, p: int) -> None:
+        self._dirty.add((g.group_id, p))
+        self.touched.add(g.group_id)
+
+    # -- groups -----------------------------------------------------------------------------
+
+    def get(self, queue_id: int, queue: str, name: str) -> GroupState:
+        g = self.groups.get(queue_id, {}).get(name)
+        if g is None:
+            raise group_not_found(queue, name)
+        return g
+
+    def by_id(self, group_id: int) -> GroupState | None:
+        return self._by_id.get(group_id)
+
+    def of_queue(self, queue_id: int) -> list[GroupState]:
+        return sorted(self.groups.get(queue_id, {}).values(), key=lambda g: g.group_id)
+
+    def create(
+        self,
+        txn: WriteTxn,
+        queue_id: int,
+        meta: pb.Group,
+        start_offsets: dict[int, int],
+    ) -> GroupState:
+        named = self.groups.setdefault(queue_id, {})
+        if meta.name in named:
+            raise FluxError(
+                "GROUP_EXISTS",
+                f"queue {meta.queue!r} already has a group {meta.name!r}",
+                metadata={"queue": meta.queue, "group": meta.name},
+            )
+        if len(named) >= limits.GROUPS_PER_QUEUE_MAX:
+            raise FluxError(
+                "GROUP_LIMIT", f"a queue has at most {limits.GROUPS_PER_QUEUE_MAX} groups"
+            )
+        g = GroupState(meta, queue_id)
+        named[g.name] = g
+        self._by_id[g.group_id] = g
+        txn.put(keys.group_key(queue_id, g.name), meta.SerializeToString())
+        for p, offset in start_offsets.items():
+            g.parts[p] = PartState(offset, offset)
+            self._touch(g, p)
+        return g
+
+    def delete(self, txn: WriteTxn, g: GroupState) -> None:
+        txn.delete(keys.group_key(g.queue_id, g.name))
+        doomed = [k for k, _ in txn.scan(keys.slot_prefix(g.group_id))]
+        for k in doomed:
+            txn.delete(k)
+        for p in g.parts:
+            txn.delete(keys.group_partition_key(g.group_id, p))
+        del self.groups[g.queue_id][g.name]
+        del self._by_id[g.group_id]
+        self.touched.add(g.group_id)
+
+    def delete_queue(self, txn: WriteTxn, queue_id: int) -> None:
+        for g in self.of_queue(queue_id):
+            self.delete(txn, g)
+        self.groups.pop(queue_id, None)
+
+    def _part(self, g: GroupState, p: int) -> PartState:
+        part = g.parts.get(p)
+        if part is None:  # a partition added after the group was created: read from its start
+            part = g.parts[p] = PartState(0, 0)
+            self._touch(g, p)
+        return part
+
+    # -- lease ------------------------------------------------------------------------------
+
+    def lease(
+        self,
+        txn: WriteTxn,
+        g: GroupState,
+        policy: QueuePolicy,
+        member: str,
+        max_messages: int,
+        lease_ms: int,
+        now_ms: int,
+    ) -> list[Delivery]:
+        out: list[Delivery] = []
+        nparts = policy.partitions
+        scan = [limits.LEASE_SCAN_RECORDS_MAX]
+        # Rotate the first partition so that every partition gets its turn.
+        first = self._next_lease_id % nparts
+        for k in range(nparts):
+            if len(out) >= max_messages:
+                break
+            p = (first + k) % nparts
+            part = self._part(g, p)
+            if g.ordered and part.leased:
+                continue  # held by whoever leased its last batch
+            log = txn.log(keys.log_id(g.queue_id, p))
+            self.catch_up(txn, g, p, log.watermarks().low)
+            ctx = _Take(self, txn, g, p, part, log, policy, member, lease_ms, now_ms, out, scan)
+            if g.ordered:
+                ctx.take_ordered(max_messages - len(out))
+            else:
+                ctx.take_shared(max_messages - len(out))
+        return out
+
+    def _grant(
+        self,
+        txn: WriteTxn,
+        g: GroupState,
+        p: int,
+        part: PartState,
+        offset: int,
+        slot: Slot,
+        member: str,
+        lease_ms: int,
+        now_ms: int,
+    ) -> None:
+        if slot.kind == SCHEDULED:
+            part.scheduled -= 1
+        assert slot.kind != LEASED, (g.name, p, offset)
+        slot.kind = LEASED
+        slot.attempt += 1
+        slot.due_ms = now_ms + lease_ms
+        slot.lease_id = self._next_lease_id
+        slot.member = member
+        self._next_lease_id += 1
+        part.slots[offset] = slot
+        part.leased += 1
+        heapq.heappush(g.expiry, (slot.due_ms, p, offset, slot.lease_id))
+        g.in_flight_by_member[member] = g.in_flight_by_member.get(member, 0) + 1
+        self._put_slot(txn, g, p, offset, slot)
+        self._touch(g, p)
+
+    def save_lease_counter(self, txn: WriteTxn) -> None:
+        txn.put(keys.NEXT_LEASE_ID, keys.U64.pack(self._next_lease_id))
+
+    # -- resolution -------------------------------------------------------------------------
+
+    def _release(self, g: GroupState, part: PartState, slot: Slot) -> None:
+        """Forget ``slot``'s membership in the leased/scheduled counts."""
+        if slot.kind == LEASED:
+            part.leased -= 1
+            left = g.in_flight_by_member.get(slot.member, 0) - 1
+            if left > 0:
+                g.in_flight_by_member[slot.member] = left
+            else:
+                g.in_flight_by_member.pop(slot.member, None)
+        elif slot.kind == SCHEDULED:
+            part.scheduled -= 1
+
+    def _resolve(
+        self, txn: WriteTxn, g: GroupState, p: int, part: PartState, offset: int, slot: Slot
+    ) -> None:
+        """``offset`` (in [committed, next)) is done for this group."""
+        self._release(g, part, slot)
+        del part.slots[offset]
+        txn.delete(keys.slot_key(g.group_id, p, offset))
+        if offset == part.committed:
+            self._advance(part)
+        self._touch(g, p)
+
+    @staticmethod
+    def _advance(part: PartState) -> None:
+        """Move the committed offset up to the smallest offset not done."""
+        slots = part.slots
+        for _ in range(64):  # the common case: the next slot is close
+            if part.committed >= part.next or part.committed in slots:
+                return
+            part.committed += 1
+        part.committed = min(slots, default=part.next)
+
+    def _frontier_done(self, txn: WriteTxn, g: GroupState, p: int, part: PartState) -> None:
+        """The record at the frontier is done without ever being leased (filtered, expired)."""
+        if part.committed == part.next:
+            part.committed += 1
+        part.next += 1
+        self._touch(g, p)
+
+    def _dead(
+        self,
+        txn: WriteTxn,
+        g: GroupState,
+        p: int,
+        part: PartState,
+        record: Record,
+        attempts: int,
+        reason: str,
+        slot: Slot | None,
+    ) -> None:
+        part.dead += 1
+        self.dead_letters.append(DeadLetter(g.queue_id, g.name, p, record, attempts, reason))
+        if slot is None:
+            self._frontier_done(txn, g, p, part)
+        else:
+            self._resolve(txn, g, p, part, record.offset, slot)
+
+    def catch_up(self, txn: WriteTxn, g: GroupState, p: int, low: int) -> None:
+        """Retention removed records below ``low``: the group skips what it had not got to."""
+        part = self._part(g, p)
+        if part.next < low:
+            part.skipped += low - part.next
+            part.next = low
+            self._touch(g, p)
+        if part.committed >= low:
+            return
+        for offset in sorted(o for o in part.slots if o < low):
+            s = part.slots[offset]
+            if s.kind == LEASED:
+                continue  # the consumer has the message; its ack still counts
+            part.skipped += 1
+            self._release(g, part, s)
+            del part.slots[offset]
+            txn.delete(keys.slot_key(g.group_id, p, offset))
+        part.committed = min(part.slots, default=part.next)
+        self._touch(g, p)
+
+    # -- settle: ack, nack, extend ----------------------------------------------------------
+
+    def _held(
+        self, g: GroupState, receipt: pb.Receipt
+    ) -> tuple[PartState | None, Slot | None, int]:
+        """-> (partition state, slot, status if not held by this receipt else 0)."""
+        part = g.parts.get(receipt.partition)
+        if part is None:
+            return None, None, UNKNOWN
+        slot = part.slots.get(receipt.offset)
+        if slot is None:
+            return part, None, ALREADY_ACKED if receipt.offset < part.next else UNKNOWN
+        if slot.kind != LEASED or slot.lease_id != receipt.lease_id:
+            return part, slot, STALE
+        return part, slot, 0
+
+    def check_held(self, g: GroupState, receipts: Iterable[pb.Receipt]) -> list[int]:
+        """Statuses an ack would get, without changing anything (0 = would be ACKED)."""
+        return [self._held(g, r)[2] for r in receipts]
+
+    def ack(self, txn: WriteTxn, g: GroupState, receipts: Iterable[pb.Receipt]) -> list[int]:
+        statuses = []
+        for r in receipts:
+            part, slot, status = self._held(g, r)
+            if status == 0:
+                assert part is not None and slot is not None
+                part.acked += 1
+                self._resolve(txn, g, r.partition, part, r.offset, slot)
+                status = ACKED
+            statuses.append(status)
+        return statuses
+
+    def nack(
+        self,
+        txn: WriteTxn,
+        g: GroupState,
+        policy: QueuePolicy,
+        receipts: Iterable[pb.Receipt],
+        now_ms: int,
+        retry_at_ms: int,
+        dead: bool,
+        reason: str,
+    ) -> list[int]:
+        statuses = []
+        for r in receipts:
+            part, slot, status = self._held(g, r)
+            if status:
+                statuses.append(status)
+                continue
+            assert part is not None and slot is not None
+            give_up = policy.max_attempts and slot.attempt >= policy.max_attempts
+            if dead or give_up:
+                record = self._record(txn, g, r.partition, r.offset)
+                if record is None:
+                    part.skipped += 1
+                    self._resolve(txn, g, r.partition, part, r.offset, slot)
+                else:
+                    why = (reason or "nacked") if dead else "max_attempts"
+                    self._dead(txn, g, r.partition, part, record, slot.attempt, why, slot)
+                statuses.append(DEAD_LETTERED)
+                continue
+            due = retry_at_ms or now_ms + policy.retry_delay_ms(slot.attempt)
+            self._reschedule(txn, g, r.partition, part, r.offset, slot, due)
+            statuses.append(NACKED)
+        return statuses
+
+    def _reschedule(
+        self,
+        txn: WriteTxn,
+        g: GroupState,
+        p: int,
+        part: PartState,
+        offset: int,
+        slot: Slot,
+        due: int,
+    ) -> None:
+        self._release(g, part, slot)
+        slot.kind, slot.due_ms, slot.lease_id, slot.member = SCHEDULED, due, 0, ""
+        part.scheduled += 1
+        heapq.heappush(part.ready, (due, offset))
+        _prune_ready(part)
+        self._put_slot(txn, g, p, offset, slot)
+        self._touch(g, p)
+
+    def extend(
+        self,
+        txn: WriteTxn,
+        g: GroupState,
+        receipts: Iterable[pb.Receipt],
+        now_ms: int,
+        lease_ms: int,
+    ) -> list[tuple[int, int]]:
+        out = []
+        for r in receipts:
+            _part, slot, status = self._held(g, r)
+            if status:
+                out.append((status, 0))
+                continue
+            assert slot is not None
+            slot.due_ms = now_ms + lease_ms
+            heapq.heappush(g.expiry, (slot.due_ms, r.partition, r.offset, slot.lease_id))
+            self._put_slot(txn, g, r.partition, r.offset, slot)
+            self.touched.add(g.group_id)
+            out.append((EXTENDED, slot.due_ms))
+        return out
+
+    def _record(self, txn: ReadTxn, g: GroupState, p: int, offset: int) -> Record | None:
+        log = txn.log(keys.log_id(g.queue_id, p))
+        if offset < log.watermarks().low:
+            return None
+        return log.read(offset, 1, _READ_BYTES_MAX)[0]
+
+    # -- timers: lease expiry and TTL --------------------------------------------------------
+
+    def expire(
+        self, txn: WriteTxn, policies: dict[int, QueuePolicy], now_ms: int
+    ) -> tuple[int, int]:
+        """Expired leases go back (or to the DLQ past max_attempts); undelivered messages past
+        their TTL go to the DLQ. -> (leases expired, messages expired by TTL)."""
+        budget = limits.EXPIRIES_PER_PASS_MAX
+        leases = ttl = 0
+        for group_id in sorted(self._by_id):
+            g = self._by_id[group_id]
+            policy = policies.get(g.queue_id)
+            if policy is None:
+                continue
+            while g.expiry and g.expiry[0][0] <= now_ms and budget > 0:
+                deadline, p, offset, lease_id = heapq.heappop(g.expiry)
+                part = g.parts.get(p)
+                slot = part.slots.get(offset) if part is not None else None
+                if (
+                    part is None
+                    or slot is None
+                    or slot.kind != LEASED
+                    or slot.lease_id != lease_id
+                    or slot.due_ms != deadline
+                ):
+                    continue  # acked, extended or reset since: a stale heap entry
+                budget -= 1
+                leases += 1
+                if policy.max_attempts and slot.attempt >= policy.max_attempts:
+                    record = self._record(txn, g, p, offset)
+                    if record is None:
+                        part.skipped += 1
+                        self._resolve(txn, g, p, part, offset, slot)
+                    else:
+                        self._dead(txn, g, p, part, record, slot.attempt, "max_attempts", slot)
+                else:
+                    # Ready again from its deadline: behind what was already waiting.
+                    self._reschedule(txn, g, p, part, offset, slot, deadline)
+            if policy.message_ttl_ms and budget > 0:
+                for p in range(policy.partitions):
+                    n = self._expire_ttl(txn, g, p, policy, now_ms, budget)
+                    ttl += n
+                    budget -= n
+        return leases, ttl
+
+    def _expire_ttl(
+        self, txn: WriteTxn, g: GroupState, p: int, policy: QueuePolicy, now_ms: int, budget: int
+    ) -> int:
+        part = self._part(g, p)
+        log = txn.log(keys.log_id(g.queue_id, p))
+        wm = log.watermarks()
+        self.catch_up(txn, g, p, wm.low)
+        done = 0
+        while done < budget and part.next < wm.high:
+            records = log.read(part.next, min(1000, budget - done), _READ_BYTES_MAX)
+            for record in records:
+                if not expired(record, policy, now_ms):
+                    return done  # timestamps do not decrease along a log
+                if matches(g.meta, record):
+                    self._dead(txn, g, p, part, record, 0, "ttl", None)
+                else:
+                    part.filtered += 1
+                    self._frontier_done(txn, g, p, part)
+                done += 1
+        return done
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest lease deadline (maybe of a stale heap entry: then a pass does nothing)."""
+        heads = [g.expiry[0][0] for g in self._by_id.values() if g.expiry]
+        return min(heads) if heads else None
+
+    def ttl_due(self, txn: ReadTxn, policies: dict[int, QueuePolicy], now_ms: int) -> bool:
+        for g in self._by_id.values():
+            policy = policies.get(g.queue_id)
+            if policy is None or not policy.message_ttl_ms:
+                continue
+            for p in range(policy.partitions):
+                part = g.parts.get(p)
+                log = txn.log(keys.log_id(g.queue_id, p))
+                wm = log.watermarks()
+                start = max(part.next if part else 0, wm.low)
+                if start < wm.high and expired(
+                    log.read(start, 1, _READ_BYTES_MAX)[0], policy, now_ms
+                ):
+                    return True
+        return False
+
+    def next_ready_ms(self, g: GroupState) -> int | None:
+        """The earliest due time of a scheduled message of ``g`` (stale entries possible)."""
+        heads = [part.ready[0][0] for part in g.parts.values() if part.ready]
+        return min(heads) if heads else None
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    def reset(self, txn: WriteTxn, g: GroupState, p: int, offset: int) -> None:
+        """Delivery of partition ``p`` starts again at ``offset``; leases and retries go."""
+        part = self._part(g, p)
+        for o, s in list(part.slots.items()):
+            self._release(g, part, s)
+            txn.delete(keys.slot_key(g.group_id, p, o))
+        part.slots.clear()
+        part.ready.clear()
+        part.committed = part.next = offset
+        self._touch(g, p)
+
+    # -- purge ------------------------------------------------------------------------------
+
+    def purge(
+        self,
+        txn: WriteTxn,
+        g: GroupState,
+        partitions: int,
+        scope: int,
+        destructive: bool,
+        now_ms: int,
+    ) -> int:
+        """Querator's clear for one group. -> deliveries dropped."""
+        ready = scope in (pb.PURGE_SCOPE_READY, pb.PURGE_SCOPE_ALL, pb.PURGE_SCOPE_UNSPECIFIED)
+        scheduled = scope in (
+            pb.PURGE_SCOPE_SCHEDULED,
+            pb.PURGE_SCOPE_ALL,
+            pb.PURGE_SCOPE_UNSPECIFIED,
+        )
+        dropped = 0
+        for p in range(partitions):
+            part = self._part(g, p)
+            log = txn.log(keys.log_id(g.queue_id, p))
+            wm = log.watermarks()
+            self.catch_up(txn, g, p, wm.low)
+            for offset in sorted(part.slots):
+                s = part.slots[offset]
+                drop = (
+                    (s.kind == LEASED and destructive)
+                    or (s.kind == SCHEDULED and s.due_ms <= now_ms and ready)
+                    or (s.kind == SCHEDULED and s.due_ms > now_ms and scheduled)
+                )
+                if drop:
+                    part.purged += 1
+                    dropped += 1
+                    self._resolve(txn, g, p, part, offset, s)
+            if ready and part.next < wm.high:
+                n = wm.high - part.next
+                part.purged += n
+                dropped += n
+                part.next = wm.high
+                self._advance(part)
+                self._touch(g, p)
+            _prune_ready(part)
+        return dropped
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def view(self, g: GroupState, p: int) -> PartitionView:
+        part = g.parts.get(p) or PartState(0, 0)
+        return PartitionView(
+            partition=p,
+            committed=part.committed,
+            next=part.next,
+            acked=part.acked,
+            dead=part.dead,
+            filtered=part.filtered,
+            skipped=part.skipped,
+            purged=part.purged,
+            leased={
+                o: (s.member, s.lease_id, s.attempt, s.due_ms)
+                for o, s in part.slots.items()
+                if s.kind == LEASED
+            },
+            scheduled={
+                o: (s.due_ms, s.attempt) for o, s in part.slots.items() if s.kind == SCHEDULED
+            },
+        )
+
+    def iter_groups(self) -> Iterator[GroupState]:
+        return iter(list(self._by_id.values()))
+
+
+def _prune_ready(part: PartState) -> None:
+    """Rebuild the due-time heap when stale entries dominate it (bounded memory)."""
+    if len(part.ready) > 2 * part.scheduled + 64:
+        part.ready = [(s.due_ms, o) for o, s in part.slots.items() if s.kind == SCHEDULED]
+        heapq.heapify(part.ready)
+
+
+class _Take:
+    """One Lease command's walk over one partition."""
+
+    def __init__(
+        self,
+        state: DeliveryState,
+        txn: WriteTxn,
+        g: GroupState,
+        p: int,
+        part: PartState,
+        log: PartitionLogReader,
+        policy: QueuePolicy,
+        member: str,
+        lease_ms: int,
+        now_ms: int,
+        out: list[Delivery],
+        scan: list[int],
+    ) -> None:
+        self.state, self.txn, self.g, self.p, self.part = state, txn, g, p, part
+        self.log, self.policy, self.member = log, policy, member
+        self.lease_ms, self.now_ms, self.out, self.scan = lease_ms, now_ms, out, scan
+        self.high = log.watermarks().high
+        self.buf: deque[Record] = deque()
+
+    def _grant(self, offset: int, slot: Slot, record: Record) -> None:
+        self.state._grant(
+            self.txn,
+            self.g,
+            self.p,
+            self.part,
+            offset,
+            slot,
+            self.member,
+            self.lease_ms,
+            self.now_ms,
+        )
+        self.out.append(Delivery(self.p, record, slot.attempt, slot.due_ms, slot.lease_id))
+
+    def _frontier(self, blocking_delay: bool) -> tuple[Record, int] | None:
+        """The next frontier record that can be leased now, with its ready time. Records on the
+        way that cannot (filtered, expired, delayed) are dealt with as they are passed; with
+        ``blocking_delay`` a delayed record stops the walk (ordered mode)."""
+        part, g = self.part, self.g
+        while True:
+            if not self.buf:
+                if (
+                    part.next >= self.high
+                    or self.scan[0] <= 0
+                    or len(part.slots) >= limits.PENDING_PER_PARTITION_MAX
+                ):
+                    return None
+                want = min(1000, self.scan[0], self.high - part.next)
+                self.buf.extend(self.log.read(part.next, want, _READ_BYTES_MAX))
+                if not self.buf:
+                    return None
+            record = self.buf[0]
+            assert record.offset == part.next, (record.offset, part.next)
+            if not matches(g.meta, record):
+                part.filtered += 1
+                self.state._frontier_done(self.txn, g, self.p, part)
+            elif expired(record, self.policy, self.now_ms):
+                self.state._dead(self.txn, g, self.p, part, record, 0, "ttl", None)
+            else:
+                ready = ready_at_ms(record, self.policy)
+                if ready <= self.now_ms:
+                    return record, ready
+                if blocking_delay:
+                    # Ordered: the partition waits for this message; remember when it is due.
+                    self._schedule_frontier(ready)
+                    return None
+                self._schedule_frontier(ready)
+            self.buf.popleft()
+            self.scan[0] -= 1
+
+    def _schedule_frontier(self, due: int) -> None:
+        part = self.part
+        offset = part.next
+        part.next += 1
+        slot = part.slots[offset] = Slot(SCHEDULED, 0, due)
+        part.scheduled += 1
+        heapq.heappush(part.ready, (due, offset))
+        self.state._put_slot(self.txn, self.g, self.p, offset, slot)
+        self.state._touch(self.g, self.p)
+
+    def _take_frontier(self, record: Record) -> None:
+        self.buf.popleft()
+        self.scan[0] -= 1
+        offset = self.part.next
+        self.part.next += 1
+        self._grant(offset, Slot(NEW, 0, 0), record)
+
+    def _take_scheduled(self, offset: int, slot: Slot) -> None:
+        """Lease a due retry (or dead-letter it, or skip it if retention removed it)."""
+        state, part = self.state, self.part
+        record = state._record(self.txn, self.g, self.p, offset)
+        if record is None:
+            part.skipped += 1
+            state._resolve(self.txn, self.g, self.p, part, offset, slot)
+        elif expired(record, self.policy, self.now_ms):
+            state._dead(self.txn, self.g, self.p, part, record, slot.attempt, "ttl", slot)
+        else:
+            self._grant(offset, slot, record)
+
+    def _peek_due(self) -> tuple[int, int] | None:
+        ready, slots = self.part.ready, self.part.slots
+        while ready:
+            due, offset = ready[0]
+            s = slots.get(offset)
+            if s is None or s.kind != SCHEDULED or s.due_ms != due:
+                heapq.heappop(ready)  # stale
+                continue
+            return (due, offset) if due <= self.now_ms else None
+        return None
+
+    def take_shared(self, need: int) -> None:
+        target = len(self.out) + need
+        while len(self.out) < target:
+            due = self._peek_due()
+            head = self._frontier(blocking_delay=False)
+            if due is None and head is None:
+                return
+            if due is not None and (head is None or due[0] <= head[1]):
+                heapq.heappop(self.part.ready)
+                self._take_scheduled(due[1], self.part.slots[due[1]])
+            else:
+                assert head is not None
+                self._take_frontier(head[0])
+
+    def take_ordered(self, need: int) -> None:
+        target = len(self.out) + need
+        part = self.part
+        _prune_ready(part)
+        for offset in sorted(o for o, s in part.slots.items() if s.kind == SCHEDULED):
+            if len(self.out) >= target:
+                return
+            slot = part.slots[offset]
+            if slot.due_ms > self.now_ms:
+                return  # in order: nothing after it may go first
+            self._take_scheduled(offset, slot)
+        if any(s.kind == SCHEDULED for s in part.slots.values()):
+            return
+        while len(self.out) < target:
+            head = self._frontier(blocking_delay=True)
+            if head is None:
+                return
+            self._take_frontier(head[0])
