@@ -17,6 +17,7 @@ from prometheus_client import PlatformCollector, ProcessCollector, start_http_se
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
 from fluxmq.core import keys
+from fluxmq.core.errors import FluxError
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.broker import Broker
@@ -36,7 +37,37 @@ def _partition_rows(state: QueueStateMachine) -> Iterator[tuple[str, int, int, i
                 yield entry.name, p, wm.low, wm.high, lg.size_bytes()
 
 
-def _register_collectors(state: QueueStateMachine, store: LmdbStore, shard: LocalShard) -> None:
+def _group_rows(broker: Broker) -> Iterator[metrics.GroupRow]:
+    reader = broker.reader
+    for entry in list(broker.state.catalog.values()):
+        for meta in reader.groups(entry):
+            try:
+                parts = reader.group_partitions(entry, meta.name)
+            except FluxError:
+                continue  # deleted meanwhile
+            yield metrics.GroupRow(
+                entry.name,
+                meta.name,
+                sum(p.lag for p in parts),
+                sum(p.in_flight for p in parts),
+                sum(p.scheduled for p in parts),
+                sum(p.dead for p in parts),
+                sum(p.filtered for p in parts),
+                sum(p.skipped_by_retention for p in parts),
+            )
+
+
+def _dead_letter_rows(broker: Broker) -> Iterator[tuple[str, int, bool]]:
+    for entry in list(broker.state.catalog.values()):
+        if entry.policy.dead_letter_queue is None:
+            continue
+        depth = broker.reader.dead_letter_depth(entry)
+        yield entry.name, depth, entry.name in broker.consumers.dead_letter_alerts
+
+
+def _register_collectors(
+    state: QueueStateMachine, store: LmdbStore, shard: LocalShard, broker: Broker
+) -> None:
     def storage() -> tuple[int, int]:
         st = store.stat()
         return st.file_bytes, st.used_bytes
@@ -46,6 +77,13 @@ def _register_collectors(state: QueueStateMachine, store: LmdbStore, shard: Loca
             lambda: _partition_rows(state),
             storage,
             lambda: (shard.batches_applied, shard.entries_applied),
+        )
+    )
+    metrics.REGISTRY.register(
+        metrics.DeliveryCollector(
+            lambda: _group_rows(broker),
+            lambda: _dead_letter_rows(broker),
+            lambda: state.dead_letters_dropped,
         )
     )
     ProcessCollector(registry=metrics.REGISTRY)
@@ -61,7 +99,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         broker, cfg.listen, request_bytes_max=cfg.request_bytes_max_value
     )
     if cfg.metrics_listen:
-        _register_collectors(state, store, shard)
+        _register_collectors(state, store, shard, broker)
         host, _, mport = cfg.metrics_listen.rpartition(":")
         start_http_server(int(mport), addr=host, registry=metrics.REGISTRY)
     await broker.start()

@@ -5,6 +5,7 @@ methods and codes by the API)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -54,6 +55,109 @@ RETENTION_REMOVED_MESSAGES = Counter(
     "Records removed by retention (age, count or bytes).",
     registry=REGISTRY,
 )
+LEASED_MESSAGES = Counter(
+    "fluxmq_leased_messages",
+    "Messages leased to consumers (Lease and Consume), redeliveries included.",
+    ["queue"],
+    registry=REGISTRY,
+)
+ACKED_MESSAGES = Counter(
+    "fluxmq_acked_messages", "Receipts acked (ACKED status).", ["queue"], registry=REGISTRY
+)
+NACKED_MESSAGES = Counter(
+    "fluxmq_nacked_messages",
+    "Receipts nacked for a later retry (NACKED status).",
+    ["queue"],
+    registry=REGISTRY,
+)
+EXPIRED_LEASES = Counter(
+    "fluxmq_expired_leases",
+    "Leases that passed their deadline unsettled (redelivered or dead-lettered).",
+    registry=REGISTRY,
+)
+
+
+class GroupRow(NamedTuple):
+    queue: str
+    group: str
+    lag: int
+    in_flight: int
+    scheduled: int
+    dead: int
+    filtered: int
+    skipped_by_retention: int
+
+
+class DeliveryCollector(Collector):
+    """Consumer-group and dead-letter gauges, read from committed state at scrape time."""
+
+    def __init__(
+        self,
+        groups: Callable[[], Iterable[GroupRow]],
+        dead_letters: Callable[[], Iterable[tuple[str, int, bool]]],
+        dropped: Callable[[], int],
+    ) -> None:
+        self._groups = groups
+        self._dead_letters = dead_letters  # -> (queue, depth, alert raised)
+        self._dropped = dropped
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["queue", "group"]
+        lag = GaugeMetricFamily(
+            "fluxmq_group_lag_messages",
+            "Messages of the queue the group is not done with (high watermark - committed).",
+            labels=labels,
+        )
+        in_flight = GaugeMetricFamily(
+            "fluxmq_group_in_flight_messages", "Messages leased and not settled.", labels=labels
+        )
+        scheduled = GaugeMetricFamily(
+            "fluxmq_group_scheduled_messages",
+            "Retries and delayed messages waiting for their due time.",
+            labels=labels,
+        )
+        dead = CounterMetricFamily(
+            "fluxmq_group_dead_lettered_messages",
+            "Messages the group dead-lettered (max attempts, TTL, nack dead).",
+            labels=labels,
+        )
+        filtered = CounterMetricFamily(
+            "fluxmq_group_filtered_messages",
+            "Messages skipped by the group's filter.",
+            labels=labels,
+        )
+        skipped = CounterMetricFamily(
+            "fluxmq_group_skipped_by_retention_messages",
+            "Messages removed by retention before the group consumed them.",
+            labels=labels,
+        )
+        for row in self._groups():
+            key = [row.queue, row.group]
+            lag.add_metric(key, row.lag)
+            in_flight.add_metric(key, row.in_flight)
+            scheduled.add_metric(key, row.scheduled)
+            dead.add_metric(key, row.dead)
+            filtered.add_metric(key, row.filtered)
+            skipped.add_metric(key, row.skipped_by_retention)
+        depth = GaugeMetricFamily(
+            "fluxmq_dead_letter_messages",
+            "Dead letters of the queue not yet replayed or purged.",
+            labels=["queue"],
+        )
+        alert = GaugeMetricFamily(
+            "fluxmq_dead_letter_alert",
+            "1 while the queue's dead letters exceed its dead_letter_alert_threshold.",
+            labels=["queue"],
+        )
+        for queue, count, raised in self._dead_letters():
+            depth.add_metric([queue], count)
+            alert.add_metric([queue], 1 if raised else 0)
+        dropped = CounterMetricFamily(
+            "fluxmq_dead_letters_dropped_messages",
+            "Dead messages of queues without a dead-letter queue (dropped), since start.",
+        )
+        dropped.add_metric([], self._dropped())
+        return [lag, in_flight, scheduled, dead, filtered, skipped, depth, alert, dropped]
 
 
 class StateCollector(Collector):

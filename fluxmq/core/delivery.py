@@ -680,6 +680,31 @@ class DeliveryState:
         heads = [part.ready[0][0] for part in g.parts.values() if part.ready]
         return min(heads) if heads else None
 
+    def maybe_ready(self, g: GroupState, highs: dict[int, int], now_ms: int) -> bool:
+        """Whether a Lease at ``now_ms`` could hand out (or at least move past) something, given
+        each partition's high watermark: lets the leader skip proposing empty leases."""
+        for p, high in highs.items():
+            part = g.parts.get(p)
+            if part is None:
+                if high > 0:
+                    return True
+                continue
+            if g.ordered and part.leased:
+                continue
+            if (
+                part.next < high
+                and len(part.slots) < limits.PENDING_PER_PARTITION_MAX
+                and (not g.ordered or not part.scheduled)
+            ):
+                return True
+            if g.ordered:
+                first = min((o for o, s in part.slots.items() if s.kind == SCHEDULED), default=None)
+                if first is not None and part.slots[first].due_ms <= now_ms:
+                    return True
+            elif part.ready and part.ready[0][0] <= now_ms:
+                return True  # (or a stale head: the lease cleans it up, once)
+        return False
+
     # -- offsets ----------------------------------------------------------------------------
 
     def reset(self, txn: WriteTxn, g: GroupState, p: int, offset: int) -> None:

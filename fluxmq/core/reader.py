@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys
+from fluxmq.core.delivery import GroupState, header
 from fluxmq.core.errors import (
     invalid_argument,
     offset_out_of_range,
@@ -16,6 +17,7 @@ from fluxmq.core.errors import (
 )
 from fluxmq.core.queue_config import labels_match, parse_label_selector, validate_name
 from fluxmq.core.state_machine import QueueEntry, QueueStateMachine
+from fluxmq.core.validation import group_name as validate_group_name
 from storage.api import Record, Watermarks
 
 _TOKEN_TAG = b"queues:"  # page tokens are base64url("queues:" + last name of the page)
@@ -114,3 +116,168 @@ class QueueReader:
     def offset_for_timestamp(self, entry: QueueEntry, partition: int, timestamp_ms: int) -> int:
         with self._store.read() as txn:
             return txn.log(self._log_id(entry, partition)).offset_for_timestamp(timestamp_ms)
+
+    # -- consumer groups --------------------------------------------------------------------
+
+    def group(self, entry: QueueEntry, name: str) -> GroupState:
+        validate_group_name(name)
+        with self._state.lock:
+            return self._state.delivery.get(entry.queue_id, entry.name, name)
+
+    def groups(self, entry: QueueEntry) -> list[pb.Group]:
+        with self._state.lock:
+            return [g.meta for g in self._state.delivery.of_queue(entry.queue_id)]
+
+    def group_partitions(self, entry: QueueEntry, name: str) -> list[pb.GroupPartition]:
+        g = self.group(entry, name)
+        out = []
+        with self._store.read() as txn, self._state.lock:
+            for p in range(entry.policy.partitions):
+                v = self._state.delivery.view(g, p)
+                high = txn.log(keys.log_id(entry.queue_id, p)).watermarks().high
+                out.append(
+                    pb.GroupPartition(
+                        partition=p,
+                        committed=v.committed,
+                        high_watermark=high,
+                        lag=max(high - v.committed, 0),
+                        in_flight=len(v.leased),
+                        scheduled=len(v.scheduled),
+                        dead=v.dead,
+                        filtered=v.filtered,
+                        skipped_by_retention=v.skipped,
+                        acked=v.acked,
+                        delivered_up_to=v.next,
+                    )
+                )
+        return out
+
+    def describe_group(self, entry: QueueEntry, name: str) -> pb.GroupDescription:
+        g = self.group(entry, name)
+        desc = pb.GroupDescription(group=g.meta)
+        desc.partitions.extend(self.group_partitions(entry, name))
+        with self._state.lock:
+            desc.in_flight_by_consumer.update(g.in_flight_by_member)
+        return desc
+
+    def in_flight(self, entry: QueueEntry, group: str, consumer_id: str) -> int:
+        with self._state.lock:
+            g = self._state.delivery.get(entry.queue_id, entry.name, group)
+            return g.in_flight_by_member.get(consumer_id, 0)
+
+    def maybe_ready(self, entry: QueueEntry, group: str, now_ms: int) -> tuple[bool, int | None]:
+        """-> (a lease could make progress now, earliest due time of a scheduled message)."""
+        with self._store.read() as txn:
+            highs = {
+                p: txn.log(keys.log_id(entry.queue_id, p)).watermarks().high
+                for p in range(entry.policy.partitions)
+            }
+        with self._state.lock:
+            delivery = self._state.delivery
+            g = delivery.get(entry.queue_id, entry.name, group)
+            return delivery.maybe_ready(g, highs, now_ms), delivery.next_ready_ms(g)
+
+    def offsets(self, entry: QueueEntry, group: str) -> pb.OffsetsResponse:
+        resp = pb.OffsetsResponse()
+        for gp in self.group_partitions(entry, group):
+            resp.partitions.add(
+                partition=gp.partition,
+                committed=gp.committed,
+                latest=gp.high_watermark,
+                lag=gp.lag,
+            )
+        return resp
+
+    def group_lags(self, entry: QueueEntry) -> list[pb.GroupLag]:
+        out = []
+        for meta in self.groups(entry):
+            parts = self.group_partitions(entry, meta.name)
+            out.append(
+                pb.GroupLag(
+                    name=meta.name,
+                    lag=sum(p.lag for p in parts),
+                    in_flight=sum(p.in_flight for p in parts),
+                    scheduled=sum(p.scheduled for p in parts),
+                )
+            )
+        return out
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    def dead_letter_depth(self, entry: QueueEntry) -> int:
+        with self._store.read() as txn:
+            return self._state.dead_letter_depth(txn, entry)
+
+    def dead_letters(
+        self, entry: QueueEntry, group: str, from_ms: int, to_ms: int, page_token: str, limit: int
+    ) -> tuple[list[pb.DeadLetter], str]:
+        """Dead letters of ``entry`` in DLQ order (= time order), ``limit`` per page."""
+        if group:
+            validate_group_name(group)
+        start = 0
+        if page_token:
+            try:
+                raw = base64.b64decode(page_token.encode(), altchars=b"-_", validate=True)
+                if not raw.startswith(_DEAD_TOKEN_TAG):
+                    raise ValueError("untagged")
+                start = int(raw[len(_DEAD_TOKEN_TAG) :].decode())
+            except (binascii.Error, UnicodeDecodeError, ValueError):
+                raise invalid_argument("page_token", "not a token this server issued") from None
+        name = entry.policy.dead_letter_queue
+        dlq = self._state.catalog.get(name) if name is not None else None
+        if dlq is None:
+            return [], ""
+        out: list[pb.DeadLetter] = []
+        next_token = ""
+        with self._store.read() as txn:
+            log = txn.log(keys.log_id(dlq.queue_id, 0))
+            wm = log.watermarks()
+            offset = max(start, wm.low, log.offset_for_timestamp(from_ms) if from_ms else 0)
+            scanned = 0
+            while offset < wm.high and len(out) < limit and scanned < 100_000:
+                records = log.read(offset, 1000, 16 * 1024 * 1024)
+                for record in records:
+                    offset = record.offset + 1
+                    scanned += 1
+                    if to_ms and record.timestamp_ms >= to_ms:
+                        return out, ""
+                    if txn.get(keys.dead_gone_key(dlq.queue_id, record.offset)) is not None:
+                        continue
+                    dl = _dead_letter(record)
+                    if group and dl.group != group:
+                        continue
+                    out.append(dl)
+                    if len(out) >= limit:
+                        break
+            if offset < wm.high:
+                next_token = base64.urlsafe_b64encode(
+                    _DEAD_TOKEN_TAG + str(offset).encode()
+                ).decode()
+        return out, next_token
+
+
+_DEAD_TOKEN_TAG = b"dead:"
+
+
+def _dead_letter(record: Record) -> pb.DeadLetter:
+    def h(name: str) -> str:
+        value = header(record, name)
+        return value.decode() if value is not None else ""
+
+    dl = pb.DeadLetter(
+        id=record.offset,
+        group=h("fluxmq-group"),
+        reason=h("fluxmq-dead-reason"),
+        attempts=int(h("fluxmq-attempts") or 0),
+        dead_at_ms=int(h("fluxmq-dead-at") or 0),
+        original_partition=int(h("fluxmq-original-partition") or 0),
+        original_offset=int(h("fluxmq-original-offset") or 0),
+    )
+    rec = dl.record
+    rec.offset = record.offset
+    rec.timestamp_ms = record.timestamp_ms
+    rec.value = record.value
+    if record.key is not None:
+        rec.key = record.key
+    rec.headers.update(record.headers)
+    return dl

@@ -328,11 +328,11 @@ class QueueStateMachine:
         if cmd.destructive or cmd.scope != pb.PURGE_SCOPE_SCHEDULED:
             for partition in range(npart):
                 log = batch.txn.log(keys.log_id(entry.queue_id, partition))
-                floor = self._consumed_floor(entry, partition, log.watermarks().high)
+                floor = self.consumed_floor(entry, partition, log.watermarks().high)
                 purged += log.truncate_before(floor).removed_records
         return PurgeResult(purged, skipped)
 
-    def _consumed_floor(self, entry: QueueEntry, partition: int, high: int) -> int:
+    def consumed_floor(self, entry: QueueEntry, partition: int, high: int) -> int:
         """The smallest offset some group of the queue still needs (``high`` if none)."""
         floor = high
         for g in self.delivery.of_queue(entry.queue_id):
@@ -460,7 +460,7 @@ class QueueStateMachine:
                 log = txn.log(keys.log_id(entry.queue_id, partition))
                 cut = retention_cut(log, entry.policy, cmd.now_ms)
                 if entry.policy.retain_until_consumed:
-                    cut = min(cut, self._consumed_floor(entry, partition, cut))
+                    cut = min(cut, self.consumed_floor(entry, partition, cut))
                 if cut > log.watermarks().low and budget > 0:
                     done = log.truncate_before(cut, max_records=budget)
                     budget -= done.removed_records

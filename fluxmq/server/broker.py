@@ -10,23 +10,25 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
 
 from fluxmq import metrics
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys, validation
-from fluxmq.core.errors import FluxError, queue_not_found
+from fluxmq.core.errors import FluxError, invalid_argument, queue_not_found
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.queue_config import merge_update, normalize_new
 from fluxmq.core.reader import FetchResult, QueueReader
 from fluxmq.core.state_machine import (
     AppendResult,
+    PurgeResult,
     QueueEntry,
     QueueStateMachine,
     RetentionResult,
     retention_due,
 )
+from fluxmq.server.consumers import Consumers, group_key, queue_key
 from fluxmq.server.errors import domain_error
 from raft import Shard
 from storage import Record
@@ -39,23 +41,29 @@ def wall_clock_ms() -> int:
 
 
 class PartitionNotifier:
-    """Wakes long polls and tails when a partition grows. An event exists only while somebody
-    waits on it, so memory is bounded by the number of waiters."""
+    """Wakes long polls, tails and consumers when a partition grows (key: its log id), a queue
+    grows (``consumers.queue_key``) or a group changes (``consumers.group_key``). An event
+    exists only while somebody waits on it, so memory is bounded by the number of waiters."""
 
     def __init__(self) -> None:
-        self._events: dict[int, asyncio.Event] = {}
+        self._events: dict[Hashable, asyncio.Event] = {}
 
-    def event(self, log_id: int) -> asyncio.Event:
-        ev = self._events.get(log_id)
+    def event(self, key: Hashable) -> asyncio.Event:
+        ev = self._events.get(key)
         if ev is None:
-            ev = self._events[log_id] = asyncio.Event()
+            ev = self._events[key] = asyncio.Event()
         return ev
 
-    def notify(self, log_ids: Sequence[int]) -> None:
-        for log_id in log_ids:
-            ev = self._events.pop(log_id, None)
+    def notify(self, keys_: Iterable[Hashable]) -> None:
+        for key in keys_:
+            ev = self._events.pop(key, None)
             if ev is not None:
                 ev.set()
+
+    def committed(self, log_ids: Sequence[int], group_ids: Sequence[int]) -> None:
+        self.notify(log_ids)
+        self.notify({queue_key(log_id >> keys.PARTITION_BITS) for log_id in log_ids})
+        self.notify(group_key(g) for g in group_ids)
 
 
 class Broker:
@@ -75,16 +83,28 @@ class Broker:
         self._retention_interval_ms = retention_interval_ms
         self._rr_cursor: dict[int, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.consumers = Consumers(self)
+
+    def now_ms(self) -> int:
+        return self._clock_ms()
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.state.commit_listener = lambda log_ids: loop.call_soon_threadsafe(
-            self.notifier.notify, log_ids
-        )
+
+        def on_commit(log_ids: list[int], group_ids: list[int]) -> None:
+            loop.call_soon_threadsafe(self.notifier.committed, log_ids, group_ids)
+
+        self.state.commit_listener = on_commit
         await self.shard.start()
         self._tasks.append(asyncio.create_task(self._retention_routine(), name="retention"))
+        self._tasks.append(
+            asyncio.create_task(self.consumers.expire_routine(), name="expire_leases")
+        )
+        self._tasks.append(
+            asyncio.create_task(self.consumers.alert_routine(), name="dead_letter_alerts")
+        )
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -96,7 +116,7 @@ class Broker:
 
     # -- proposing --------------------------------------------------------------------------
 
-    async def _submit(self, cmd: commands.Command, timeout_ms: int | None = None) -> object:
+    async def submit(self, cmd: commands.Command, timeout_ms: int | None = None) -> object:
         loop = asyncio.get_running_loop()
         deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000
         try:
@@ -115,7 +135,7 @@ class Broker:
     async def create_queue(self, config: pb.QueueConfig) -> pb.Queue:
         normalized = normalize_new(config)
         cmd = cpb.CreateQueueCmd(config=normalized, now_ms=self._clock_ms())
-        queue = await self._submit(cmd)
+        queue = await self.submit(cmd)
         assert isinstance(queue, pb.Queue)
         return queue
 
@@ -128,20 +148,28 @@ class Broker:
             queue_id=entry.queue_id,
             expected_updated_at_ms=entry.queue.updated_at_ms,
         )
-        queue = await self._submit(cmd)
+        queue = await self.submit(cmd)
         assert isinstance(queue, pb.Queue)
         return queue
 
     async def delete_queue(self, name: str) -> None:
         self.reader.entry(name, "name")
-        await self._submit(cpb.DeleteQueueCmd(name=name, now_ms=self._clock_ms()))
+        await self.submit(cpb.DeleteQueueCmd(name=name, now_ms=self._clock_ms()))
 
-    async def purge_queue(self, name: str) -> int:
+    async def purge_queue(self, name: str, scope: int, destructive: bool) -> PurgeResult:
         entry = self.reader.entry(name, "name")
-        purged = await self._submit(
-            cpb.PurgeCmd(name=name, queue_id=entry.queue_id, now_ms=self._clock_ms())
+        if scope not in pb.PurgeScope.values():
+            raise invalid_argument("scope", f"unknown purge scope {scope}")
+        purged = await self.submit(
+            cpb.PurgeCmd(
+                name=name,
+                queue_id=entry.queue_id,
+                now_ms=self._clock_ms(),
+                scope=scope,  # type: ignore[arg-type]
+                destructive=destructive,
+            )
         )
-        assert isinstance(purged, int)
+        assert isinstance(purged, PurgeResult)
         return purged
 
     # -- publish ----------------------------------------------------------------------------
@@ -159,7 +187,7 @@ class Broker:
             self._clock_ms(),
         )
         self._rr_cursor[entry.queue_id] = prepared.cursor
-        result = await self._submit(prepared.command, timeout_ms)
+        result = await self.submit(prepared.command, timeout_ms)
         assert isinstance(result, AppendResult)
         duplicates = sum(result.duplicates)
         metrics.PUBLISHED_MESSAGES.labels(queue).inc(len(messages) - duplicates)
@@ -276,9 +304,11 @@ class Broker:
         """Propose ApplyRetention when it would change something (checked read-only first)."""
         now_ms = self._clock_ms()
         with self.state.store.read() as txn:
-            if not retention_due(txn, self.state.catalog, now_ms):
+            with self.state.lock:
+                due = retention_due(txn, self.state.catalog, now_ms, self.state.consumed_floor)
+            if not due:
                 return None
-        result = await self._submit(cpb.ApplyRetentionCmd(now_ms=now_ms))
+        result = await self.submit(cpb.ApplyRetentionCmd(now_ms=now_ms))
         assert isinstance(result, RetentionResult)
         if result.removed_records:
             metrics.RETENTION_REMOVED_MESSAGES.inc(result.removed_records)

@@ -13,7 +13,7 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc as pb_grpc
 from fluxmq.core import validation
 from fluxmq.core.errors import invalid_argument
-from fluxmq.core.state_machine import AppendResult
+from fluxmq.core.state_machine import AppendResult, LeaseResult
 from fluxmq.server.broker import Broker
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_rpc_status
 from fluxmq.server.interceptors import request_id_var
@@ -22,10 +22,17 @@ from storage import Record
 PUBLISH_STREAM_IN_FLIGHT_MAX = 64  # requests of one PublishStream being processed at once
 
 
-def _fill_records(out: Any, partition: int, records: list[Record]) -> None:
-    add = out.add
+def _fill_records(out: Any, partition: int, records: list[Record], single: bool = False) -> None:
+    """Records into a repeated Record field (or, with ``single``, into one Record message)."""
     for r in records:
-        rec = add(partition=partition, offset=r.offset, timestamp_ms=r.timestamp_ms, value=r.value)
+        if single:
+            rec = out
+            rec.partition, rec.offset, rec.timestamp_ms = partition, r.offset, r.timestamp_ms
+            rec.value = r.value
+        else:
+            rec = out.add(
+                partition=partition, offset=r.offset, timestamp_ms=r.timestamp_ms, value=r.value
+            )
         if r.key is not None:
             rec.key = r.key
         if r.headers:
@@ -50,6 +57,7 @@ def _publish_response(result: AppendResult) -> pb.PublishResponse:
 class QueueService(pb_grpc.QueueServiceServicer):  # type: ignore[misc]
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        self._consumers = broker.consumers
 
     async def CreateQueue(self, request: pb.CreateQueueRequest, context: Any) -> pb.Queue:
         return await self._broker.create_queue(request.config)
@@ -78,7 +86,10 @@ class QueueService(pb_grpc.QueueServiceServicer):  # type: ignore[misc]
     async def PurgeQueue(
         self, request: pb.PurgeQueueRequest, context: Any
     ) -> pb.PurgeQueueResponse:
-        return pb.PurgeQueueResponse(purged_messages=await self._broker.purge_queue(request.name))
+        result = await self._broker.purge_queue(request.name, request.scope, request.destructive)
+        return pb.PurgeQueueResponse(
+            purged_messages=result.purged_records, skipped_deliveries=result.skipped_deliveries
+        )
 
     async def GetQueueStats(self, request: pb.GetQueueStatsRequest, context: Any) -> pb.QueueStats:
         entry = self._broker.reader.entry(request.name, "name")
@@ -93,6 +104,8 @@ class QueueService(pb_grpc.QueueServiceServicer):  # type: ignore[misc]
             )
             stats.messages += wm.high - wm.low
             stats.bytes += nbytes
+        stats.groups.extend(self._broker.reader.group_lags(entry))
+        stats.dead_letters = self._broker.reader.dead_letter_depth(entry)
         return stats
 
     async def Publish(self, request: pb.PublishRequest, context: Any) -> pb.PublishResponse:
@@ -195,6 +208,128 @@ class QueueService(pb_grpc.QueueServiceServicer):  # type: ignore[misc]
     ) -> pb.SeekToTimestampResponse:
         offset = self._broker.seek(request.queue, request.partition, request.timestamp_ms)
         return pb.SeekToTimestampResponse(offset=offset)
+
+    # -- consumer groups --------------------------------------------------------------------
+
+    async def CreateGroup(self, request: pb.CreateGroupRequest, context: Any) -> pb.Group:
+        return await self._consumers.create_group(request)
+
+    async def ListGroups(
+        self, request: pb.ListGroupsRequest, context: Any
+    ) -> pb.ListGroupsResponse:
+        entry = self._broker.reader.entry(request.queue)
+        return pb.ListGroupsResponse(groups=self._broker.reader.groups(entry))
+
+    async def DescribeGroup(
+        self, request: pb.DescribeGroupRequest, context: Any
+    ) -> pb.GroupDescription:
+        entry = self._broker.reader.entry(request.queue)
+        return self._broker.reader.describe_group(entry, request.group)
+
+    async def DeleteGroup(
+        self, request: pb.DeleteGroupRequest, context: Any
+    ) -> pb.DeleteGroupResponse:
+        await self._consumers.delete_group(request.queue, request.group)
+        return pb.DeleteGroupResponse()
+
+    async def Lease(self, request: pb.LeaseRequest, context: Any) -> pb.LeaseResponse:
+        result = await self._consumers.lease(request)
+        resp = pb.LeaseResponse()
+        _fill_leased(resp.messages, result)
+        return resp
+
+    async def Consume(
+        self, request: pb.ConsumeRequest, context: Any
+    ) -> AsyncIterator[pb.ConsumeResponse]:
+        stream = self._consumers.consume(request)
+        try:
+            async for result in stream:
+                resp = pb.ConsumeResponse()
+                _fill_leased(resp.messages, result)
+                yield resp
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
+
+    async def Ack(self, request: pb.AckRequest, context: Any) -> pb.AckResponse:
+        result = await self._consumers.ack(request)
+        return pb.AckResponse(statuses=result.statuses)
+
+    async def Nack(self, request: pb.NackRequest, context: Any) -> pb.NackResponse:
+        result = await self._consumers.nack(request)
+        return pb.NackResponse(statuses=result.statuses)
+
+    async def ExtendLease(
+        self, request: pb.ExtendLeaseRequest, context: Any
+    ) -> pb.ExtendLeaseResponse:
+        result = await self._consumers.extend(request)
+        return pb.ExtendLeaseResponse(
+            statuses=result.statuses, lease_deadlines_ms=result.deadlines_ms
+        )
+
+    async def CommitOffsets(
+        self, request: pb.CommitOffsetsRequest, context: Any
+    ) -> pb.OffsetsResponse:
+        return await self._consumers.commit_offsets(request)
+
+    async def GetOffsets(self, request: pb.GetOffsetsRequest, context: Any) -> pb.OffsetsResponse:
+        entry = self._broker.reader.entry(request.queue)
+        return self._broker.reader.offsets(entry, request.group)
+
+    async def ResetOffsets(
+        self, request: pb.ResetOffsetsRequest, context: Any
+    ) -> pb.OffsetsResponse:
+        return await self._consumers.reset_offsets(request)
+
+    async def ListDeadLetters(
+        self, request: pb.ListDeadLettersRequest, context: Any
+    ) -> pb.ListDeadLettersResponse:
+        entry = self._broker.reader.entry(request.queue)
+        if request.from_ms < 0 or request.to_ms < 0:
+            raise invalid_argument("from_ms", "times are >= 0")
+        items, token = self._broker.reader.dead_letters(
+            entry,
+            request.group,
+            request.from_ms,
+            request.to_ms,
+            request.page_token,
+            validation.list_limit(request.limit),
+        )
+        return pb.ListDeadLettersResponse(dead_letters=items, next_page_token=token)
+
+    async def ReplayDeadLetters(
+        self, request: pb.ReplayDeadLettersRequest, context: Any
+    ) -> pb.ReplayDeadLettersResponse:
+        return pb.ReplayDeadLettersResponse(
+            replayed=await self._consumers.replay_dead_letters(request)
+        )
+
+    async def PurgeDeadLetters(
+        self, request: pb.PurgeDeadLettersRequest, context: Any
+    ) -> pb.PurgeDeadLettersResponse:
+        return pb.PurgeDeadLettersResponse(purged=await self._consumers.purge_dead_letters(request))
+
+    async def Transact(self, request: pb.TransactRequest, context: Any) -> pb.TransactResponse:
+        result = await self._consumers.transact(request)
+        resp = pb.TransactResponse()
+        for ack in result.acks:
+            resp.acks.add(statuses=ack.statuses)
+        for append in result.appends:
+            resp.publishes.append(_publish_response(append))
+        return resp
+
+
+def _fill_leased(out: Any, result: LeaseResult) -> None:
+    group_id = result.group_id
+    for d in result.deliveries:
+        item = out.add()
+        _fill_records(item.record, d.partition, [d.record], single=True)
+        item.receipt.partition = d.partition
+        item.receipt.offset = d.record.offset
+        item.receipt.attempt = d.attempt
+        item.receipt.lease_deadline_ms = d.deadline_ms
+        item.receipt.lease_id = d.lease_id
+        item.receipt.group_id = group_id
 
 
 def register(server: grpc.aio.Server, broker: Broker) -> None:

@@ -1,0 +1,475 @@
+"""Consumer groups on the asyncio side: turns Lease / Consume / Ack / ... requests into commands,
+waits for messages to become ready (long polls, Consume streams), and times the leader's
+ExpireLeases passes and the dead-letter alerts.
+
+The decisions (who gets which message, when a lease is over) are all in fluxmq.core.delivery;
+this module adds waiting, time and the one-poll-per-consumer rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Hashable, Sequence
+from typing import TYPE_CHECKING
+
+from fluxmq import metrics
+from fluxmq._pb.internal import commands_pb2 as cpb
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core import limits, validation
+from fluxmq.core.errors import FluxError, invalid_argument, queue_not_found
+from fluxmq.core.partitioner import prepare_append
+from fluxmq.core.state_machine import (
+    ExpireResult,
+    LeaseResult,
+    QueueEntry,
+    SettleResult,
+    TransactResult,
+)
+
+if TYPE_CHECKING:
+    from fluxmq.server.broker import Broker
+
+log = logging.getLogger(__name__)
+
+EXPIRE_INTERVAL_MS = 100  # how often the leader looks for expired leases and TTLs
+IDLE_RECHECK_S = 1.0  # a waiting poll re-checks at least this often (queue deleted, ...)
+TRANSACT_PUBLISHES_MAX = 16
+TRANSACT_ACKS_MAX = 16
+
+
+def queue_key(queue_id: int) -> Hashable:
+    return ("queue", queue_id)
+
+
+def group_key(group_id: int) -> Hashable:
+    return ("group", group_id)
+
+
+class Consumers:
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._reader = broker.reader
+        # (queue_id, group, consumer_id) of every Lease long poll and Consume stream running:
+        # one at a time per consumer, so two workers sharing an id are caught, not interleaved.
+        self._active: set[tuple[int, str, str]] = set()
+        self.dead_letter_alerts: dict[str, int] = {}  # queue -> depth when the alert was raised
+
+    # -- groups -----------------------------------------------------------------------------
+
+    async def create_group(self, req: pb.CreateGroupRequest) -> pb.Group:
+        entry = self._reader.entry(req.queue)
+        validation.group_name(req.group)
+        if req.mode not in (
+            pb.DELIVERY_MODE_UNSPECIFIED,
+            pb.DELIVERY_MODE_SHARED,
+            pb.DELIVERY_MODE_ORDERED,
+        ):
+            raise invalid_argument("mode", f"unknown delivery mode {req.mode}")
+        validation.group_filter(req.filter)
+        validation.start_position(req.start)
+        cmd = cpb.CreateGroupCmd(
+            queue=req.queue,
+            queue_id=entry.queue_id,
+            group=req.group,
+            start=req.start,
+            mode=req.mode,
+            filter=req.filter,
+            now_ms=self._broker.now_ms(),
+        )
+        group = await self._broker.submit(cmd)
+        assert isinstance(group, pb.Group)
+        return group
+
+    async def delete_group(self, queue: str, group: str) -> None:
+        entry = self._reader.entry(queue)
+        self._reader.group(entry, group)
+        await self._broker.submit(
+            cpb.DeleteGroupCmd(queue=queue, queue_id=entry.queue_id, group=group)
+        )
+
+    # -- lease ------------------------------------------------------------------------------
+
+    def _claim(self, entry: QueueEntry, group: str, consumer_id: str) -> tuple[int, str, str]:
+        key = (entry.queue_id, group, consumer_id)
+        if key in self._active:
+            raise FluxError(
+                "CONSUMER_BUSY",
+                f"consumer {consumer_id!r} already has a Lease or Consume running on "
+                f"{entry.name!r}/{group!r}; give each worker its own consumer_id",
+                retriable=True,
+                retry_after_ms=1000,
+                metadata={"consumer_id": consumer_id, "group": group},
+            )
+        self._active.add(key)
+        return key
+
+    async def lease(self, req: pb.LeaseRequest) -> LeaseResult:
+        entry = self._reader.entry(req.queue)
+        self._reader.group(entry, req.group)
+        consumer = validation.consumer_id(req.consumer_id)
+        count = validation.lease_batch(req.max_messages)
+        lease_ms = validation.lease_ms(req.lease_ms, entry.policy.lease_ms)
+        wait_ms = validation.wait_ms(req.wait_ms)
+        key = self._claim(entry, req.group, consumer)
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait_ms / 1000
+            while True:
+                result = await self._lease_once(entry, req.group, consumer, count, lease_ms)
+                if result is not None and result.deliveries:
+                    return result
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return result or LeaseResult(self._reader.group(entry, req.group).group_id, [])
+                await self._wait_ready(entry, req.group, remaining)
+        finally:
+            self._active.discard(key)
+
+    async def _lease_once(
+        self, entry: QueueEntry, group: str, consumer: str, count: int, lease_ms: int
+    ) -> LeaseResult | None:
+        """One Lease command, if one could hand anything out (None: not proposed)."""
+        self._ensure_same_queue(entry)
+        now_ms = self._broker.now_ms()
+        ready, _ = self._reader.maybe_ready(entry, group, now_ms)
+        if not ready:
+            return None
+        cmd = cpb.LeaseCmd(
+            queue=entry.name,
+            queue_id=entry.queue_id,
+            group=group,
+            consumer_id=consumer,
+            max_messages=count,
+            lease_ms=lease_ms,
+            now_ms=now_ms,
+        )
+        result = await self._broker.submit(cmd)
+        assert isinstance(result, LeaseResult)
+        if result.deliveries:
+            metrics.LEASED_MESSAGES.labels(entry.name).inc(len(result.deliveries))
+        return result
+
+    def _ensure_same_queue(self, entry: QueueEntry) -> None:
+        current = self._broker.state.catalog.get(entry.name)
+        if current is None or current.queue_id != entry.queue_id:
+            raise queue_not_found(entry.name)
+
+    async def _wait_ready(self, entry: QueueEntry, group: str, timeout_s: float) -> None:
+        """Until the queue grows, the group changes, a scheduled message comes due, or
+        ``timeout_s`` passes. The events are taken before the check, so no wakeup is lost."""
+        g = self._reader.group(entry, group)
+        notifier = self._broker.notifier
+        events = [notifier.event(queue_key(entry.queue_id)), notifier.event(group_key(g.group_id))]
+        now_ms = self._broker.now_ms()
+        ready, due_ms = self._reader.maybe_ready(entry, group, now_ms)
+        if ready:
+            return
+        timeout_s = min(timeout_s, IDLE_RECHECK_S)
+        if due_ms is not None:
+            timeout_s = min(timeout_s, max(due_ms - now_ms, 1) / 1000)
+        waiters = [asyncio.ensure_future(ev.wait()) for ev in events]
+        try:
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def consume(self, req: pb.ConsumeRequest) -> AsyncIterator[LeaseResult]:
+        """Leases pushed as messages become ready, at most max_in_flight unsettled at once."""
+        entry = self._reader.entry(req.queue)
+        g = self._reader.group(entry, req.group)
+        consumer = validation.consumer_id(req.consumer_id)
+        window = validation.max_in_flight(req.max_in_flight)
+        batch = validation.lease_batch(req.batch_max, "batch_max", default=100)
+        lease_ms = validation.lease_ms(req.lease_ms, entry.policy.lease_ms)
+        key = self._claim(entry, req.group, consumer)
+        notifier = self._broker.notifier
+        try:
+            while True:
+                self._ensure_same_queue(entry)
+                room = window - self._reader.in_flight(entry, req.group, consumer)
+                if room <= 0:
+                    # Full: wait for an ack, nack or expiry of this group.
+                    event = notifier.event(group_key(g.group_id))
+                    if window - self._reader.in_flight(entry, req.group, consumer) <= 0:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(event.wait(), IDLE_RECHECK_S)
+                    continue
+                result = await self._lease_once(
+                    entry, req.group, consumer, min(room, batch), lease_ms
+                )
+                if result is not None and result.deliveries:
+                    yield result
+                    continue
+                await self._wait_ready(entry, req.group, IDLE_RECHECK_S)
+        finally:
+            self._active.discard(key)
+
+    # -- settle -----------------------------------------------------------------------------
+
+    def _receipts(
+        self, entry: QueueEntry, group: str, receipts: Sequence[pb.Receipt], path: str
+    ) -> None:
+        validation.receipts_count(len(receipts), path)
+        g = self._reader.group(entry, group)
+        for i, r in enumerate(receipts):
+            if r.group_id != g.group_id:
+                raise FluxError(
+                    "RECEIPT_MISMATCH",
+                    f"{path}[{i}] was not issued by group {group!r} of queue {entry.name!r}",
+                    violations=(),
+                    metadata={"field": f"{path}[{i}]", "group": group},
+                )
+
+    async def ack(self, req: pb.AckRequest) -> SettleResult:
+        entry = self._reader.entry(req.queue)
+        self._receipts(entry, req.group, req.receipts, "receipts")
+        cmd = cpb.AckCmd(
+            queue=req.queue,
+            queue_id=entry.queue_id,
+            group=req.group,
+            receipts=req.receipts,
+            now_ms=self._broker.now_ms(),
+        )
+        result = await self._broker.submit(cmd)
+        assert isinstance(result, SettleResult)
+        metrics.ACKED_MESSAGES.labels(req.queue).inc(result.statuses.count(pb.RECEIPT_STATUS_ACKED))
+        return result
+
+    async def nack(self, req: pb.NackRequest) -> SettleResult:
+        entry = self._reader.entry(req.queue)
+        self._receipts(entry, req.group, req.receipts, "receipts")
+        if req.retry_after_ms and req.retry_at_ms:
+            raise invalid_argument("retry_at_ms", "set retry_after_ms or retry_at_ms, not both")
+        if req.dead and (req.retry_after_ms or req.retry_at_ms):
+            raise invalid_argument("dead", "a dead letter is not retried: drop retry_after_ms")
+        if req.dead and entry.policy.dead_letter_queue is None:
+            raise FluxError(
+                "NO_DEAD_LETTER_QUEUE",
+                f"queue {req.queue!r} has no dead-letter queue (it is one, or "
+                "dead_letter_disabled is set)",
+                metadata={"queue": req.queue, "field": "dead"},
+            )
+        if len(req.reason) > 1024:
+            raise invalid_argument("reason", "at most 1024 characters")
+        now_ms = self._broker.now_ms()
+        retry_at = req.retry_at_ms
+        if req.retry_after_ms:
+            retry_at = now_ms + validation.retry_delay_ms(req.retry_after_ms, "retry_after_ms")
+        elif retry_at and retry_at > now_ms + limits.DELAY_MS_MAX:
+            raise invalid_argument("retry_at_ms", "at most 7 days ahead")
+        cmd = cpb.NackCmd(
+            queue=req.queue,
+            queue_id=entry.queue_id,
+            group=req.group,
+            receipts=req.receipts,
+            now_ms=now_ms,
+            retry_at_ms=max(retry_at, 0),
+            dead=req.dead,
+            reason=req.reason,
+        )
+        result = await self._broker.submit(cmd)
+        assert isinstance(result, SettleResult)
+        metrics.NACKED_MESSAGES.labels(req.queue).inc(
+            result.statuses.count(pb.RECEIPT_STATUS_NACKED)
+        )
+        return result
+
+    async def extend(self, req: pb.ExtendLeaseRequest) -> SettleResult:
+        entry = self._reader.entry(req.queue)
+        self._receipts(entry, req.group, req.receipts, "receipts")
+        cmd = cpb.ExtendLeaseCmd(
+            queue=req.queue,
+            queue_id=entry.queue_id,
+            group=req.group,
+            receipts=req.receipts,
+            now_ms=self._broker.now_ms(),
+            lease_ms=validation.lease_ms(req.lease_ms, entry.policy.lease_ms),
+        )
+        result = await self._broker.submit(cmd)
+        assert isinstance(result, SettleResult)
+        return result
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    async def commit_offsets(self, req: pb.CommitOffsetsRequest) -> pb.OffsetsResponse:
+        entry = self._reader.entry(req.queue)
+        self._reader.group(entry, req.group)
+        if not req.offsets:
+            raise invalid_argument("offsets", "name at least one partition")
+        await self._broker.submit(
+            cpb.CommitOffsetsCmd(
+                queue=req.queue, queue_id=entry.queue_id, group=req.group, offsets=req.offsets
+            )
+        )
+        return self._reader.offsets(entry, req.group)
+
+    async def reset_offsets(self, req: pb.ResetOffsetsRequest) -> pb.OffsetsResponse:
+        entry = self._reader.entry(req.queue)
+        self._reader.group(entry, req.group)
+        validation.start_position(req.to, "to")
+        await self._broker.submit(
+            cpb.ResetOffsetsCmd(
+                queue=req.queue,
+                queue_id=entry.queue_id,
+                group=req.group,
+                partitions=req.partitions,
+                to=req.to,
+            )
+        )
+        return self._reader.offsets(entry, req.group)
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    async def replay_dead_letters(self, req: pb.ReplayDeadLettersRequest) -> int:
+        entry = self._reader.entry(req.queue)
+        self._check_ids(req.ids, req.all)
+        if req.group:
+            validation.group_name(req.group)
+        total = 0
+        ids = list(req.ids)
+        # One command replays at most REPLAY_PER_COMMAND_MAX; "all" takes as many as needed.
+        for _ in range(10_000):
+            chunk = ids[: limits.REPLAY_PER_COMMAND_MAX]
+            ids = ids[limits.REPLAY_PER_COMMAND_MAX :]
+            n = await self._broker.submit(
+                cpb.ReplayDeadLettersCmd(
+                    queue=req.queue,
+                    queue_id=entry.queue_id,
+                    ids=chunk,
+                    all=req.all,
+                    group=req.group,
+                    now_ms=self._broker.now_ms(),
+                )
+            )
+            assert isinstance(n, int)
+            total += n
+            if (req.all and n < limits.REPLAY_PER_COMMAND_MAX) or (not req.all and not ids):
+                break
+        return total
+
+    async def purge_dead_letters(self, req: pb.PurgeDeadLettersRequest) -> int:
+        entry = self._reader.entry(req.queue)
+        self._check_ids(req.ids, req.all)
+        n = await self._broker.submit(
+            cpb.PurgeDeadLettersCmd(
+                queue=req.queue, queue_id=entry.queue_id, ids=req.ids, all=req.all
+            )
+        )
+        assert isinstance(n, int)
+        return n
+
+    @staticmethod
+    def _check_ids(ids: Sequence[int], all_: bool) -> None:
+        if all_ and ids:
+            raise invalid_argument("ids", "give ids or all, not both")
+        if not all_ and not ids:
+            raise invalid_argument("ids", "give the ids of the dead letters, or all=true")
+        if len(ids) > 100_000:
+            raise invalid_argument("ids", "at most 100000 ids")
+
+    # -- transactions -----------------------------------------------------------------------
+
+    async def transact(self, req: pb.TransactRequest) -> TransactResult:
+        if not req.acks and not req.publishes:
+            raise invalid_argument("acks", "a transaction carries at least one ack or publish")
+        if len(req.acks) > TRANSACT_ACKS_MAX:
+            raise invalid_argument("acks", f"at most {TRANSACT_ACKS_MAX} ack requests")
+        if len(req.publishes) > TRANSACT_PUBLISHES_MAX:
+            raise invalid_argument("publishes", f"at most {TRANSACT_PUBLISHES_MAX} publishes")
+        timeout_ms = validation.request_timeout_ms(req.request_timeout_ms)
+        # Single node: every queue lives in the one local replication group, so any mix of
+        # queues can share a transaction.
+        cmd = cpb.TransactCmd()
+        now_ms = self._broker.now_ms()
+        for i, ack in enumerate(req.acks):
+            entry = self._reader.entry(ack.queue, f"acks[{i}].queue")
+            self._receipts(entry, ack.group, ack.receipts, f"acks[{i}].receipts")
+            cmd.acks.add(
+                queue=ack.queue,
+                queue_id=entry.queue_id,
+                group=ack.group,
+                receipts=ack.receipts,
+                now_ms=now_ms,
+            )
+        for i, pub in enumerate(req.publishes):
+            entry = self._reader.entry(pub.queue, f"publishes[{i}].queue")
+            try:
+                prepared = prepare_append(
+                    pub.queue, entry.queue_id, entry.policy, pub.messages, i, now_ms
+                )
+            except FluxError as err:
+                raise FluxError(
+                    err.reason,
+                    f"publishes[{i}].{err.message}",
+                    violations=err.violations,
+                    metadata=err.metadata,
+                ) from None
+            cmd.appends.append(prepared.command)
+        result = await self._broker.submit(cmd, timeout_ms)
+        assert isinstance(result, TransactResult)
+        return result
+
+    # -- leader timers ----------------------------------------------------------------------
+
+    async def maybe_expire(self) -> ExpireResult | None:
+        """Propose ExpireLeases when a lease deadline or a TTL has passed (checked first)."""
+        state = self._broker.state
+        now_ms = self._broker.now_ms()
+        with state.lock:
+            deadline = state.delivery.next_deadline_ms()
+        due = deadline is not None and deadline <= now_ms
+        if not due:
+            policies = {e.queue_id: e.policy for e in state.catalog.values()}
+            if any(p.message_ttl_ms for p in policies.values()):
+                with state.store.read() as txn, state.lock:
+                    due = state.delivery.ttl_due(txn, policies, now_ms)
+        if not due:
+            return None
+        result = await self._broker.submit(cpb.ExpireLeasesCmd(now_ms=now_ms))
+        assert isinstance(result, ExpireResult)
+        if result.expired_leases:
+            metrics.EXPIRED_LEASES.inc(result.expired_leases)
+        return result
+
+    async def expire_routine(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRE_INTERVAL_MS / 1000)
+            if not self._broker.shard.is_leader:
+                continue
+            try:
+                await self.maybe_expire()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("lease expiry pass failed; retrying on the next tick")
+
+    def maybe_alert_dead_letters(self) -> None:
+        """Log once when a queue's DLQ grows past its threshold; clear when it drops below."""
+        for entry in list(self._broker.state.catalog.values()):
+            threshold = entry.policy.dead_letter_alert_threshold
+            if not threshold:
+                self.dead_letter_alerts.pop(entry.name, None)
+                continue
+            depth = self._reader.dead_letter_depth(entry)
+            if depth > threshold and entry.name not in self.dead_letter_alerts:
+                self.dead_letter_alerts[entry.name] = depth
+                log.warning(
+                    "dead-letter queue of %r holds %d messages (alert threshold %d)",
+                    entry.name,
+                    depth,
+                    threshold,
+                )
+            elif depth <= threshold and entry.name in self.dead_letter_alerts:
+                del self.dead_letter_alerts[entry.name]
+                log.info("dead-letter queue of %r is back to %d messages", entry.name, depth)
+
+    async def alert_routine(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                self.maybe_alert_dead_letters()
+            except Exception:
+                log.exception("dead-letter alert check failed")
