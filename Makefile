@@ -27,7 +27,7 @@ test: $(STAMP) sysdeps
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy storage raft fluxmq/core
+	$(VENV)/bin/mypy storage raft fluxmq
 	$(VENV)/bin/lint-imports
 	$(PY) tools/gen_proto.py --check
 

@@ -88,7 +88,7 @@ class GroupRow(NamedTuple):
     skipped_by_retention: int
 
 
-class DeliveryCollector(Collector):
+class DeliveryCollector(Collector):  # type: ignore[misc]
     """Consumer-group and dead-letter gauges, read from committed state at scrape time."""
 
     def __init__(
@@ -160,7 +160,7 @@ class DeliveryCollector(Collector):
         return [lag, in_flight, scheduled, dead, filtered, skipped, depth, alert, dropped]
 
 
-class StateCollector(Collector):
+class StateCollector(Collector):  # type: ignore[misc]
     """Gauges read from committed state at scrape time, so the hot path never updates them."""
 
     def __init__(

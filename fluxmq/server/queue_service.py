@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -13,7 +13,7 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc as pb_grpc
 from fluxmq.core import validation
 from fluxmq.core.errors import invalid_argument
-from fluxmq.core.state_machine import AppendResult, LeaseResult
+from fluxmq.core.state_machine import AppendResult, LeaseResult, SettleResult
 from fluxmq.server.broker import Broker
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_rpc_status
 from fluxmq.server.interceptors import request_id_var
@@ -54,7 +54,7 @@ def _publish_response(result: AppendResult) -> pb.PublishResponse:
     return resp
 
 
-class QueueService(pb_grpc.QueueServiceServicer):  # type: ignore[misc]
+class QueueService(pb_grpc.QueueServiceServicer):
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._consumers = broker.consumers
@@ -253,18 +253,18 @@ class QueueService(pb_grpc.QueueServiceServicer):  # type: ignore[misc]
 
     async def Ack(self, request: pb.AckRequest, context: Any) -> pb.AckResponse:
         result = await self._consumers.ack(request)
-        return pb.AckResponse(statuses=result.statuses)
+        return pb.AckResponse(statuses=_statuses(result))
 
     async def Nack(self, request: pb.NackRequest, context: Any) -> pb.NackResponse:
         result = await self._consumers.nack(request)
-        return pb.NackResponse(statuses=result.statuses)
+        return pb.NackResponse(statuses=_statuses(result))
 
     async def ExtendLease(
         self, request: pb.ExtendLeaseRequest, context: Any
     ) -> pb.ExtendLeaseResponse:
         result = await self._consumers.extend(request)
         return pb.ExtendLeaseResponse(
-            statuses=result.statuses, lease_deadlines_ms=result.deadlines_ms
+            statuses=_statuses(result), lease_deadlines_ms=result.deadlines_ms
         )
 
     async def CommitOffsets(
@@ -313,10 +313,14 @@ class QueueService(pb_grpc.QueueServiceServicer):  # type: ignore[misc]
         result = await self._consumers.transact(request)
         resp = pb.TransactResponse()
         for ack in result.acks:
-            resp.acks.add(statuses=ack.statuses)
+            resp.acks.add(statuses=_statuses(ack))
         for append in result.appends:
             resp.publishes.append(_publish_response(append))
         return resp
+
+
+def _statuses(result: SettleResult) -> list[pb.ReceiptStatus]:
+    return cast("list[pb.ReceiptStatus]", result.statuses)
 
 
 def _fill_leased(out: Any, result: LeaseResult) -> None:
@@ -333,4 +337,6 @@ def _fill_leased(out: Any, result: LeaseResult) -> None:
 
 
 def register(server: grpc.aio.Server, broker: Broker) -> None:
-    pb_grpc.add_QueueServiceServicer_to_server(QueueService(broker), server)
+    pb_grpc.add_QueueServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        QueueService(broker), server
+    )
