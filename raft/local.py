@@ -150,21 +150,45 @@ class LocalShard:
             batch = self._take_batch(loop.time())
             if not batch:
                 continue
-            first = self._applied + 1
-            entries = [Entry(first + i, p.payload) for i, p in enumerate(batch)]
             try:
-                results = await loop.run_in_executor(self._executor, self._sm.apply_batch, entries)
-            except Exception as exc:  # storage failed: nothing of the batch was applied
-                self._applied = self._sm.last_applied_index()
+                results = await self._apply(batch)
+            except Exception as exc:
+                # Nothing of the batch was applied. Apply its proposals one by one, so that one
+                # bad proposal (or a full disk hit by a big one) fails alone, not its neighbours.
+                if len(batch) == 1:
+                    self._fail(batch[0], exc)
+                    continue
                 for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
+                    try:
+                        self._resolve([p], await self._apply([p]))
+                    except Exception as exc:
+                        self._fail(p, exc)
                 continue
-            assert len(results) == len(batch)
-            self._applied = entries[-1].index
-            assert self._sm.last_applied_index() == self._applied
-            self.batches_applied += 1
-            self.entries_applied += len(batch)
-            for p, result in zip(batch, results, strict=True):
-                if not p.future.done():
-                    p.future.set_result(result)
+            self._resolve(batch, results)
+
+    async def _apply(self, batch: list[_Proposal]) -> list[object]:
+        loop = asyncio.get_running_loop()
+        first = self._applied + 1
+        entries = [Entry(first + i, p.payload) for i, p in enumerate(batch)]
+        try:
+            results = await loop.run_in_executor(self._executor, self._sm.apply_batch, entries)
+        except Exception:
+            self._applied = self._sm.last_applied_index()
+            raise
+        assert len(results) == len(batch)
+        self._applied = entries[-1].index
+        assert self._sm.last_applied_index() == self._applied
+        self.batches_applied += 1
+        self.entries_applied += len(batch)
+        return results
+
+    @staticmethod
+    def _resolve(batch: list[_Proposal], results: list[object]) -> None:
+        for p, result in zip(batch, results, strict=True):
+            if not p.future.done():
+                p.future.set_result(result)
+
+    @staticmethod
+    def _fail(p: _Proposal, exc: BaseException) -> None:
+        if not p.future.done():
+            p.future.set_exception(exc)

@@ -20,12 +20,15 @@ class RecordingMachine:
         self.gate = threading.Event()
         self.gate.set()
         self.fail_next = False
+        self.poison = b"poison"  # a batch containing this payload fails as a whole
 
     def apply_batch(self, entries: Sequence[Entry]) -> list[object]:
         self.gate.wait(10)
         if self.fail_next:
             self.fail_next = False
             raise OSError("disk on fire")
+        if any(e.payload == self.poison for e in entries):
+            raise ValueError("poisoned batch")
         self.batches.append([e.index for e in entries])
         self.applied = entries[-1].index
         return [e.payload.upper() for e in entries]
@@ -97,3 +100,22 @@ async def test_failed_batch_fails_its_proposals_and_the_shard_goes_on() -> None:
     await shard.close()
     with pytest.raises(ShardClosedError):
         await shard.propose(b"after close")
+
+
+async def test_one_failing_proposal_does_not_fail_the_others_of_its_batch() -> None:
+    sm = RecordingMachine()
+    shard = LocalShard(sm)
+    await shard.start()
+    sm.gate.clear()
+    first = asyncio.ensure_future(shard.propose(b"first"))  # holds the shard while others queue
+    await asyncio.sleep(0.05)
+    queued = [asyncio.ensure_future(shard.propose(p)) for p in (b"a", b"poison", b"b")]
+    await asyncio.sleep(0.05)
+    sm.gate.set()
+    assert await first == b"FIRST"
+    results = await asyncio.gather(*queued, return_exceptions=True)
+    assert results[0] == b"A" and results[2] == b"B"
+    assert isinstance(results[1], ValueError)
+    # The batch was retried one proposal at a time; the failure consumed no index.
+    assert sm.batches == [[1], [2], [3]]
+    await shard.close()
