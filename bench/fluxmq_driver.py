@@ -9,9 +9,11 @@ want is the broker's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -25,6 +27,10 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 PUBLISH = "/fluxmq.v1.QueueService/Publish"
 FETCH = "/fluxmq.v1.QueueService/Fetch"
 CREATE = "/fluxmq.v1.QueueService/CreateQueue"
+CREATE_GROUP = "/fluxmq.v1.QueueService/CreateGroup"
+LEASE = "/fluxmq.v1.QueueService/Lease"
+ACK = "/fluxmq.v1.QueueService/Ack"
+CONSUME = "/fluxmq.v1.QueueService/Consume"
 
 
 def _identity(b: bytes) -> bytes:
@@ -40,6 +46,8 @@ class RunResult:
     client_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
     params: dict[str, object] = field(default_factory=dict)
+    # Measurements beyond the main latency column (per-call percentiles, counts, ...).
+    detail: dict[str, object] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -58,11 +66,13 @@ class RunResult:
             "seconds": round(self.seconds, 3),
             "msg_per_s": round(self.rate),
             "p50_ms": round(self.percentile(0.50), 3),
+            "p95_ms": round(self.percentile(0.95), 3),
             "p99_ms": round(self.percentile(0.99), 3),
             "p999_ms": round(self.percentile(0.999), 3),
             "client_cpu_s": round(self.client_cpu_s, 2),
             "server_cpu_s": round(self.server_cpu_s, 2),
             **self.params,
+            **self.detail,
         }
 
 
@@ -117,10 +127,23 @@ class FluxNode:
                 self.proc.wait(5)
 
 
-async def create_queue(address: str, name: str, partitions: int) -> None:
+async def create_queue(address: str, name: str, partitions: int, *, work: bool = False) -> None:
     async with grpc.aio.insecure_channel(address) as ch:
         call = ch.unary_unary(CREATE, request_serializer=_identity, response_deserializer=_identity)
-        req = pb.CreateQueueRequest(config=pb.QueueConfig(name=name, partitions=partitions))
+        config = pb.QueueConfig(name=name, partitions=partitions)
+        if work:
+            config.type = pb.QUEUE_TYPE_WORK
+        req = pb.CreateQueueRequest(config=config)
+        await call(req.SerializeToString(), timeout=10)
+
+
+async def create_group(address: str, queue: str, group: str) -> None:
+    """A shared (competing consumers) group reading from the earliest offset."""
+    async with grpc.aio.insecure_channel(address) as ch:
+        call = ch.unary_unary(
+            CREATE_GROUP, request_serializer=_identity, response_deserializer=_identity
+        )
+        req = pb.CreateGroupRequest(queue=queue, group=group)
         await call(req.SerializeToString(), timeout=10)
 
 
@@ -225,3 +248,244 @@ async def fetch_workload(
         client_cpu_s=time.process_time() - cpu0,
         params={"batch": batch, "concurrency": concurrency},
     )
+
+
+# -- consumer groups ----------------------------------------------------------------------------
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    ys = sorted(xs)
+    return round(ys[min(len(ys) - 1, int(q * len(ys)))], 3)
+
+
+def _pcts(name: str, xs: list[float]) -> dict[str, object]:
+    return {f"{name}_p{k}_ms": _pct(xs, q) for k, q in (("50", 0.5), ("95", 0.95), ("99", 0.99))}
+
+
+async def lease_ack_workload(
+    address: str,
+    queue: str,
+    group: str,
+    *,
+    batch: int,
+    concurrency: int,
+    duration_s: float,
+    expected: int,
+) -> RunResult:
+    """``concurrency`` consumers of one shared group (a consumer_id each), each a closed loop of
+    Lease(max_messages=batch, no wait) + Ack(the receipts just leased), until a Lease comes back
+    empty (the queue is drained) or ``duration_s`` passes. The time is taken up to the last Ack.
+    The queue must be filled beforehand (``expected`` messages)."""
+    lease_lat: list[float] = []
+    ack_lat: list[float] = []
+    cycle_lat: list[float] = []
+    acked = 0
+    not_acked = 0
+    redelivered = 0
+    last_ack = 0.0
+    cpu0 = time.process_time()
+    async with grpc.aio.insecure_channel(address) as ch:
+        lease = ch.unary_unary(
+            LEASE, request_serializer=_identity, response_deserializer=pb.LeaseResponse.FromString
+        )
+        ack = ch.unary_unary(
+            ACK, request_serializer=_identity, response_deserializer=pb.AckResponse.FromString
+        )
+        start = time.perf_counter()
+        stop_at = start + duration_s
+
+        async def consumer(k: int) -> None:
+            nonlocal acked, not_acked, redelivered, last_ack
+            body = pb.LeaseRequest(
+                queue=queue, group=group, consumer_id=f"bench-{k}", max_messages=batch, wait_ms=0
+            ).SerializeToString()
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                resp = await lease(body, timeout=30)
+                t1 = time.perf_counter()
+                lease_lat.append((t1 - t0) * 1000)
+                if not resp.messages:
+                    break
+                receipts = [m.receipt for m in resp.messages]
+                redelivered += sum(1 for r in receipts if r.attempt != 1)
+                req = pb.AckRequest(queue=queue, group=group, receipts=receipts)
+                t2 = time.perf_counter()
+                res = await ack(req.SerializeToString(), timeout=30)
+                t3 = time.perf_counter()
+                ack_lat.append((t3 - t2) * 1000)
+                cycle_lat.append((t3 - t0) * 1000)
+                ok = sum(1 for s in res.statuses if s == pb.RECEIPT_STATUS_ACKED)
+                acked += ok
+                not_acked += len(receipts) - ok
+                last_ack = max(last_ack, t3)
+
+        await asyncio.gather(*(consumer(k) for k in range(concurrency)))
+        elapsed = (last_ack or time.perf_counter()) - start
+    return RunResult(
+        "lease_ack",
+        acked,
+        elapsed,
+        cycle_lat,
+        client_cpu_s=time.process_time() - cpu0,
+        params={"batch": batch, "concurrency": concurrency},
+        detail={
+            "prefilled": expected,
+            "drained": acked >= expected,
+            "not_acked": not_acked,
+            "redelivered": redelivered,
+            "lease_calls": len(lease_lat),
+            **_pcts("lease", lease_lat),
+            **_pcts("ack", ack_lat),
+        },
+    )
+
+
+_STAMP = b"\xa5TSTAMP\x5a"  # 8 bytes in the value, replaced by the publish time (struct "<d")
+
+
+async def consume_workload(
+    address: str,
+    queue: str,
+    group: str,
+    *,
+    size: int,
+    batch: int,
+    concurrency: int,
+    duration_s: float,
+    messages_max: int,
+    rate_max: float | None = None,
+    max_in_flight: int = 1000,
+    drain_s: float = 5.0,
+) -> RunResult:
+    """End-to-end latency, publish -> delivered on a Consume stream.
+
+    ``concurrency`` publishers (closed loop, or paced to ``rate_max`` messages/s in total) send
+    batches whose values start with the time the Publish call was made (perf_counter, the same
+    process reads it back); one Consume stream (``max_in_flight``) takes them and acks each
+    response as one Ack, in the background. The latency of a message is the time its response
+    arrived on the stream minus its publish time. Publishing is bounded by time and by count;
+    afterwards the stream gets up to ``drain_s`` to deliver the rest (0: stop at once, for a
+    saturation run). msg/s = messages delivered while publishing / publishing time."""
+    value = _STAMP + os.urandom(size - len(_STAMP))
+    template = pb.PublishRequest(queue=queue, messages=[pb.PublishMessage(value=value)] * batch)
+    body0 = bytes(template.SerializeToString())
+    assert body0.count(_STAMP) == batch
+    latencies: list[float] = []
+    ack_lat: list[float] = []
+    pub_lat: list[float] = []
+    published = 0
+    delivered = 0  # timed messages only (published after start)
+    delivered_in_window = 0
+    redelivered = 0
+    not_acked = 0
+    acks: set[asyncio.Task[None]] = set()
+    cpu0 = time.process_time()
+    async with grpc.aio.insecure_channel(address) as ch:
+        publish = ch.unary_unary(
+            PUBLISH, request_serializer=_identity, response_deserializer=_identity
+        )
+        ack = ch.unary_unary(
+            ACK, request_serializer=_identity, response_deserializer=pb.AckResponse.FromString
+        )
+        consume = ch.unary_stream(
+            CONSUME, request_serializer=_identity,
+            response_deserializer=pb.ConsumeResponse.FromString,
+        )  # fmt: skip
+        stream = consume(
+            pb.ConsumeRequest(
+                queue=queue, group=group, consumer_id="bench-consume",
+                max_in_flight=max_in_flight, batch_max=min(1000, max_in_flight),
+            ).SerializeToString()
+        )  # fmt: skip
+        warm = asyncio.Event()
+        done = asyncio.Event()
+        start = float("inf")
+
+        async def settle(receipts: list[pb.Receipt]) -> None:
+            nonlocal not_acked
+            t0 = time.perf_counter()
+            res = await ack(
+                pb.AckRequest(queue=queue, group=group, receipts=receipts).SerializeToString(),
+                timeout=30,
+            )
+            ack_lat.append((time.perf_counter() - t0) * 1000)
+            not_acked += sum(1 for s in res.statuses if s != pb.RECEIPT_STATUS_ACKED)
+
+        async def consumer() -> None:
+            nonlocal delivered, redelivered
+            unpack = struct.Struct("<d").unpack_from
+            async for resp in stream:
+                now = time.perf_counter()
+                receipts = []
+                for m in resp.messages:
+                    receipts.append(m.receipt)
+                    if m.receipt.attempt != 1:
+                        redelivered += 1
+                    (sent_at,) = unpack(m.record.value)
+                    if sent_at >= start:
+                        latencies.append((now - sent_at) * 1000)
+                        delivered += 1
+                task = asyncio.ensure_future(settle(receipts))
+                acks.add(task)
+                task.add_done_callback(acks.discard)
+                warm.set()
+                if done.is_set() and delivered >= published:
+                    return
+
+        reader = asyncio.ensure_future(consumer())
+        # Warm-up: one batch through publish, the stream and Ack, not counted.
+        await publish(body0.replace(_STAMP, struct.pack("<d", 0.0)), timeout=10)
+        await asyncio.wait_for(warm.wait(), 30)
+        start = time.perf_counter()
+        stop_at = start + duration_s
+        interval = None if rate_max is None else batch * concurrency / rate_max
+
+        async def publisher(k: int) -> None:
+            nonlocal published
+            next_at = start + (interval or 0) * k / concurrency
+            while time.perf_counter() < stop_at and published < messages_max:
+                if interval is not None:
+                    delay = next_at - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    next_at += interval
+                t0 = time.perf_counter()
+                await publish(body0.replace(_STAMP, struct.pack("<d", t0)), timeout=30)
+                pub_lat.append((time.perf_counter() - t0) * 1000)
+                published += batch
+
+        await asyncio.gather(*(publisher(k) for k in range(concurrency)))
+        elapsed = time.perf_counter() - start
+        delivered_in_window = delivered
+        done.set()
+        if drain_s > 0 and delivered < published:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reader), drain_s)
+        reader.cancel()
+        stream.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await reader
+        if acks:
+            await asyncio.gather(*acks, return_exceptions=True)
+    return RunResult(
+        "consume_latency",
+        delivered_in_window,
+        elapsed,
+        latencies,
+        client_cpu_s=time.process_time() - cpu0,
+        params={
+            "size": size, "batch": batch, "concurrency": concurrency,
+            "max_in_flight": max_in_flight, "rate_max": rate_max,
+        },
+        detail={
+            "published": published,
+            "published_per_s": round(published / elapsed) if elapsed else 0,
+            "delivered": delivered,
+            "not_acked": not_acked,
+            "redelivered": redelivered,
+            **_pcts("publish", pub_lat),
+            **_pcts("ack", ack_lat),
+        },
+    )  # fmt: skip

@@ -487,7 +487,12 @@ class DeliveryState:
             return None, None, UNKNOWN
         slot = part.slots.get(receipt.offset)
         if slot is None:
-            return part, None, ALREADY_ACKED if receipt.offset < part.next else UNKNOWN
+            if receipt.offset < part.next:
+                return part, None, ALREADY_ACKED
+            # Beyond the frontier yet leased once (the lease id was issued): offsets were reset
+            # back over it, which dropped the lease.
+            issued = 0 < receipt.lease_id < self._next_lease_id
+            return part, None, STALE if issued else UNKNOWN
         if slot.kind != LEASED or slot.lease_id != receipt.lease_id:
             return part, slot, STALE
         return part, slot, 0
@@ -552,6 +557,13 @@ class DeliveryState:
         slot: Slot,
         due: int,
     ) -> None:
+        if offset < txn.log(keys.log_id(g.queue_id, p)).watermarks().low:
+            # Retention removed it while it was leased (catch_up keeps leases): nothing is left
+            # to deliver again. Skipped now, so that no scheduled slot is ever below the low
+            # watermark: one would hold an ordered partition (and fool maybe_ready) until due.
+            part.skipped += 1
+            self._resolve(txn, g, p, part, offset, slot)
+            return
         self._release(g, part, slot)
         slot.kind, slot.due_ms, slot.lease_id, slot.member = SCHEDULED, due, 0, ""
         part.scheduled += 1
@@ -628,31 +640,34 @@ class DeliveryState:
                     self._reschedule(txn, g, p, part, offset, slot, deadline)
             if policy.message_ttl_ms and budget > 0:
                 for p in range(policy.partitions):
-                    n = self._expire_ttl(txn, g, p, policy, now_ms, budget)
-                    ttl += n
-                    budget -= n
+                    examined, dead = self._expire_ttl(txn, g, p, policy, now_ms, budget)
+                    ttl += dead
+                    budget -= examined
         return leases, ttl
 
     def _expire_ttl(
         self, txn: WriteTxn, g: GroupState, p: int, policy: QueuePolicy, now_ms: int, budget: int
-    ) -> int:
+    ) -> tuple[int, int]:
+        """-> (records passed, of which dead-lettered). Expired records that are not for this
+        group are passed as filtered: they cost budget but were not expired *for* the group."""
         part = self._part(g, p)
         log = txn.log(keys.log_id(g.queue_id, p))
         wm = log.watermarks()
         self.catch_up(txn, g, p, wm.low)
-        done = 0
+        done = dead = 0
         while done < budget and part.next < wm.high:
             records = log.read(part.next, min(1000, budget - done), _READ_BYTES_MAX)
             for record in records:
                 if not expired(record, policy, now_ms):
-                    return done  # timestamps do not decrease along a log
+                    return done, dead  # timestamps do not decrease along a log
                 if matches(g.meta, record):
                     self._dead(txn, g, p, part, record, 0, "ttl", None)
+                    dead += 1
                 else:
                     part.filtered += 1
                     self._frontier_done(txn, g, p, part)
                 done += 1
-        return done
+        return done, dead
 
     def next_deadline_ms(self) -> int | None:
         """The earliest lease deadline (maybe of a stale heap entry: then a pass does nothing)."""
@@ -724,7 +739,7 @@ class DeliveryState:
         self,
         txn: WriteTxn,
         g: GroupState,
-        partitions: int,
+        policy: QueuePolicy,
         scope: int,
         destructive: bool,
         now_ms: int,
@@ -737,7 +752,7 @@ class DeliveryState:
             pb.PURGE_SCOPE_UNSPECIFIED,
         )
         dropped = 0
-        for p in range(partitions):
+        for p in range(policy.partitions):
             part = self._part(g, p)
             log = txn.log(keys.log_id(g.queue_id, p))
             wm = log.watermarks()
@@ -753,15 +768,69 @@ class DeliveryState:
                     part.purged += 1
                     dropped += 1
                     self._resolve(txn, g, p, part, offset, s)
-            if ready and part.next < wm.high:
+            if ready and scheduled and part.next < wm.high:
                 n = wm.high - part.next
                 part.purged += n
                 dropped += n
                 part.next = wm.high
                 self._advance(part)
                 self._touch(g, p)
+            elif part.next < wm.high:
+                # One scope only: never-delivered records are ready or delayed one by one (a
+                # message may carry its own delay), so each must be looked at.
+                dropped += self._purge_frontier(
+                    txn, g, p, part, log, wm.high, policy, ready, now_ms
+                )
             _prune_ready(part)
         return dropped
+
+    def _purge_frontier(
+        self,
+        txn: WriteTxn,
+        g: GroupState,
+        p: int,
+        part: PartState,
+        log: PartitionLogReader,
+        high: int,
+        policy: QueuePolicy,
+        drop_ready: bool,
+        now_ms: int,
+    ) -> int:
+        """Purge the never-delivered records of partition ``p`` that are ready now
+        (``drop_ready``) or those that are delayed (not ``drop_ready``). The frontier moves past
+        both, so a record that stays becomes a scheduled slot at its ready time. Bounded like a
+        lease walk: at PENDING_PER_PARTITION_MAX slots the rest of the frontier is left alone.
+        -> records dropped."""
+        dropped = 0
+        while part.next < high and len(part.slots) < limits.PENDING_PER_PARTITION_MAX:
+            for record in log.read(part.next, min(1000, high - part.next), _READ_BYTES_MAX):
+                assert record.offset == part.next, (record.offset, part.next)
+                if len(part.slots) >= limits.PENDING_PER_PARTITION_MAX:
+                    break
+                if not matches(g.meta, record):
+                    part.filtered += 1
+                    self._frontier_done(txn, g, p, part)
+                    continue
+                due = ready_at_ms(record, policy)
+                if (due <= now_ms) == drop_ready:
+                    part.purged += 1
+                    dropped += 1
+                    self._frontier_done(txn, g, p, part)
+                else:
+                    self._schedule_frontier(txn, g, p, part, due)
+        return dropped
+
+    def _schedule_frontier(
+        self, txn: WriteTxn, g: GroupState, p: int, part: PartState, due: int
+    ) -> None:
+        """The record at the frontier waits, as a never-delivered scheduled slot, until ``due``."""
+        offset = part.next
+        part.next += 1
+        slot = part.slots[offset] = Slot(SCHEDULED, 0, due)
+        part.scheduled += 1
+        heapq.heappush(part.ready, (due, offset))
+        self._put_slot(txn, g, p, offset, slot)
+        self._touch(g, p)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -820,6 +889,7 @@ class _Take:
         self.lease_ms, self.now_ms, self.out, self.scan = lease_ms, now_ms, out, scan
         self.high = log.watermarks().high
         self.buf: deque[Record] = deque()
+        self.need = 1  # records still wanted by the current take (sizes the frontier reads)
 
     def _grant(self, offset: int, slot: Slot, record: Record) -> None:
         self.state._grant(
@@ -848,7 +918,9 @@ class _Take:
                     or len(part.slots) >= limits.PENDING_PER_PARTITION_MAX
                 ):
                     return None
-                want = min(1000, self.scan[0], self.high - part.next)
+                # Read what is wanted plus a little (filtered or delayed records are skipped):
+                # decoding is the cost of a lease, so never decode far past the need.
+                want = min(self.need + 16, 1000, self.scan[0], self.high - part.next)
                 self.buf.extend(self.log.read(part.next, want, _READ_BYTES_MAX))
                 if not self.buf:
                     return None
@@ -872,14 +944,7 @@ class _Take:
             self.scan[0] -= 1
 
     def _schedule_frontier(self, due: int) -> None:
-        part = self.part
-        offset = part.next
-        part.next += 1
-        slot = part.slots[offset] = Slot(SCHEDULED, 0, due)
-        part.scheduled += 1
-        heapq.heappush(part.ready, (due, offset))
-        self.state._put_slot(self.txn, self.g, self.p, offset, slot)
-        self.state._touch(self.g, self.p)
+        self.state._schedule_frontier(self.txn, self.g, self.p, self.part, due)
 
     def _take_frontier(self, record: Record) -> None:
         self.buf.popleft()
@@ -913,6 +978,7 @@ class _Take:
 
     def take_shared(self, need: int) -> None:
         target = len(self.out) + need
+        self.need = need
         while len(self.out) < target:
             due = self._peek_due()
             head = self._frontier(blocking_delay=False)
@@ -927,6 +993,7 @@ class _Take:
 
     def take_ordered(self, need: int) -> None:
         target = len(self.out) + need
+        self.need = need
         part = self.part
         _prune_ready(part)
         for offset in sorted(o for o, s in part.slots.items() if s.kind == SCHEDULED):

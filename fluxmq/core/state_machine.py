@@ -321,7 +321,7 @@ class QueueStateMachine:
         groups = self.delivery.of_queue(entry.queue_id)
         npart = entry.policy.partitions
         skipped = sum(
-            self.delivery.purge(batch.txn, g, npart, cmd.scope, cmd.destructive, cmd.now_ms)
+            self.delivery.purge(batch.txn, g, entry.policy, cmd.scope, cmd.destructive, cmd.now_ms)
             for g in groups
         )
         purged = 0

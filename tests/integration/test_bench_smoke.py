@@ -17,7 +17,13 @@ def test_bench_harness_runs_and_writes_results(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     (result,) = tmp_path.glob("*.json")
     runs = json.loads(result.read_text())["results"]
-    assert [r["workload"] for r in runs] == ["publish", "fetch", "publish@50%"]
+    assert [r["workload"] for r in runs] == [
+        "publish", "fetch", "publish@50%", "lease_ack", "consume_max", "consume_latency",
+    ]  # fmt: skip
     assert runs[0]["messages"] > 0 and runs[1]["messages"] == runs[0]["messages"] + 100
+    lease, peak, paced = runs[3:]
+    assert lease["drained"] and lease["messages"] == lease["prefilled"]
+    assert lease["not_acked"] == 0 and lease["lease_p99_ms"] > 0
+    assert peak["messages"] > 0 and paced["delivered"] == paced["published"] > 0
     (table,) = tmp_path.glob("*.md")
     assert "| publish |" in table.read_text()
