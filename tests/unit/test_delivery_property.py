@@ -83,6 +83,7 @@ class Msg:
     key: bytes | None
     headers: dict[str, bytes]
     ready_at: int
+    ts: int
 
 
 @dataclass
@@ -143,6 +144,7 @@ class Run:
         self.delay_ms = rng.choice([0, 0, 150])
         self.max_messages = rng.choice([0, 25, 60])
         self.until_consumed = bool(self.max_messages) and rng.random() < 0.4
+        self.ttl_ms = rng.choice([0, 0, 0, 4000])
         cfg = pb.QueueConfig(
             name="q",
             type=pb.QUEUE_TYPE_WORK,
@@ -153,6 +155,8 @@ class Run:
         )
         if self.delay_ms:
             cfg.delivery_delay = f"{self.delay_ms}ms"
+        if self.ttl_ms:
+            cfg.message_ttl = f"{self.ttl_ms}ms"
         if self.max_messages:
             cfg.retention.max_messages = self.max_messages
         q = self.cmd(cpb.CreateQueueCmd(config=normalize_new(cfg), now_ms=T0))
@@ -184,6 +188,7 @@ class Run:
         self.dlq_live: dict[int, DeadInfo] = {}
         self.counter = 0
         self.reached: Counter[str] = Counter()  # steps after which some message was in a state
+        self.reasons: Counter[str] = Counter()  # dead letters by reason
         self.ops = [
             (self.publish, 20),
             (self.lease, 25),
@@ -328,6 +333,7 @@ class Run:
         )
         assert isinstance(res, LeaseResult), self.fail(repr(res))
         got = res.deliveries
+        self.take_dead_letters(lazy_ttl=True)
         assert len(got) <= n, self.fail("more than max_messages")
         assert could or not got, self.fail(f"maybe_ready said no, the lease gave {len(got)}")
         batches: dict[int, list[int]] = {}
@@ -339,6 +345,7 @@ class Run:
             what = f"{group} leased {key} to {member}"
             assert w.state == PENDING, self.fail(f"{what} while {w.state} ({w.member})")
             assert w.due <= self.now, self.fail(f"{what} before it was due at {w.due - T0}")
+            assert not self.expired(*key), self.fail(f"{what} past its TTL")
             assert x.attempt == w.attempts + 1, self.fail(f"{what}: attempt {x.attempt}")
             assert x.deadline_ms == self.now + lease_ms, self.fail(what)
             assert x.record.value == self.msgs[key].value, self.fail(what)
@@ -356,7 +363,8 @@ class Run:
         if spec.mode == pb.DELIVERY_MODE_ORDERED:
             for p, offs in batches.items():
                 assert p not in held, self.fail(f"{group}/{p} leased again while held")
-                want = pending[p][: len(offs)]
+                # The smallest offsets not done (those found past their TTL died on the way).
+                want = [o for o in pending[p] if model[(p, o)].state != DEAD][: len(offs)]
                 assert offs == want, self.fail(f"{group}/{p} batch {offs}, expected {want}")
             if len(got) < n:
                 for p in range(self.parts):
@@ -462,6 +470,11 @@ class Run:
                 assert status in allowed and deadline == 0, self.fail(f"extend gave {status}")
 
     def expire(self) -> None:
+        nexts = {
+            (spec.name, p): self.view(spec.name, p).next
+            for spec in GROUPS
+            for p in range(self.parts)
+        }
         res = self.cmd(cpb.ExpireLeasesCmd(now_ms=self.now))
         assert isinstance(res, ExpireResult), self.fail(repr(res))
         expired = 0
@@ -475,8 +488,23 @@ class Run:
                 else:
                     self.to_pending(p, off, w, w.deadline)  # behind what was already waiting
         assert res.expired_leases == expired, self.fail(f"{res} but {expired} leases were due")
-        assert (res.expired_ttl, res.dead_letters) == (0, len(self.expect_dead)), self.fail(
-            repr(res)
+        # Never-delivered messages past their TTL, oldest first until one is not.
+        ttl = 0
+        for spec in GROUPS:
+            model = self.model[spec.name]
+            for p in range(self.parts):
+                start = max(nexts[(spec.name, p)], self.low[p])
+                for off in range(start, self.high[p]):
+                    if not self.expired(p, off):
+                        break
+                    w = model[(p, off)]
+                    if w.state == PENDING:
+                        assert w.attempts == 0, self.fail(f"{spec.name} {(p, off)} {w}")
+                        ttl += 1
+                        w.state = DEAD
+                        self.expect_dead.append(DeadInfo(spec.name, p, off, 0, "ttl"))
+        assert (res.expired_ttl, res.dead_letters) == (ttl, len(self.expect_dead)), self.fail(
+            f"{res}, expected {ttl} by TTL and {len(self.expect_dead)} dead letters"
         )
 
     def replay(self) -> None:
@@ -560,30 +588,7 @@ class Run:
     def sync(self) -> None:
         """Learn what the step wrote: dead letters, new records (published or replayed), the
         watermarks; and check the dead letters are exactly the expected ones."""
-        dead: list[DeadInfo] = []
-        dlq = self.sm.catalog.get("q.dlq")
-        if dlq is not None:
-            for r in self.read(dlq.queue_id, 0, self.dlq_next):
-                h = dict(r.headers)
-                info = DeadInfo(
-                    h["fluxmq-group"].decode(),
-                    int(h["fluxmq-original-partition"]),
-                    int(h["fluxmq-original-offset"]),
-                    int(h["fluxmq-attempts"]),
-                    h["fluxmq-dead-reason"].decode(),
-                )
-                assert h["fluxmq-original-queue"] == b"q", self.fail("dead letter origin")
-                assert int(h["fluxmq-dead-at"]) == self.now, self.fail("dead-at")
-                original = self.msgs[(info.partition, info.offset)]
-                assert (r.value, r.key) == (original.value, original.key), self.fail("dead")
-                dead.append(info)
-                self.dlq_live[r.offset] = info
-                self.dlq_next = r.offset + 1
-        key = lambda i: (i.group, i.partition, i.offset)  # noqa: E731
-        assert sorted(dead, key=key) == sorted(self.expect_dead, key=key), self.fail(
-            f"dead letters {dead}, expected {self.expect_dead}"
-        )
-        self.expect_dead = []
+        self.take_dead_letters(lazy_ttl=False)
 
         replayed: dict[int, DeadInfo] = {}
         with self.store.read() as txn:
@@ -615,6 +620,45 @@ class Run:
                     )
                     w.state = GONE
 
+    def take_dead_letters(self, lazy_ttl: bool) -> None:
+        """Read the new dead letters: exactly the expected ones, plus (``lazy_ttl``: a lease
+        walked past them) messages found past their TTL."""
+        expected = {(i.group, i.partition, i.offset): i for i in self.expect_dead}
+        assert len(expected) == len(self.expect_dead), self.fail("a message died twice")
+        dlq = self.sm.catalog.get("q.dlq")
+        for r in self.read(dlq.queue_id, 0, self.dlq_next) if dlq is not None else []:
+            h = dict(r.headers)
+            info = DeadInfo(
+                h["fluxmq-group"].decode(),
+                int(h["fluxmq-original-partition"]),
+                int(h["fluxmq-original-offset"]),
+                int(h["fluxmq-attempts"]),
+                h["fluxmq-dead-reason"].decode(),
+            )
+            assert h["fluxmq-original-queue"] == b"q", self.fail("dead letter origin")
+            assert int(h["fluxmq-dead-at"]) == self.now, self.fail("dead-at")
+            original = self.msgs[(info.partition, info.offset)]
+            assert (r.value, r.key) == (original.value, original.key), self.fail("dead")
+            want = expected.pop((info.group, info.partition, info.offset), None)
+            if want is None:
+                w = self.model[info.group][(info.partition, info.offset)]
+                assert lazy_ttl and info.reason == "ttl", self.fail(f"unexpected {info}")
+                assert w.state == PENDING and self.expired(info.partition, info.offset), self.fail(
+                    f"{info} died of its TTL while {w.state}"
+                )
+                assert info.attempts == w.attempts, self.fail(f"{info}: attempts {w.attempts}")
+                w.state = DEAD
+            else:
+                assert want == info, self.fail(f"dead letter {info}, expected {want}")
+            self.dlq_live[r.offset] = info
+            self.dlq_next = r.offset + 1
+            self.reasons[info.reason] += 1
+        assert not expected, self.fail(f"missing dead letters {list(expected.values())}")
+        self.expect_dead = []
+
+    def expired(self, p: int, off: int) -> bool:
+        return bool(self.ttl_ms) and self.now - self.msgs[(p, off)].ts >= self.ttl_ms
+
     def read(self, queue_id: int, p: int, start: int) -> list[Record]:
         with self.store.read() as txn:
             log = txn.log(keys.log_id(queue_id, p))
@@ -626,7 +670,7 @@ class Run:
         headers = dict(r.headers)
         at = headers.get("fluxmq-deliver-at")
         ready_at = int(at) if at is not None else r.timestamp_ms + self.delay_ms
-        m = self.msgs[(p, r.offset)] = Msg(r.value, r.key, headers, ready_at)
+        m = self.msgs[(p, r.offset)] = Msg(r.value, r.key, headers, ready_at, r.timestamp_ms)
         for spec in GROUPS:
             state = PENDING if for_group(spec, m) else FILTERED
             self.model[spec.name][(p, r.offset)] = Where(state, due=ready_at)
@@ -730,11 +774,14 @@ def test_every_message_is_in_exactly_one_state_for_every_group(seed: int) -> Non
 def test_the_runs_cover_every_outcome() -> None:
     """The generator is not vacuous: over the seeds, every state is reached."""
     seen: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
     for seed in SEEDS[:6]:
         run = Run(seed, MemoryStore())
         run.go(300)
         seen.update(run.reached)
+        reasons.update(run.reasons)
     assert set(seen) == {PENDING, LEASED, ACKED_, DEAD, FILTERED, GONE, PURGED}, seen
+    assert set(reasons) == {"ttl", "max_attempts", "nacked", "boom"}, reasons
 
 
 @pytest.mark.parametrize("seed", [101, 102])
