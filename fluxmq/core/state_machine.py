@@ -703,7 +703,12 @@ class QueueStateMachine:
         written = 0
         for dl in pending:
             origin = by_id[dl.queue_id]
-            dlq = self._dead_letter_queue(batch, origin, now_ms)
+            try:
+                dlq = self._dead_letter_queue(batch, origin, now_ms)
+            except FluxError:
+                # The DLQ cannot be created (queue limit): the state already moved on, so the
+                # message is dropped and counted rather than failing the command forever.
+                dlq = None
             if dlq is None:
                 self.dead_letters_dropped += 1
                 continue
