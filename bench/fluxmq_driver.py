@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,6 +148,30 @@ async def create_group(address: str, queue: str, group: str) -> None:
         await call(req.SerializeToString(), timeout=10)
 
 
+async def paced(
+    step: Callable[[], Awaitable[None]],
+    more: Callable[[], bool],
+    start: float,
+    stop_at: float,
+    interval: float | None,
+    concurrency: int,
+) -> None:
+    """``concurrency`` loops calling ``step`` until ``stop_at`` or ``more()`` is false: closed
+    loops (``interval`` None) or each paced to one call per ``interval``, staggered."""
+
+    async def loop(k: int) -> None:
+        next_at = start + (interval or 0) * k / concurrency
+        while time.perf_counter() < stop_at and more():
+            if interval is not None:
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                next_at += interval
+            await step()
+
+    await asyncio.gather(*(loop(k) for k in range(concurrency)))
+
+
 def publish_request(queue: str, batch: int, size: int) -> bytes:
     value = os.urandom(size)
     req = pb.PublishRequest(queue=queue, messages=[pb.PublishMessage(value=value)] * batch)
@@ -179,21 +204,16 @@ async def publish_workload(
         stop_at = start + duration_s
         interval = None if rate_max is None else batch * concurrency / rate_max
 
-        async def publisher(k: int) -> None:
+        async def publish_once() -> None:
             nonlocal sent
-            next_at = start + (interval or 0) * k / concurrency
-            while time.perf_counter() < stop_at and sent < messages_max:
-                if interval is not None:
-                    delay = next_at - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    next_at += interval
-                t0 = time.perf_counter()
-                await call(body, timeout=30)
-                latencies.append((time.perf_counter() - t0) * 1000)
-                sent += batch
+            t0 = time.perf_counter()
+            await call(body, timeout=30)
+            latencies.append((time.perf_counter() - t0) * 1000)
+            sent += batch
 
-        await asyncio.gather(*(publisher(k) for k in range(concurrency)))
+        await paced(
+            publish_once, lambda: sent < messages_max, start, stop_at, interval, concurrency
+        )
         elapsed = time.perf_counter() - start
     return RunResult(
         "publish",
@@ -442,21 +462,21 @@ async def consume_workload(
         stop_at = start + duration_s
         interval = None if rate_max is None else batch * concurrency / rate_max
 
-        async def publisher(k: int) -> None:
+        async def publish_once() -> None:
             nonlocal published
-            next_at = start + (interval or 0) * k / concurrency
-            while time.perf_counter() < stop_at and published < messages_max:
-                if interval is not None:
-                    delay = next_at - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    next_at += interval
-                t0 = time.perf_counter()
-                await publish(body0.replace(_STAMP, struct.pack("<d", t0)), timeout=30)
-                pub_lat.append((time.perf_counter() - t0) * 1000)
-                published += batch
+            t0 = time.perf_counter()
+            await publish(body0.replace(_STAMP, struct.pack("<d", t0)), timeout=30)
+            pub_lat.append((time.perf_counter() - t0) * 1000)
+            published += batch
 
-        await asyncio.gather(*(publisher(k) for k in range(concurrency)))
+        await paced(
+            publish_once,
+            lambda: published < messages_max,
+            start,
+            stop_at,
+            interval,
+            concurrency,
+        )
         elapsed = time.perf_counter() - start
         delivered_in_window = delivered
         done.set()

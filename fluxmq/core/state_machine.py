@@ -514,17 +514,6 @@ class QueueStateMachine:
         entry = self._entry(batch, queue, queue_id)
         return entry, self.delivery.get(entry.queue_id, queue, group)
 
-    def _position(self, log: PartitionLogReader, start: pb.StartPosition) -> int:
-        wm = log.watermarks()
-        which = start.WhichOneof("position") or "earliest"
-        if which == "earliest":
-            return wm.low
-        if which == "latest":
-            return wm.high
-        if which == "offset":
-            return min(max(start.offset, wm.low), wm.high)
-        return log.offset_for_timestamp(start.timestamp_ms)
-
     def _create_group(self, batch: _Batch, cmd: cpb.CreateGroupCmd) -> pb.Group:
         entry = self._entry(batch, cmd.queue, cmd.queue_id)
         txn = batch.txn
@@ -540,7 +529,7 @@ class QueueStateMachine:
             group_id=group_id,
         )
         starts = {
-            p: self._position(txn.log(keys.log_id(entry.queue_id, p)), cmd.start)
+            p: start_offset(txn.log(keys.log_id(entry.queue_id, p)), cmd.start)
             for p in range(entry.policy.partitions)
         }
         self.delivery.create(txn, entry.queue_id, meta, starts)
@@ -630,7 +619,7 @@ class QueueStateMachine:
                 raise partition_out_of_range(entry.name, p, npart, f"partitions[{i}]")
         txn = batch.txn
         for p in sorted(set(cmd.partitions)) if cmd.partitions else range(npart):
-            offset = self._position(txn.log(keys.log_id(entry.queue_id, p)), cmd.to)
+            offset = start_offset(txn.log(keys.log_id(entry.queue_id, p)), cmd.to)
             self.delivery.reset(txn, g, p, offset)
 
     # -- transactions -----------------------------------------------------------------------
@@ -848,6 +837,20 @@ class QueueStateMachine:
         return wm.high - wm.low - self._gone_count(txn, dlq.queue_id, wm.low)
 
 
+def start_offset(log: PartitionLogReader, start: pb.StartPosition) -> int:
+    """Where ``start`` points in ``log``: earliest (default) = low watermark, latest = high,
+    an offset clamped into [low, high], or the first record at or after a timestamp."""
+    wm = log.watermarks()
+    which = start.WhichOneof("position") or "earliest"
+    if which == "earliest":
+        return wm.low
+    if which == "latest":
+        return wm.high
+    if which == "offset":
+        return min(max(start.offset, wm.low), wm.high)
+    return log.offset_for_timestamp(start.timestamp_ms)
+
+
 def foreign_receipt(g: GroupState, field_path: str) -> FluxError:
     return FluxError(
         "RECEIPT_MISMATCH",
@@ -860,7 +863,7 @@ def no_dead_letter_queue(queue: str) -> FluxError:
     return FluxError(
         "NO_DEAD_LETTER_QUEUE",
         f"queue {queue!r} has no dead-letter queue (it is one, or dead_letter_disabled is set)",
-        metadata={"queue": queue},
+        metadata={"queue": queue, "field": "dead"},
     )
 
 

@@ -27,6 +27,7 @@ from fluxmq.core.state_machine import (
     QueueStateMachine,
     RetentionResult,
     retention_due,
+    start_offset,
 )
 from fluxmq.server.consumers import Consumers, group_key, queue_key
 from fluxmq.server.errors import domain_error
@@ -236,19 +237,10 @@ class Broker:
     def start_offsets(
         self, entry: QueueEntry, partitions: Sequence[int], start: pb.StartPosition
     ) -> dict[int, int]:
-        which = start.WhichOneof("position") or "earliest"
-        offsets = {}
-        for p in partitions:
-            wm = self.reader.watermarks(entry, p)
-            if which == "earliest":
-                offsets[p] = wm.low
-            elif which == "latest":
-                offsets[p] = wm.high
-            elif which == "offset":
-                offsets[p] = min(max(start.offset, wm.low), wm.high)
-            else:
-                offsets[p] = self.reader.offset_for_timestamp(entry, p, start.timestamp_ms)
-        return offsets
+        with self.state.store.read() as txn:
+            return {
+                p: start_offset(txn.log(keys.log_id(entry.queue_id, p)), start) for p in partitions
+            }
 
     async def tail(
         self, queue: str, partitions: Sequence[int], start: pb.StartPosition, batch_max: int

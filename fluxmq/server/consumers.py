@@ -26,6 +26,8 @@ from fluxmq.core.state_machine import (
     QueueEntry,
     SettleResult,
     TransactResult,
+    foreign_receipt,
+    no_dead_letter_queue,
 )
 
 if TYPE_CHECKING:
@@ -216,12 +218,7 @@ class Consumers:
         g = self._reader.group(entry, group)
         for i, r in enumerate(receipts):
             if r.group_id != g.group_id:
-                raise FluxError(
-                    "RECEIPT_MISMATCH",
-                    f"{path}[{i}] was not issued by group {group!r} of queue {entry.name!r}",
-                    violations=(),
-                    metadata={"field": f"{path}[{i}]", "group": group},
-                )
+                raise foreign_receipt(g, f"{path}[{i}]")
 
     async def ack(self, req: pb.AckRequest) -> SettleResult:
         entry = self._reader.entry(req.queue)
@@ -246,12 +243,7 @@ class Consumers:
         if req.dead and (req.retry_after_ms or req.retry_at_ms):
             raise invalid_argument("dead", "a dead letter is not retried: drop retry_after_ms")
         if req.dead and entry.policy.dead_letter_queue is None:
-            raise FluxError(
-                "NO_DEAD_LETTER_QUEUE",
-                f"queue {req.queue!r} has no dead-letter queue (it is one, or "
-                "dead_letter_disabled is set)",
-                metadata={"queue": req.queue, "field": "dead"},
-            )
+            raise no_dead_letter_queue(req.queue)
         if len(req.reason) > 1024:
             raise invalid_argument("reason", "at most 1024 characters")
         now_ms = self._broker.now_ms()
