@@ -3,11 +3,13 @@
 from raft.api import (
     Entry,
     NotLeaderError,
+    OutcomeUnknownError,
     ProposalTimeoutError,
     Shard,
     ShardBusyError,
     ShardClosedError,
     ShardError,
+    ShardRequestDeniedError,
     ShardStatus,
     StateMachine,
 )
@@ -17,11 +19,13 @@ __all__ = [
     "Entry",
     "LocalShard",
     "NotLeaderError",
+    "OutcomeUnknownError",
     "ProposalTimeoutError",
     "Shard",
     "ShardBusyError",
     "ShardClosedError",
     "ShardError",
+    "ShardRequestDeniedError",
     "ShardStatus",
     "StateMachine",
 ]

@@ -25,6 +25,16 @@ class StateMachine(Protocol):
 
     def last_applied_index(self) -> int: ...
 
+    def write_snapshot(self, path: str) -> int:
+        """Write a consistent copy of the whole state to the new file ``path`` and fsync it;
+        return the applied index the copy reflects. Streams: never the whole state in memory."""
+        ...
+
+    def install_snapshot(self, path: str) -> None:
+        """Replace the whole state by the copy in ``path`` (written by ``write_snapshot`` on any
+        replica), atomically: readers see the old state or the new one, never a mix."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ShardStatus:
@@ -56,6 +66,18 @@ class ShardClosedError(ShardError):
     pass
 
 
+class ShardRequestDeniedError(ShardError):
+    """The shard refused an administrative request (e.g. a transfer to a replica that is not
+    caught up, or membership changes on a single-node shard). Retrying as is will not help."""
+
+    retriable = False
+
+
+class OutcomeUnknownError(ShardError):
+    """The proposal reached the log but no result came back in time (deadline, leader change,
+    shard closed): it may or may not be applied. Retry with the same idempotency key."""
+
+
 class ProposalTimeoutError(ShardError):
     """The proposal's deadline passed before it was handed to the log: it was never applied."""
 
@@ -77,6 +99,17 @@ class Shard(Protocol):
         ...
 
     def status(self) -> ShardStatus: ...
+
+    async def transfer_leadership(self, target: str | None = None) -> str:
+        """Hand leadership to ``target`` (None: the most caught-up member); return the target.
+        Raises NotLeaderError on a follower, ShardRequestDeniedError when it cannot be done."""
+        ...
+
+    async def add_member(self, address: str) -> None:
+        """Add a replica (committed through the log; one change at a time)."""
+        ...
+
+    async def remove_member(self, address: str) -> None: ...
 
     async def start(self) -> None: ...
 

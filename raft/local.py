@@ -20,6 +20,7 @@ from raft.api import (
     ProposalTimeoutError,
     ShardBusyError,
     ShardClosedError,
+    ShardRequestDeniedError,
     ShardStatus,
     StateMachine,
 )
@@ -80,6 +81,19 @@ class LocalShard:
             members=("local",),
             leader="local",
             pending_proposals=len(self._pending),
+        )
+
+    async def transfer_leadership(self, target: str | None = None) -> str:
+        raise ShardRequestDeniedError("a single-node shard has no other member to lead")
+
+    async def add_member(self, address: str) -> None:
+        raise ShardRequestDeniedError(
+            "a single-node shard cannot change membership: start the node in cluster mode"
+        )
+
+    async def remove_member(self, address: str) -> None:
+        raise ShardRequestDeniedError(
+            "a single-node shard cannot change membership: start the node in cluster mode"
         )
 
     async def start(self) -> None:

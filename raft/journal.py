@@ -1,0 +1,245 @@
+"""LmdbJournal: a durable Raft log behind pysyncobj's ``Journal`` interface.
+
+pysyncobj's own FileJournal is an mmap that is never fsync'd while running, and its term/vote
+file is not fsync'd either (shared/notes/RAFT.md). This journal keeps the log in memory (pysyncobj
+indexes it like a list) and mirrors every change into LMDB. Changes are buffered and made durable
+by ``flush()``: one write transaction and one fsync for everything pending, however many entries.
+The shard calls ``flush()`` before any message leaves the node (see ``SyncingTransport``) and
+before the commit index moves, so no node ever acknowledges, votes for or applies what is not on
+its disk.
+
+Keys are log indexes (u64 big endian, so LMDB's order is log order); values are the term (u64)
+followed by the command bytes. Term, vote and commit index live in a second database.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from typing import Any, overload
+
+import lmdb
+
+_U64 = struct.Struct(">Q")
+_META_KEY = b"meta"
+
+Item = tuple[bytes, int, int]  # (command, index, term): pysyncobj's entry shape
+
+
+class JournalError(Exception):
+    pass
+
+
+class LmdbJournal:
+    """The Raft log of one shard in its own LMDB environment at ``path`` (a directory)."""
+
+    def __init__(self, path: str, *, map_size_bytes: int = 8 << 30) -> None:
+        self._env: Any
+        try:
+            self._env = lmdb.open(
+                path,
+                map_size=map_size_bytes,
+                subdir=True,
+                max_dbs=2,
+                sync=True,
+                metasync=True,
+                readahead=False,
+            )
+        except lmdb.Error as e:
+            raise JournalError(f"cannot open the raft journal at {path!r}: {e}") from e
+        self._path = path
+        self._entries_db = self._env.open_db(b"entries")
+        self._meta_db = self._env.open_db(b"meta")
+        self._entries: list[Item] = []
+        self._term = 0
+        self._voted_for: str | None = None
+        self._commit_index = 1
+        # Pending changes, in order: ("put", item) | ("del_from", index) | ("del_to", index)
+        self._ops: list[tuple[str, Any]] = []
+        self._meta_dirty = False
+        self._view_end: int | None = None  # see hide_after()
+        self.before_trim: Callable[[], None] | None = None
+        self.fsyncs = 0
+        self.durable_index = 0  # last log index known to be on disk
+        self._load()
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        with self._env.begin() as txn:
+            raw = txn.get(_META_KEY, db=self._meta_db)
+            if raw is not None:
+                meta = json.loads(raw)
+                self._term = int(meta["term"])
+                self._voted_for = meta["voted_for"]
+                self._commit_index = int(meta["commit_index"])
+            previous = None
+            for key, value in txn.cursor(db=self._entries_db):
+                index = _U64.unpack(key)[0]
+                term = _U64.unpack_from(value)[0]
+                # Assert right after reading: the log on disk is contiguous.
+                if previous is not None and index != previous + 1:
+                    raise JournalError(
+                        f"raft journal at {self._path!r} has a gap: {previous} then {index}"
+                    )
+                previous = index
+                self._entries.append((bytes(value[8:]), index, term))
+        self.durable_index = self._entries[-1][1] if self._entries else 0
+
+    # -- pysyncobj's Journal interface --------------------------------------------------------
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        assert self._view_end is None, "the journal is read-only while a suffix is hidden"
+        if self._entries:
+            assert idx == self._entries[-1][1] + 1, (idx, self._entries[-1][1])
+        item = (bytes(command), idx, term)
+        self._entries.append(item)
+        self._ops.append(("put", item))
+
+    def clear(self) -> None:
+        assert self._view_end is None
+        self._entries = []
+        self._ops.append(("del_from", 0))
+        self.durable_index = 0
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 (pysyncobj's name)
+        assert self._view_end is None
+        if entryFrom >= len(self._entries):
+            return
+        first_gone = self._entries[entryFrom][1]
+        del self._entries[entryFrom:]
+        self._ops.append(("del_from", first_gone))
+        self.durable_index = min(self.durable_index, first_gone - 1)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
+        assert self._view_end is None
+        if entryTo <= 0 or not self._entries:
+            return
+        keep_from = (
+            self._entries[entryTo][1] if entryTo < len(self._entries) else self._entries[-1][1] + 1
+        )
+        if self.before_trim is not None:
+            # The snapshot that replaces this prefix must be durable before the prefix goes.
+            self.before_trim()
+        del self._entries[:entryTo]
+        self._ops.append(("del_to", keep_from))
+        self.flush()
+
+    @overload
+    def __getitem__(self, item: int) -> Item: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> list[Item]: ...
+
+    def __getitem__(self, item: int | slice) -> Item | list[Item]:
+        if self._view_end is None:
+            return self._entries[item]
+        n = self._view_end
+        if isinstance(item, slice):
+            start, stop, step = item.indices(n)
+            return self._entries[start:stop:step]
+        if item < 0:
+            item += n
+        if not 0 <= item < n:
+            raise IndexError(item)
+        return self._entries[item]
+
+    def __len__(self) -> int:
+        return len(self._entries) if self._view_end is None else self._view_end
+
+    def _destroy(self) -> None:
+        self.close()
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803
+        # Called just before apply: whatever the log holds must be durable first. The commit
+        # index itself need not be (Raft keeps it volatile); it is written with the next flush.
+        self._commit_index = raftCommitIndex
+        self._meta_dirty = True
+        if self._ops:
+            self.flush()
+
+    def getRaftCommitIndex(self) -> int:  # noqa: N802
+        # Never past the end of the log (RAFT.md problem 2: 3073 stored vs a log ending at 2944).
+        last = self._entries[-1][1] if self._entries else 1
+        return max(1, min(self._commit_index, last))
+
+    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:  # noqa: N802, N803
+        self._term = term
+        self._voted_for = votedForNodeId
+        self._meta_dirty = True
+        self.flush()  # before any vote or request reflecting it can leave
+
+    def getCurrentTerm(self) -> int:  # noqa: N802
+        return self._term
+
+    def getVotedForNodeId(self) -> str | None:  # noqa: N802
+        return self._voted_for
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802
+        self.flush()
+
+    # -- durability ---------------------------------------------------------------------------
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._ops) or self._meta_dirty
+
+    def flush(self) -> None:
+        """Make every pending change durable: one transaction, one fsync."""
+        if not self._ops and not self._meta_dirty:
+            return
+        ops, self._ops = self._ops, []
+        with self._env.begin(write=True) as txn:
+            cur = txn.cursor(db=self._entries_db)
+            for kind, arg in ops:
+                if kind == "put":
+                    command, index, term = arg
+                    txn.put(_U64.pack(index), _U64.pack(term) + command, db=self._entries_db)
+                elif kind == "del_from":
+                    if cur.set_range(_U64.pack(arg)):
+                        while cur.delete():
+                            pass
+                elif kind == "del_to":
+                    if cur.first():
+                        while cur.key() and _U64.unpack(cur.key())[0] < arg:
+                            if not cur.delete():
+                                break
+                else:  # pragma: no cover - a bug
+                    raise AssertionError(kind)
+            meta = {
+                "term": self._term,
+                "voted_for": self._voted_for,
+                "commit_index": self._commit_index,
+            }
+            txn.put(_META_KEY, json.dumps(meta).encode(), db=self._meta_db)
+            # Assert right before committing: disk and memory agree on where the log ends.
+            last_key = _U64.unpack(cur.key())[0] if cur.last() else 0
+            mem_last = self._entries[-1][1] if self._entries else 0
+            assert last_key == mem_last, (last_key, mem_last)
+        self._meta_dirty = False
+        self.fsyncs += 1
+        self.durable_index = self._entries[-1][1] if self._entries else 0
+
+    # -- the suffix view (used by the append-entries fix) -------------------------------------
+
+    def hide_after(self, index: int | None) -> None:
+        """Make the log look as if it ended at ``index`` (None: show everything). While hidden
+        the journal refuses changes."""
+        if index is None:
+            self._view_end = None
+            return
+        first = self._entries[0][1] if self._entries else 1
+        self._view_end = max(0, min(len(self._entries), index - first + 1))
+
+    @property
+    def last_index(self) -> int:
+        return self._entries[-1][1] if self._entries else 0
+
+    def close(self) -> None:
+        if self._env is not None:
+            try:
+                self.flush()
+            finally:
+                self._env.close()
+                self._env = None

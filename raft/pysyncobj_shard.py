@@ -1,0 +1,591 @@
+"""PySyncObjShard: a replication group on pysyncobj, made durable and fast.
+
+- Durable: the log lives in an ``LmdbJournal`` that is fsync'd before any message leaves the node
+  and before the commit index moves, so an acknowledged proposal is on the disk of a majority.
+- Fast: proposals that arrive together become one log entry (a frame, see ``frames``), bounded in
+  bytes and count, with a few frames in flight at once; one driver thread ticks every shard of the
+  process without waiting for timers (``RaftDriver``).
+- Applied in batches: committed frames are collected during a tick and applied afterwards in one
+  ``apply_batch`` (one state transaction), each proposal under its own sub-index.
+- Snapshots: the state machine writes a consistent copy (``write_snapshot``); pysyncobj streams
+  the file in chunks to replicas that fell behind the compacted log.
+
+Threads: ``propose`` runs on the event loop; everything that touches pysyncobj runs on the driver
+thread; results come back through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from raft import frames, snapshot_file
+from raft._pysyncobj import FAIL_REASON, HardenedSyncObj, SyncObjConf, fail_reason_name
+from raft.api import (
+    Entry,
+    NotLeaderError,
+    OutcomeUnknownError,
+    ProposalTimeoutError,
+    ShardBusyError,
+    ShardClosedError,
+    ShardError,
+    ShardRequestDeniedError,
+    ShardStatus,
+    StateMachine,
+)
+from raft.driver import RaftDriver
+from raft.journal import LmdbJournal
+
+log = logging.getLogger("raft.shard")
+
+
+class ShardStartError(ShardError):
+    """The shard cannot start (address in use, bad peer list, missing secret)."""
+
+    retriable = False
+
+
+@dataclass(frozen=True, slots=True)
+class RaftTimings:
+    heartbeat_ms: int = 50
+    election_min_ms: int = 600
+    election_max_ms: int = 1200
+    leader_fallback_ms: int = 3000  # a leader that hears from no majority this long steps down
+    reconnect_ms: int = 250
+    connect_timeout_ms: int = 1500
+
+
+@dataclass(frozen=True, slots=True)
+class ShardConfig:
+    shard_id: str
+    self_address: str  # host:port of this replica's raft endpoint
+    peers: tuple[str, ...]  # the other replicas' raft endpoints
+    data_dir: str
+    secret: str
+    timings: RaftTimings = field(default_factory=RaftTimings)
+    frame_bytes_max: int = 1 << 20
+    frames_in_flight_max: int = 4
+    pending_max: int = 20_000
+    ack_timeout_ms: int = 10_000
+    compaction_entries_min: int = 20_000
+    compaction_interval_s: int = 3600
+    snapshot_chunk_bytes: int = 1 << 20
+    journal_map_size_bytes: int = 8 << 30
+
+
+def parse_address(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ShardStartError(f"{what}: {value!r} is not host:port")
+    try:
+        socket.inet_aton(host)
+    except OSError as e:
+        raise ShardStartError(f"{what}: {value!r} must be an IPv4 address") from e
+    return host, int(port)
+
+
+def check_config(cfg: ShardConfig) -> None:
+    if not cfg.secret:
+        raise ShardStartError(
+            "a cluster secret is required: raft messages are pickled, so only peers that hold "
+            "the secret may talk to this node (set FLUXMQ_CLUSTER_SECRET)"
+        )
+    parse_address(cfg.self_address, "raft address")
+    seen = {cfg.self_address}
+    for peer in cfg.peers:
+        parse_address(peer, "peer")
+        if peer in seen:
+            raise ShardStartError(f"peer {peer!r} is listed twice (or is this node itself)")
+        seen.add(peer)
+    if len(cfg.peers) % 2 == 1:
+        log.warning(
+            "shard %s has %d replicas: an even count tolerates no more failures than one less",
+            cfg.shard_id,
+            len(cfg.peers) + 1,
+        )
+    assert cfg.frame_bytes_max >= 1024 and cfg.frames_in_flight_max >= 1
+
+
+def check_address_free(address: str) -> None:
+    host, port = parse_address(address, "raft address")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    except OSError as e:
+        raise ShardStartError(f"raft address {address} is not available: {e.strerror}") from e
+    finally:
+        probe.close()
+
+
+class _State(enum.Enum):
+    WAITING = 1  # not yet handed to the log: may still be dropped
+    HANDED = 2  # in the log (or on its way to the leader): outcome decided by Raft
+    DONE = 3
+
+
+@dataclass(slots=True, eq=False)
+class _Proposal:
+    payload: bytes
+    future: asyncio.Future[object]
+    state: _State = _State.WAITING
+    timer: asyncio.TimerHandle | None = None
+
+
+class PySyncObjShard:
+    def __init__(self, state_machine: StateMachine, config: ShardConfig, driver: RaftDriver):
+        check_config(config)
+        self._sm = state_machine
+        self._cfg = config
+        self._driver = driver
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._so: HardenedSyncObj | None = None
+        self._journal: LmdbJournal | None = None
+        self._lock = threading.Lock()  # hand-off between the loop and the driver thread
+        self._incoming: deque[_Proposal] = deque()
+        self._closed = False
+        # Driver-thread state.
+        self._frame_ids = itertools.count(1)
+        self._frames: dict[int, list[_Proposal]] = {}
+        self._awaiting: dict[int, list[_Proposal]] = {}  # log index -> proposals of its frame
+        self._pending_applies: list[tuple[int, bytes]] = []
+        self._status = ShardStatus(
+            shard_id=config.shard_id,
+            role="follower",
+            term=0,
+            commit_index=0,
+            applied_index=0,
+            members=(config.self_address, *sorted(config.peers)),
+            leader=None,
+            pending_proposals=0,
+        )
+        self._status_at = 0.0
+        self._leaderless_since = time.monotonic()
+        self._last_leaderless_warning = 0.0
+        self.frames_proposed = 0
+        self.proposals_applied = 0
+        self.batches_applied = 0
+        self.entries_applied = 0
+        self.acked_before_durable = 0  # must stay 0: see _complete_applied
+
+    # -- Shard -----------------------------------------------------------------------------
+
+    @property
+    def shard_id(self) -> str:
+        return self._cfg.shard_id
+
+    @property
+    def is_leader(self) -> bool:
+        return self._status.role == "leader" and not self._closed
+
+    @property
+    def leader(self) -> str | None:
+        return self._status.leader
+
+    @property
+    def address(self) -> str:
+        return self._cfg.self_address
+
+    def status(self) -> ShardStatus:
+        return self._status
+
+    @property
+    def journal(self) -> LmdbJournal | None:
+        return self._journal
+
+    @property
+    def syncobj(self) -> HardenedSyncObj | None:
+        return self._so
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await asyncio.wrap_future(self._driver.call(self._construct))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._so is not None:
+            await asyncio.wrap_future(self._driver.call(self._teardown))
+        with self._lock:
+            left = list(self._incoming)
+            self._incoming.clear()
+        for p in left:
+            self._finish(p, error=ShardClosedError("shard closed before the proposal was written"))
+        for props in [*self._frames.values(), *self._awaiting.values()]:
+            for p in props:
+                self._finish(p, error=OutcomeUnknownError("shard closed while replicating"))
+        self._frames.clear()
+        self._awaiting.clear()
+
+    async def propose(self, payload: bytes, deadline: float | None = None) -> object:
+        if self._closed:
+            raise ShardClosedError("shard is closed")
+        if frames.encoded_size(len(payload), 1) > self._cfg.frame_bytes_max:
+            raise ShardRequestDeniedError(
+                f"a command of {len(payload)} bytes exceeds the replication frame limit of "
+                f"{self._cfg.frame_bytes_max} bytes"
+            )
+        loop = asyncio.get_running_loop()
+        p = _Proposal(payload, loop.create_future())
+        ack_deadline = loop.time() + self._cfg.ack_timeout_ms / 1000
+        when = ack_deadline if deadline is None else min(deadline, ack_deadline)
+        p.timer = loop.call_at(when, self._expire, p)
+        with self._lock:
+            if len(self._incoming) >= self._cfg.pending_max:
+                p.timer.cancel()
+                raise ShardBusyError(f"{self._cfg.pending_max} proposals already waiting")
+            self._incoming.append(p)
+        self._driver.wake()
+        return await p.future
+
+    def _expire(self, p: _Proposal) -> None:
+        with self._lock:
+            state, p.state = p.state, _State.DONE
+        if p.future.done():
+            return
+        if state is _State.WAITING:
+            p.future.set_exception(ProposalTimeoutError("deadline passed before the write"))
+        elif state is _State.HANDED:
+            p.future.set_exception(
+                OutcomeUnknownError(
+                    "no majority confirmed the write in time: it may or may not be applied"
+                )
+            )
+
+    async def transfer_leadership(self, target: str | None = None) -> str:
+        chosen = await asyncio.wrap_future(self._driver.call(lambda: self._start_transfer(target)))
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            if self._status.leader == chosen:
+                return chosen
+            await asyncio.sleep(0.02)
+        raise OutcomeUnknownError(f"leadership did not move to {chosen} within 3 s")
+
+    async def add_member(self, address: str) -> None:
+        parse_address(address, "address")
+        await self._membership("add", address)
+
+    async def remove_member(self, address: str) -> None:
+        parse_address(address, "address")
+        if address == self._cfg.self_address and self.is_leader:
+            raise ShardRequestDeniedError(
+                "the leader cannot remove itself: transfer leadership first"
+            )
+        await self._membership("remove", address)
+
+    # -- driver thread: lifecycle ----------------------------------------------------------
+
+    def _construct(self) -> None:
+        cfg = self._cfg
+        check_address_free(cfg.self_address)
+        root = os.path.join(cfg.data_dir, "raft", cfg.shard_id)
+        os.makedirs(root, exist_ok=True)
+        journal = LmdbJournal(
+            os.path.join(root, "journal"), map_size_bytes=cfg.journal_map_size_bytes
+        )
+        dump = os.path.join(root, "snapshot")
+        journal.before_trim = functools.partial(snapshot_file.fsync_dir, root)
+        t = cfg.timings
+        conf = SyncObjConf(
+            password=cfg.secret,
+            autoTick=False,
+            appendEntriesUseBatch=False,
+            appendEntriesPeriod=t.heartbeat_ms / 1000,
+            raftMinTimeout=t.election_min_ms / 1000,
+            raftMaxTimeout=t.election_max_ms / 1000,
+            leaderFallbackTimeout=t.leader_fallback_ms / 1000,
+            connectionRetryTime=t.reconnect_ms / 1000,
+            connectionTimeout=t.connect_timeout_ms / 1000,
+            # Frames are kept well below this, so pysyncobj never takes its chunked path for an
+            # entry (RAFT.md problem 4); several frames still travel in one message.
+            appendEntriesBatchSizeBytes=4 * cfg.frame_bytes_max,
+            sendBufferSize=1 << 20,
+            recvBufferSize=1 << 20,
+            commandsQueueSize=4 * cfg.frames_in_flight_max + 64,
+            logCompactionMinEntries=cfg.compaction_entries_min,
+            logCompactionMinTime=cfg.compaction_interval_s,
+            logCompactionBatchSize=cfg.snapshot_chunk_bytes,
+            fullDumpFile=dump,
+            journalFile=os.path.join(root, "journal"),
+            serializer=self._write_snapshot,
+            deserializer=self._read_snapshot,
+            useFork=False,
+            dynamicMembershipChange=True,
+            bindAddress=cfg.self_address,
+            maxBindRetries=1,
+        )
+        try:
+            self._so = HardenedSyncObj(
+                cfg.self_address,
+                list(cfg.peers),
+                conf,
+                journal,
+                self._driver.poller,
+                self._on_apply,
+                self._load_snapshot,
+            )
+        except Exception as e:
+            journal.close()
+            raise ShardStartError(f"raft shard {cfg.shard_id} cannot start: {e}") from e
+        self._journal = journal
+        self._driver.attach(self)
+
+    def _teardown(self) -> None:
+        self._driver.detach(self)
+        assert self._so is not None
+        with contextlib.suppress(Exception):
+            self._flush_applies()
+        self._so.destroy()  # closes sockets and the journal (flushed first)
+
+    # -- driver thread: one round ----------------------------------------------------------
+
+    def step(self) -> bool:
+        so = self._so
+        assert so is not None and self._journal is not None
+        self._hand_over(so)
+        so.doTick(0.0)
+        self._flush_applies()
+        self._journal.flush()
+        now = time.monotonic()
+        if now - self._status_at >= 0.02:
+            self._status_at = now
+            self._publish_status(so, now)
+        return bool(self._incoming) and self._can_hand_over(so)
+
+    def _can_hand_over(self, so: HardenedSyncObj) -> bool:
+        return so._getLeader() is not None and len(self._frames) < self._cfg.frames_in_flight_max
+
+    def _hand_over(self, so: HardenedSyncObj) -> None:
+        while self._incoming and self._can_hand_over(so):
+            taken: list[_Proposal] = []
+            size = 0
+            with self._lock:
+                while self._incoming and len(taken) < frames.PROPOSALS_PER_FRAME_MAX:
+                    p = self._incoming[0]
+                    if p.state is not _State.WAITING:
+                        self._incoming.popleft()
+                        continue
+                    n = frames.encoded_size(size + len(p.payload), len(taken) + 1)
+                    if taken and n > self._cfg.frame_bytes_max:
+                        break
+                    self._incoming.popleft()
+                    p.state = _State.HANDED
+                    taken.append(p)
+                    size += len(p.payload)
+            if not taken:
+                return
+            frame_id = next(self._frame_ids)
+            self._frames[frame_id] = taken
+            self.frames_proposed += 1
+            so.fx_apply(
+                frames.encode([p.payload for p in taken]),
+                callback=functools.partial(self._on_frame_result, frame_id),
+            )
+
+    def _on_apply(self, log_index: int, frame: bytes) -> int:
+        # Inside pysyncobj's apply loop: only remember it; _flush_applies applies the whole run
+        # of entries in one state transaction after the tick.
+        self._pending_applies.append((log_index, frame))
+        return log_index
+
+    def _on_frame_result(self, frame_id: int, result: Any, error: int) -> None:
+        taken = self._frames.pop(frame_id, None)
+        if taken is None:
+            return
+        if error == FAIL_REASON.SUCCESS:
+            self._awaiting[int(result)] = taken
+            return
+        exc: Exception
+        if error in (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME):
+            exc = OutcomeUnknownError(
+                f"the leader changed while replicating ({fail_reason_name(error)}): the write "
+                "may or may not be applied"
+            )
+        elif error == FAIL_REASON.QUEUE_FULL:
+            exc = ShardBusyError("the replication queue is full")
+        else:  # MISSING_LEADER, NOT_LEADER, DISCARDED, REQUEST_DENIED: never applied
+            exc = NotLeaderError(self._status.leader)
+        for p in taken:
+            self._finish_threadsafe(p, error=exc)
+
+    def _flush_applies(self) -> None:
+        if not self._pending_applies:
+            return
+        entries: list[Entry] = []
+        spans: list[tuple[int, int, int]] = []  # (log index, first result, count)
+        for log_index, frame in self._pending_applies:
+            payloads = frames.decode(frame)
+            spans.append((log_index, len(entries), len(payloads)))
+            entries.extend(
+                Entry(frames.sub_index(log_index, i), p) for i, p in enumerate(payloads)
+            )
+        results = self._sm.apply_batch(entries)  # raises: kept pending, retried next round
+        assert len(results) == len(entries)
+        self._pending_applies.clear()
+        self.batches_applied += 1
+        self.entries_applied += len(spans)
+        assert self._journal is not None
+        done: list[tuple[_Proposal, object]] = []
+        for log_index, first, count in spans:
+            taken = self._awaiting.pop(log_index, None)
+            if taken is None:
+                continue
+            assert len(taken) == count, (len(taken), count)
+            # The invariant of the product: nothing is acknowledged that is not on this node's
+            # disk (and, through flush-before-send, on a majority's).
+            if self._journal.durable_index < log_index:
+                self.acked_before_durable += 1
+            done.extend(zip(taken, results[first : first + count], strict=True))
+        self.proposals_applied += len(done)
+        if done and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._resolve_all, done)
+
+    def _publish_status(self, so: HardenedSyncObj, now: float) -> None:
+        leader = so._getLeader()
+        role = "leader" if so._isLeader() else "follower" if leader is not None else "candidate"
+        members = (self._cfg.self_address, *sorted(n.id for n in so.otherNodes))
+        self._status = ShardStatus(
+            shard_id=self._cfg.shard_id,
+            role=role,
+            term=so.raftCurrentTerm,
+            commit_index=so.raftCommitIndex,
+            applied_index=so.raftLastApplied,
+            members=members,
+            leader=None if leader is None else leader.id,
+            pending_proposals=len(self._incoming) + sum(len(f) for f in self._frames.values()),
+        )
+        if leader is not None:
+            self._leaderless_since = now
+        elif now - self._leaderless_since > 5 and now - self._last_leaderless_warning > 10:
+            self._last_leaderless_warning = now
+            unreachable = [n.id for n in so.otherNodes if not so.isNodeConnected(n)]
+            log.warning(
+                "shard %s has no leader for %.0f s; unreachable peers: %s",
+                self._cfg.shard_id,
+                now - self._leaderless_since,
+                ", ".join(sorted(unreachable)) or "none",
+            )
+
+    # -- driver thread: snapshots ----------------------------------------------------------
+
+    def _write_snapshot(self, path: str, data: Sequence[Any]) -> None:
+        last, prev, cluster = data
+        self._flush_applies()
+        state_path = path + ".state"
+        try:
+            applied = frames.log_index_of(self._sm.write_snapshot(state_path))
+            # Every state change up to the snapshot's entry is in the copy, nothing after it.
+            assert applied <= last[1], (applied, last[1])
+            members = [n.id if hasattr(n, "id") else str(n) for n in cluster]
+            snapshot_file.write(path, tuple(last), tuple(prev), members, state_path)  # type: ignore[arg-type]
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(state_path)
+        log.info("shard %s: snapshot at log index %d", self._cfg.shard_id, last[1])
+
+    def _read_snapshot(self, path: str) -> tuple[Any, Any, Any]:
+        info = snapshot_file.read_info(path)
+        return info.last, info.prev, list(info.members)
+
+    def _load_snapshot(self, path: str, info: snapshot_file.SnapshotInfo) -> None:
+        self._pending_applies.clear()  # superseded by the snapshot (they are at or below it)
+        if frames.log_index_of(self._sm.last_applied_index()) >= info.index:
+            return  # our state is already as new (a restart after taking this snapshot)
+        state_path = path + ".install"
+        try:
+            snapshot_file.extract_state(path, info, state_path)
+            self._sm.install_snapshot(state_path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(state_path)
+        log.info("shard %s: installed the snapshot at log index %d", self._cfg.shard_id, info.index)
+
+    # -- driver thread: administration -----------------------------------------------------
+
+    def _start_transfer(self, target: str | None) -> str:
+        so = self._so
+        assert so is not None
+        if not so._isLeader():
+            raise NotLeaderError(self._status.leader)
+        match = so.match_index
+        last = self._journal.last_index if self._journal else 0
+        if target is None:
+            ready = sorted((i, n) for n, i in match.items() if i == last)
+            if not ready:
+                raise ShardRequestDeniedError("no follower is caught up with the leader's log")
+            target = ready[-1][1]
+        elif target == self._cfg.self_address:
+            return target
+        elif target not in match:
+            raise ShardRequestDeniedError(f"{target} is not a member of shard {self.shard_id}")
+        outcome: list[int] = []
+        so.transferLeadership(target, callback=lambda _r, err: outcome.append(err))
+        if outcome and outcome[0] != FAIL_REASON.SUCCESS:
+            raise ShardRequestDeniedError(
+                f"{target} cannot take over now ({fail_reason_name(outcome[0])}): it is not "
+                "connected or not caught up with the leader's log"
+            )
+        return target
+
+    async def _membership(self, op: str, address: str) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+
+        def done(_result: Any, err: int) -> None:
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(err))
+
+        def start() -> None:
+            so = self._so
+            assert so is not None
+            if op == "add":
+                so.addNodeToCluster(address, callback=done)
+            else:
+                so.removeNodeFromCluster(address, callback=done)
+
+        await asyncio.wrap_future(self._driver.call(start))
+        try:
+            err = await asyncio.wait_for(fut, self._cfg.ack_timeout_ms / 1000)
+        except TimeoutError as e:
+            raise OutcomeUnknownError(f"the membership change did not commit in time: {e}") from e
+        if err != FAIL_REASON.SUCCESS:
+            raise ShardRequestDeniedError(
+                f"cannot {op} {address} ({fail_reason_name(err)}): one change at a time, the "
+                "leader must have committed an entry of its term, and the address must "
+                f"{'not ' if op == 'add' else ''}be a member"
+            )
+
+    # -- completion ------------------------------------------------------------------------
+
+    def _finish_threadsafe(self, p: _Proposal, *, error: BaseException) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._finish, p, None, error)
+
+    def _finish(
+        self, p: _Proposal, result: object = None, error: BaseException | None = None
+    ) -> None:
+        p.state = _State.DONE
+        if p.timer is not None:
+            p.timer.cancel()
+        if p.future.done():
+            return
+        if error is not None:
+            p.future.set_exception(error)
+        else:
+            p.future.set_result(result)
+
+    def _resolve_all(self, done: list[tuple[_Proposal, object]]) -> None:
+        for p, result in done:
+            self._finish(p, result)
