@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
@@ -26,6 +27,20 @@ class NodeConfig:
     retention_interval_ms: int = 1000
     log_level: str = "INFO"
     log_json: bool = False
+    # Cluster mode (a Raft replication group over static peers) when raft_listen is set.
+    raft_listen: str = ""
+    peers: str = ""  # comma-separated raft addresses of the other replicas
+    cluster_secret: str = ""  # required in cluster mode; prefer FLUXMQ_CLUSTER_SECRET
+    shard_id: str = "g1"
+    ack_timeout_ms: int = 10_000
+
+    @property
+    def cluster_mode(self) -> bool:
+        return bool(self.raft_listen)
+
+    @property
+    def peer_list(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.peers.split(",") if p.strip())
 
     @property
     def request_bytes_max_value(self) -> int:
@@ -45,6 +60,12 @@ HELP = {
     "retention_interval_ms": "how often the leader checks retention and dedup expiry",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "log_json": "log one JSON object per line",
+    "raft_listen": "host:port of this node's Raft endpoint; setting it starts cluster mode",
+    "peers": "comma-separated Raft host:port of the other replicas (cluster mode)",
+    "cluster_secret": "shared secret of the cluster (prefer the FLUXMQ_CLUSTER_SECRET variable: "
+    "flags are visible to other users of the machine)",
+    "shard_id": "name of the replication group this node serves (cluster mode)",
+    "ack_timeout_ms": "cluster mode: how long a write waits for a majority before UNAVAILABLE",
 }
 
 
@@ -109,5 +130,32 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError(err.message) from None
     if not 10 <= config.retention_interval_ms <= 3_600_000:
         raise ConfigError("retention_interval_ms: must be 10..3600000")
+    if config.cluster_mode:
+        _host_port(config.raft_listen, "raft_listen")
+        if not config.peer_list:
+            raise ConfigError(
+                "peers: cluster mode needs the Raft addresses of the other replicas "
+                "(e.g. --peers 127.0.0.1:7101,127.0.0.1:7102)"
+            )
+        for peer in config.peer_list:
+            _host_port(peer, "peers")
+        if config.raft_listen in config.peer_list:
+            raise ConfigError("peers: list the other replicas, not this node's raft_listen")
+        if len(set(config.peer_list)) != len(config.peer_list):
+            raise ConfigError("peers: a replica is listed twice")
+        if not config.cluster_secret:
+            raise ConfigError(
+                "cluster_secret: cluster mode requires a shared secret (set "
+                "FLUXMQ_CLUSTER_SECRET): Raft messages between nodes are only safe between "
+                "holders of the secret"
+            )
+        if len(config.cluster_secret) < 16:
+            raise ConfigError("cluster_secret: use at least 16 characters")
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", config.shard_id):
+            raise ConfigError("shard_id: 1-64 of A-Z a-z 0-9 . _ -")
+        if not 100 <= config.ack_timeout_ms <= 600_000:
+            raise ConfigError("ack_timeout_ms: must be 100..600000")
+    elif config.peers or config.cluster_secret:
+        raise ConfigError("peers / cluster_secret need raft_listen (cluster mode)")
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level: {config.log_level!r} is not DEBUG, INFO, WARNING or ERROR")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -22,6 +23,8 @@ from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.broker import Broker
 from raft import LocalShard
+from raft.driver import RaftDriver
+from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError
 from storage import LmdbStore
 
 log = logging.getLogger("fluxmq")
@@ -66,7 +69,7 @@ def _dead_letter_rows(broker: Broker) -> Iterator[tuple[str, int, bool]]:
 
 
 def _register_collectors(
-    state: QueueStateMachine, store: LmdbStore, shard: LocalShard, broker: Broker
+    state: QueueStateMachine, store: LmdbStore, shard: LocalShard | PySyncObjShard, broker: Broker
 ) -> None:
     def storage() -> tuple[int, int]:
         st = store.stat()
@@ -90,10 +93,53 @@ def _register_collectors(
     PlatformCollector(registry=metrics.REGISTRY)
 
 
+MODE_FILE = "MODE"
+
+
+def check_mode(cfg: config_mod.NodeConfig) -> None:
+    """A data directory serves one mode for life: the applied index of a single node and of a
+    Raft replica mean different things, so switching would corrupt the state silently."""
+    mode = f"cluster {cfg.shard_id}" if cfg.cluster_mode else "single"
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    path = os.path.join(cfg.data_dir, MODE_FILE)
+    try:
+        with open(path) as f:
+            found = f.read().strip()
+    except FileNotFoundError:
+        if os.path.exists(os.path.join(cfg.data_dir, "data.mdb")):
+            found = "single"  # written before the mode file existed
+        else:
+            with open(path, "w") as f:
+                f.write(mode + "\n")
+            return
+    if found != mode:
+        raise config_mod.ConfigError(
+            f"data_dir {cfg.data_dir!r} belongs to a {found!r} node; this node is {mode!r}: "
+            "use another data directory"
+        )
+
+
+def build_shard(
+    cfg: config_mod.NodeConfig, state: QueueStateMachine
+) -> LocalShard | PySyncObjShard:
+    if not cfg.cluster_mode:
+        return LocalShard(state)
+    shard_cfg = ShardConfig(
+        shard_id=cfg.shard_id,
+        self_address=cfg.raft_listen,
+        peers=cfg.peer_list,
+        data_dir=cfg.data_dir,
+        secret=cfg.cluster_secret,
+        ack_timeout_ms=cfg.ack_timeout_ms,
+    )
+    return PySyncObjShard(state, shard_cfg, RaftDriver())
+
+
 async def serve(cfg: config_mod.NodeConfig) -> None:
+    check_mode(cfg)
     store = LmdbStore(cfg.data_dir, map_size_bytes=cfg.storage_map_size_bytes)
     state = QueueStateMachine(store)
-    shard = LocalShard(state)
+    shard = build_shard(cfg, state)
     broker = Broker(state, shard, retention_interval_ms=cfg.retention_interval_ms)
     server, health_servicer, port = build_server(
         broker, cfg.listen, request_bytes_max=cfg.request_bytes_max_value
@@ -105,14 +151,26 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     await broker.start()
     await server.start()
     await set_serving(health_servicer, True)
-    log.warning(
-        "FluxMQ single node serving on %s (data: %s, metrics: %s, applied index %d). "
-        "Authentication is OFF: anyone who can reach this port can use it.",
-        cfg.listen.rpartition(":")[0] + f":{port}",
-        cfg.data_dir,
-        cfg.metrics_listen or "off",
-        state.last_applied_index(),
-    )
+    if cfg.cluster_mode:
+        log.warning(
+            "FluxMQ replica of %s serving on %s (raft %s, peers %s, data: %s, metrics: %s). "
+            "Client authentication is OFF: anyone who can reach the gRPC port can use it.",
+            cfg.shard_id,
+            cfg.listen.rpartition(":")[0] + f":{port}",
+            cfg.raft_listen,
+            ",".join(cfg.peer_list),
+            cfg.data_dir,
+            cfg.metrics_listen or "off",
+        )
+    else:
+        log.warning(
+            "FluxMQ single node serving on %s (data: %s, metrics: %s, applied index %d). "
+            "Authentication is OFF: anyone who can reach this port can use it.",
+            cfg.listen.rpartition(":")[0] + f":{port}",
+            cfg.data_dir,
+            cfg.metrics_listen or "off",
+            state.last_applied_index(),
+        )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -124,6 +182,8 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     await set_serving(health_servicer, False)
     await server.stop(SHUTDOWN_GRACE_S)
     await broker.close()
+    if isinstance(shard, PySyncObjShard):
+        shard.driver.stop()
     store.close()
     log.info("stopped cleanly")
 
@@ -140,11 +200,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     logging_setup.setup(cfg.log_level, cfg.log_json)
     try:
-        import uvloop
-    except ImportError:  # uvloop is a dependency; this only keeps odd platforms running
-        asyncio.run(serve(cfg))
-    else:
-        uvloop.run(serve(cfg))
+        try:
+            import uvloop
+        except ImportError:  # uvloop is a dependency; this only keeps odd platforms running
+            asyncio.run(serve(cfg))
+        else:
+            uvloop.run(serve(cfg))
+    except config_mod.ConfigError as err:
+        print(f"fluxmq: configuration error: {err}", file=sys.stderr)
+        return 1
+    except ShardStartError as err:
+        print(f"fluxmq: cannot start: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,7 +19,7 @@ class Entry:
 
 class StateMachine(Protocol):
     def apply_batch(self, entries: Sequence[Entry]) -> list[object]:
-        """Apply ``entries`` (consecutive indexes) durably, in one transaction; one result per
+        """Apply ``entries`` (increasing indexes, possibly with gaps) durably, in one transaction; one result per
         entry. Must skip entries at or below ``last_applied_index()`` (replays)."""
         ...
 

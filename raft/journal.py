@@ -15,6 +15,7 @@ followed by the command bytes. Term, vote and commit index live in a second data
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Callable
 from typing import Any, overload
@@ -37,6 +38,7 @@ class LmdbJournal:
     def __init__(self, path: str, *, map_size_bytes: int = 8 << 30) -> None:
         self._env: Any
         try:
+            os.makedirs(path, exist_ok=True)
             self._env = lmdb.open(
                 path,
                 map_size=map_size_bytes,
@@ -46,7 +48,7 @@ class LmdbJournal:
                 metasync=True,
                 readahead=False,
             )
-        except lmdb.Error as e:
+        except (OSError, lmdb.Error) as e:
             raise JournalError(f"cannot open the raft journal at {path!r}: {e}") from e
         self._path = path
         self._entries_db = self._env.open_db(b"entries")

@@ -202,6 +202,10 @@ class PySyncObjShard:
         return self._status
 
     @property
+    def driver(self) -> RaftDriver:
+        return self._driver
+
+    @property
     def journal(self) -> LmdbJournal | None:
         return self._journal
 

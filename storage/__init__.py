@@ -4,6 +4,7 @@ Independent of the layers above it: it knows only numbered logs and opaque bytes
 """
 
 from storage.api import (
+    ContentDigest,
     CorruptRecordError,
     NewRecord,
     OffsetOutOfRangeError,
@@ -23,6 +24,7 @@ from storage.lmdb_store import LmdbStore
 from storage.memory_store import MemoryStore
 
 __all__ = [
+    "ContentDigest",
     "CorruptRecordError",
     "LmdbStore",
     "MemoryStore",

@@ -14,7 +14,9 @@ with ``truncate_before``), ``high`` the next offset to be written. An empty, nev
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import hashlib
+import struct
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -189,3 +191,55 @@ class Store(Protocol):
     def stat(self) -> StoreStat: ...
 
     def close(self) -> None: ...
+
+    def copy_to(self, path: str, txn: ReadTxn | None = None) -> None:
+        """Write a consistent copy of the whole store to the new file ``path`` (refused if it
+        exists) and fsync it. The copy shows what ``txn`` (a read transaction of this store, still
+        open) sees, or the last commit when ``txn`` is None, so a caller can read from the same
+        view what the copy contains. Streams: never the whole store in memory. A failure removes
+        the partial file."""
+        ...
+
+    def replace_from(self, path: str) -> None:
+        """Replace the whole content of the store by a copy that ``copy_to`` of the same store
+        implementation wrote, in one write transaction: readers see all of the old content or all
+        of the new. The copy is checked while it is read; a copy that is not one (or is damaged)
+        raises ``StorageError`` and leaves the store unchanged."""
+        ...
+
+    def digest(self, exclude_kv_keys: Collection[bytes] = ()) -> str:
+        """Hex sha256 of the whole logical content (see ``ContentDigest``), the same for every
+        implementation holding the same content. Keys in ``exclude_kv_keys`` are left out."""
+        ...
+
+
+_DIGEST_LOG = struct.Struct(">cQQQQ")
+_DIGEST_RECORD = struct.Struct(">cQI")
+_DIGEST_KV = struct.Struct(">cHI")
+
+
+class ContentDigest:
+    """The canonical digest of a store's content, fed in this order: every log by ascending
+    ``log_id`` (its watermarks and size, then its stored records by ascending offset, as encoded
+    bytes), then every key/value pair by ascending key. Each item is tagged and length-prefixed so
+    that no two different contents feed the same byte stream."""
+
+    __slots__ = ("_hash",)
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256(b"fluxmq-store-digest-1")
+
+    def log(self, log_id: int, low: int, high: int, size_bytes: int) -> None:
+        self._hash.update(_DIGEST_LOG.pack(b"L", log_id, low, high, size_bytes))
+
+    def record(self, offset: int, encoded: bytes) -> None:
+        self._hash.update(_DIGEST_RECORD.pack(b"R", offset, len(encoded)))
+        self._hash.update(encoded)
+
+    def kv(self, key: bytes, value: bytes) -> None:
+        self._hash.update(_DIGEST_KV.pack(b"K", len(key), len(value)))
+        self._hash.update(key)
+        self._hash.update(value)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()

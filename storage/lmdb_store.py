@@ -17,13 +17,22 @@ Three named databases live in the environment:
 Each transaction object is confined to the thread that opened it (LMDB write transactions are
 bound to their thread; py-lmdb opens the environment with MDB_NOTLS so read transactions may be
 opened from any thread and run concurrently with the writer).
+
+A copy (``copy_to``) is a compacted LMDB data file holding the same three databases, followed by
+a trailer: ``FLUXMQ-LMDB-COPY-1`` and the sha256 of the data file. LMDB checksums no pages, and
+a short or damaged data file makes it read outside the file (SIGBUS) or follow garbage
+pointers, so ``replace_from`` checks the whole file against its sha256 before LMDB sees it.
+The copy is then read as a separate read-only environment (LMDB ignores the trailing bytes) and
+never becomes the live one, so the live environment is never closed under its readers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -31,6 +40,7 @@ import lmdb
 from crc32c import crc32c
 
 from storage.api import (
+    ContentDigest,
     CorruptRecordError,
     NewRecord,
     OffsetOutOfRangeError,
@@ -43,6 +53,7 @@ from storage.api import (
 )
 from storage.codec import (
     KV_KEY_BYTES_MAX,
+    KV_VALUE_BYTES_MAX,
     check_append_room,
     check_chunk,
     check_kv_key,
@@ -71,8 +82,107 @@ _META_FIELDS = struct.Struct(">QQQ")
 _META_CRC = struct.Struct(">I")
 _META_SIZE = _META_FIELDS.size + _META_CRC.size
 
+# The databases a copy must hold; anything else in a file handed to replace_from is refused.
+_DB_NAMES = (b"log", b"logmeta", b"kv")
+_COPY_MAGIC = b"FLUXMQ-LMDB-COPY-1"
+_COPY_TRAILER_BYTES = len(_COPY_MAGIC) + hashlib.sha256().digest_size
+_HASH_CHUNK_BYTES = 1024 * 1024
+
 _ENDED = "the transaction has ended"
 _FAILED = "an earlier operation of this write transaction failed; it can only be aborted"
+
+
+def _unpack_meta(log_id: int, meta_key: bytes, raw: bytes) -> tuple[int, int, int]:
+    """(low, high, size_bytes) of a stored metadata entry, checked."""
+    if len(raw) != _META_SIZE:
+        raise StorageError(f"metadata of log {log_id} has {len(raw)} bytes")
+    fields = raw[: _META_FIELDS.size]
+    if crc32c(fields, crc32c(meta_key)) != _META_CRC.unpack_from(raw, len(fields))[0]:
+        raise StorageError(f"metadata of log {log_id} failed its crc32c check")
+    low, high, size = _META_FIELDS.unpack(fields)
+    if low > high or (size == 0) != (low == high):
+        raise StorageError(
+            f"metadata of log {log_id} is inconsistent: low={low} high={high} size_bytes={size}"
+        )
+    return low, high, size
+
+
+def _log_metas(txn: Any, meta_db: object) -> Iterator[tuple[int, bytes, bytes, int, int, int]]:
+    """(log_id, meta key, meta value, low, high, size_bytes) of every log, by log_id."""
+    with txn.cursor(db=meta_db) as cursor:
+        for key, value in cursor:
+            if len(key) != _META_KEY.size:
+                raise StorageError(f"a log metadata key has {len(key)} bytes")
+            log_id = _META_KEY.unpack(key)[0]
+            low, high, size = _unpack_meta(log_id, key, value)
+            yield log_id, key, value, low, high, size
+
+
+def _log_records(
+    txn: Any, log_db: object, log_id: int, low: int, high: int
+) -> Iterator[tuple[int, bytes, bytes]]:
+    """(offset, position, encoded record) of the records in [low, high) of one log, in order;
+    a missing record raises ``CorruptRecordError``."""
+    if low == high:
+        return
+    offset = low
+    pos = position(log_id, offset)
+    with txn.cursor(db=log_db) as cursor:
+        if not cursor.set_key(pos):
+            raise CorruptRecordError(log_id, offset, "record missing below high")
+        for key, value in cursor.iternext():
+            if key != pos:
+                raise CorruptRecordError(log_id, offset, "record missing below high")
+            yield offset, pos, value
+            offset += 1
+            if offset == high:
+                return
+            pos = position(log_id, offset)
+    raise CorruptRecordError(log_id, offset, "record missing below high")
+
+
+def _file_sha256(fd: int, size_bytes: int) -> bytes:
+    """sha256 of the first ``size_bytes`` of the file, read in bounded chunks."""
+    digest = hashlib.sha256()
+    at = 0
+    while at < size_bytes:
+        chunk = os.pread(fd, min(_HASH_CHUNK_BYTES, size_bytes - at), at)
+        if not chunk:
+            raise OSError(f"the file ended at {at} of {size_bytes} bytes while being hashed")
+        digest.update(chunk)
+        at += len(chunk)
+    return digest.digest()
+
+
+def _check_copy_file(path: str) -> int:
+    """Check a copy against its trailer; return the size of its LMDB data file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise StorageError(f"cannot open the copy {path!r}: {e}") from e
+    try:
+        size = os.fstat(fd).st_size
+        data_bytes = size - _COPY_TRAILER_BYTES
+        if data_bytes <= 0:
+            raise StorageError(f"{path!r} is not a copy of an LMDB store: {size} bytes")
+        trailer = os.pread(fd, _COPY_TRAILER_BYTES, data_bytes)
+        if not trailer.startswith(_COPY_MAGIC):
+            raise StorageError(f"{path!r} is not a copy of an LMDB store: no copy trailer")
+        if trailer[len(_COPY_MAGIC) :] != _file_sha256(fd, data_bytes):
+            raise StorageError(f"the copy {path!r} is damaged: its sha256 does not match")
+    except OSError as e:
+        raise StorageError(f"cannot read the copy {path!r}: {e}") from e
+    finally:
+        os.close(fd)
+    return data_bytes
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _storage_error(error: lmdb.Error) -> StorageError:
@@ -194,6 +304,160 @@ class LmdbStore:
         if not self._closed:
             self._closed = True
             self._env.close()
+
+    def copy_to(self, path: str, txn: ReadTxn | None = None) -> None:
+        env = self._live_env()
+        if txn is not None and not (isinstance(txn, LmdbReadTxn) and txn._dbs is self._dbs):
+            raise StorageError("copy_to takes a read transaction of this store")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise StorageError(f"cannot create the copy {path!r}: {e}") from e
+        try:
+            try:
+                # LMDB takes a transaction only for compacting copies; compacting also leaves
+                # out free pages, so the copy is as small as the content.
+                if txn is None:
+                    with env.begin(write=False) as raw:
+                        env.copyfd(fd, compact=True, txn=raw)
+                else:
+                    txn._check()
+                    env.copyfd(fd, compact=True, txn=txn._txn)
+                data_bytes = os.fstat(fd).st_size
+                trailer = _COPY_MAGIC + _file_sha256(fd, data_bytes)
+                if os.pwrite(fd, trailer, data_bytes) != len(trailer):
+                    raise OSError("short write of the copy's trailer")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            if isinstance(e, lmdb.Error):
+                raise _storage_error(e) from e
+            if isinstance(e, OSError):
+                raise StorageError(f"cannot write the copy {path!r}: {e}") from e
+            raise
+
+    def replace_from(self, path: str) -> None:
+        env = self._live_env()
+        data_bytes = _check_copy_file(path)
+        try:
+            source = lmdb.open(
+                path, subdir=False, readonly=True, lock=False, max_dbs=8, readahead=False
+            )
+        except lmdb.Error as e:
+            raise StorageError(f"{path!r} is not a copy of an LMDB store: {e}") from e
+        try:
+            # Belt and braces after the sha256: pages past the end of the file would be a crash.
+            pages_bytes = (source.info()["last_pgno"] + 1) * source.stat()["psize"]
+            if pages_bytes > data_bytes:
+                raise StorageError(
+                    f"{path!r} is not a usable copy: its pages need {pages_bytes} bytes, "
+                    f"it holds {data_bytes}"
+                )
+            with source.begin(write=False) as src:
+                src_dbs = _open_copy_dbs(source, src, path)
+                try:
+                    dst = env.begin(write=True)
+                except lmdb.Error as e:
+                    raise _storage_error(e) from e
+                try:
+                    _replace(dst, self._dbs, src, src_dbs, path)
+                except BaseException:
+                    dst.abort()
+                    raise
+                try:
+                    dst.commit()
+                except lmdb.Error as e:
+                    raise _storage_error(e) from e
+        except lmdb.Error as e:
+            raise StorageError(f"cannot read the copy {path!r}: {e}") from e
+        finally:
+            source.close()
+
+    def digest(self, exclude_kv_keys: Collection[bytes] = ()) -> str:
+        env = self._live_env()
+        exclude = frozenset(exclude_kv_keys)
+        digest = ContentDigest()
+        dbs = self._dbs
+        try:
+            with env.begin(write=False) as raw:
+                for log_id, _key, _value, low, high, size in _log_metas(raw, dbs.meta):
+                    digest.log(log_id, low, high, size)
+                    for offset, _pos, record in _log_records(raw, dbs.log, log_id, low, high):
+                        digest.record(offset, record)
+                with raw.cursor(db=dbs.kv) as cursor:
+                    for key, value in cursor:
+                        if key not in exclude:
+                            digest.kv(key, value)
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        return digest.hexdigest()
+
+
+def _open_copy_dbs(source: Any, src: Any, path: str) -> _Dbs:
+    """The databases of a copy, refusing a file that holds anything else."""
+    with src.cursor() as cursor:
+        names = [key for key, _value in cursor]
+    if sorted(names) != sorted(_DB_NAMES):
+        raise StorageError(
+            f"{path!r} is not a copy of a store: it holds the databases {names!r}, "
+            f"a copy holds exactly {list(_DB_NAMES)!r}"
+        )
+    try:
+        log, meta, kv = (source.open_db(name, txn=src, create=False) for name in _DB_NAMES)
+    except lmdb.Error as e:
+        raise StorageError(f"{path!r} is not a copy of a store: {e}") from e
+    return _Dbs(log=log, meta=meta, kv=kv)
+
+
+def _replace(dst: Any, dbs: _Dbs, src: Any, src_dbs: _Dbs, path: str) -> None:
+    """Empty the live databases and fill them from the copy, checking the copy as it streams
+    by (metadata and record checksums, no gaps, no orphans, key/value limits): a bad copy raises
+    before the caller commits anything."""
+
+    def refused(detail: object) -> _CopyRefusedError:
+        return _CopyRefusedError(f"{path!r} is not a usable copy of a store: {detail}")
+
+    for db in (dbs.log, dbs.meta, dbs.kv):
+        dst.drop(db, delete=False)
+    records = 0
+    try:
+        with dst.cursor(db=dbs.meta) as out_meta, dst.cursor(db=dbs.log) as out_log:
+            for log_id, key, value, low, high, size in _log_metas(src, src_dbs.meta):
+                # Logs come by log_id and records by offset, so positions only ever grow and
+                # every put may append at the end of the (emptied) database.
+                out_meta.put(key, value, append=True)
+                total = 0
+                for offset, pos, record in _log_records(src, src_dbs.log, log_id, low, high):
+                    checked_timestamp(pos, log_id, offset, record)
+                    total += len(record)
+                    out_log.put(pos, record, append=True)
+                if total != size:
+                    raise refused(f"log {log_id} holds {total} bytes, its metadata says {size}")
+                records += high - low
+        stored = src.stat(src_dbs.log)["entries"]
+        if stored != records:
+            raise refused(f"{stored - records} records lie outside every log's watermarks")
+        with src.cursor(db=src_dbs.kv) as cursor, dst.cursor(db=dbs.kv) as out_kv:
+            for key, value in cursor:
+                if len(value) > KV_VALUE_BYTES_MAX:
+                    raise refused(f"a key/value table value has {len(value)} bytes")
+                out_kv.put(key, value, append=True)
+    except _CopyRefusedError:
+        raise
+    except lmdb.MapFullError as e:
+        raise _storage_error(e) from e
+    except (StorageError, lmdb.Error) as e:
+        # What else fails here is a check of the copy's content (metadata, checksums, gaps) or
+        # LMDB reading it: the copy, not the live store, is at fault.
+        raise refused(e) from e
+
+
+class _CopyRefusedError(StorageError):
+    """A file handed to ``replace_from`` that is not a sound copy."""
 
 
 class _Dbs:
@@ -347,18 +611,7 @@ class LmdbPartitionLogReader:
             self._low, self._high, self._size = self._unpack_meta(raw)
 
     def _unpack_meta(self, raw: bytes) -> tuple[int, int, int]:
-        if len(raw) != _META_SIZE:
-            raise StorageError(f"metadata of log {self._log_id} has {len(raw)} bytes")
-        fields = raw[: _META_FIELDS.size]
-        if crc32c(fields, crc32c(self._meta_key)) != _META_CRC.unpack_from(raw, len(fields))[0]:
-            raise StorageError(f"metadata of log {self._log_id} failed its crc32c check")
-        low, high, size = _META_FIELDS.unpack(fields)
-        if low > high or (size == 0) != (low == high):
-            raise StorageError(
-                f"metadata of log {self._log_id} is inconsistent: low={low} high={high} "
-                f"size_bytes={size}"
-            )
-        return low, high, size
+        return _unpack_meta(self._log_id, self._meta_key, raw)
 
     @property
     def log_id(self) -> int:

@@ -6,17 +6,34 @@ state directly and keeps an undo log; an exception inside ``with store.write()``
 
 It is meant for one thread. It keeps no snapshots, so a read transaction is only valid while the
 store does not change under it: a read through a read transaction that overlaps a write which
-changed something raises ``StorageError`` instead of silently seeing other data than LMDB would.
+changed something (or a ``replace_from``) raises ``StorageError`` instead of silently seeing
+other data than LMDB would.
+
+A copy (``copy_to``) is a file of its own format, all integers big-endian::
+
+    magic           b"FLUXMQ-MEMORY-STORE-1\n"
+    per log, by ascending log_id:
+        b"L", log_id u64, low u64, high u64, size_bytes u64
+        per record in [low, high): length u32, the encoded record
+    per key/value pair, by ascending key:
+        b"K", key length u16, value length u32, key, value
+    b"E", sha256 of every byte before it (this b"E" included)
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
+import contextlib
+import hashlib
+import os
+import struct
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from storage.api import (
+    ContentDigest,
+    CorruptRecordError,
     NewRecord,
     OffsetOutOfRangeError,
     Record,
@@ -27,6 +44,8 @@ from storage.api import (
     Watermarks,
 )
 from storage.codec import (
+    KV_KEY_BYTES_MAX,
+    KV_VALUE_BYTES_MAX,
     check_append_room,
     check_chunk,
     check_kv_key,
@@ -46,6 +65,13 @@ _T = TypeVar("_T")  # what one append call encodes: NewRecord or a prepared reco
 
 if TYPE_CHECKING:
     from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
+
+_COPY_MAGIC = b"FLUXMQ-MEMORY-STORE-1\n"
+_COPY_LOG = struct.Struct(">QQQQ")
+_COPY_RECORD = struct.Struct(">I")
+_COPY_KV = struct.Struct(">HI")
+_COPY_END_BYTES = hashlib.sha256().digest_size
+_COPY_BUFFER_BYTES = 1024 * 1024
 
 _ENDED = "the transaction has ended"
 _FAILED = "an earlier operation of this write transaction failed; it can only be aborted"
@@ -136,6 +162,200 @@ class MemoryStore:
 
     def close(self) -> None:
         self._closed = True
+
+    def copy_to(self, path: str, txn: ReadTxn | None = None) -> None:
+        self._check_open()
+        if txn is not None:
+            if not (isinstance(txn, MemoryReadTxn) and txn._store is self):
+                raise StorageError("copy_to takes a read transaction of this store")
+            txn._check()
+        elif self._writer is not None and self._writer._undo:
+            # The live state holds uncommitted changes, which a copy must not show.
+            raise StorageError("cannot copy the memory store while a write changes it")
+        try:
+            file = open(path, "xb", buffering=_COPY_BUFFER_BYTES)  # noqa: SIM115
+        except OSError as e:
+            raise StorageError(f"cannot create the copy {path!r}: {e}") from e
+        version = self._version
+        try:
+            with file:
+                self._write_copy(_HashingWriter(file))
+                if self._version != version:
+                    # Only another thread could have written, which this store does not support;
+                    # the copy may mix two states, so it is thrown away.
+                    raise StorageError("the memory store changed while it was being copied")
+                file.flush()
+                os.fsync(file.fileno())
+            _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            if isinstance(e, OSError):
+                raise StorageError(f"cannot write the copy {path!r}: {e}") from e
+            raise
+
+    def _write_copy(self, out: _HashingWriter) -> None:
+        out.write(_COPY_MAGIC)
+        for log_id in sorted(self._logs):
+            state = self._logs[log_id]
+            out.write(b"L" + _COPY_LOG.pack(log_id, state.low, state.high, state.size))
+            for offset in range(state.low, state.high):
+                record = state.records[offset]
+                out.write(_COPY_RECORD.pack(len(record)))
+                out.write(record)
+        for key in self._kv_keys:
+            value = self._kv[key]
+            out.write(b"K" + _COPY_KV.pack(len(key), len(value)))
+            out.write(key)
+            out.write(value)
+        out.end()
+
+    def replace_from(self, path: str) -> None:
+        self._check_open()
+        if self._writer is not None:
+            raise StorageError("cannot replace the memory store while a write transaction is open")
+        try:
+            with open(path, "rb", buffering=_COPY_BUFFER_BYTES) as file:
+                source = _HashingReader(file, os.fstat(file.fileno()).st_size, path)
+                logs, kv, used = _read_copy(source)
+        except OSError as e:
+            raise StorageError(f"cannot read the copy {path!r}: {e}") from e
+        if self._max_bytes is not None and used > self._max_bytes:
+            raise StorageFullError(
+                f"the copy {path!r} holds {used} bytes, the memory store takes {self._max_bytes}"
+            )
+        # Everything was read and checked before this point: the swap itself cannot fail.
+        self._logs = logs
+        self._kv = kv
+        self._kv_keys = list(kv)
+        self._used = used
+        self._version += 1
+
+    def digest(self, exclude_kv_keys: Collection[bytes] = ()) -> str:
+        self._check_open()
+        exclude = frozenset(exclude_kv_keys)
+        digest = ContentDigest()
+        for log_id in sorted(self._logs):
+            state = self._logs[log_id]
+            digest.log(log_id, state.low, state.high, state.size)
+            for offset in range(state.low, state.high):
+                digest.record(offset, state.records[offset])
+        for key in self._kv_keys:
+            if key not in exclude:
+                digest.kv(key, self._kv[key])
+        return digest.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _HashingWriter:
+    __slots__ = ("_file", "_hash")
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self._hash = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        self._hash.update(data)
+        self._file.write(data)
+
+    def end(self) -> None:
+        self.write(b"E")
+        self._file.write(self._hash.digest())
+
+
+class _HashingReader:
+    """Reads a copy, hashing what it read; refuses to read past the end of the file, so a
+    damaged length field cannot make it allocate more than the file holds."""
+
+    __slots__ = ("_file", "_hash", "_left", "path")
+
+    def __init__(self, file: IO[bytes], size_bytes: int, path: str) -> None:
+        self._file = file
+        self._hash = hashlib.sha256()
+        self._left = size_bytes
+        self.path = path
+
+    def refused(self, detail: str) -> StorageError:
+        return StorageError(f"{self.path!r} is not a usable copy of a memory store: {detail}")
+
+    def read(self, size: int) -> bytes:
+        if size > self._left:
+            raise self.refused("it ends in the middle of an item")
+        data = self._file.read(size)
+        if len(data) != size:
+            raise self.refused("it ended while being read")
+        self._left -= size
+        self._hash.update(data)
+        return data
+
+    def check_end(self) -> None:
+        expected = self._hash.digest()
+        if self.read(_COPY_END_BYTES) != expected:
+            raise self.refused("its sha256 does not match its content")
+        if self._left:
+            raise self.refused(f"{self._left} bytes follow its end")
+
+
+def _read_copy(source: _HashingReader) -> tuple[dict[int, _LogState], dict[bytes, bytes], int]:
+    """The logs, key/value table (in key order) and used bytes of a copy, every part checked."""
+    if source.read(len(_COPY_MAGIC)) != _COPY_MAGIC:
+        raise source.refused("it does not start with the format's magic bytes")
+    logs: dict[int, _LogState] = {}
+    kv: dict[bytes, bytes] = {}
+    used = 0
+    last_log_id = -1
+    last_key: bytes | None = None
+    while True:
+        tag = source.read(1)
+        if tag == b"E":
+            source.check_end()
+            return logs, kv, used
+        if tag == b"L" and last_key is None:
+            log_id, low, high, size = _COPY_LOG.unpack(source.read(_COPY_LOG.size))
+            if log_id <= last_log_id or low > high or (size == 0) != (low == high):
+                raise source.refused(
+                    f"log {log_id} after log {last_log_id}: low={low} high={high} size={size}"
+                )
+            last_log_id = log_id
+            logs[log_id] = _read_log(source, log_id, low, high, size)
+            used += size
+        elif tag == b"K":
+            key_len, value_len = _COPY_KV.unpack(source.read(_COPY_KV.size))
+            if not 0 < key_len <= KV_KEY_BYTES_MAX or value_len > KV_VALUE_BYTES_MAX:
+                raise source.refused(f"a key of {key_len} bytes with a value of {value_len}")
+            key = source.read(key_len)
+            if last_key is not None and key <= last_key:
+                raise source.refused("its key/value pairs are not in ascending key order")
+            kv[key] = source.read(value_len)
+            last_key = key
+            used += key_len + value_len
+        else:
+            raise source.refused(f"unexpected item tag {tag!r}")
+
+
+def _read_log(source: _HashingReader, log_id: int, low: int, high: int, size: int) -> _LogState:
+    state = _LogState()
+    state.low, state.high, state.size = low, high, size
+    total = 0
+    for offset in range(low, high):
+        (length,) = _COPY_RECORD.unpack(source.read(_COPY_RECORD.size))
+        record = source.read(length)
+        try:
+            checked_timestamp(position(log_id, offset), log_id, offset, record)
+        except CorruptRecordError as e:
+            raise source.refused(str(e)) from e
+        state.records[offset] = record
+        total += length
+    if total != size:
+        raise source.refused(f"log {log_id} holds {total} bytes, its metadata says {size}")
+    return state
 
 
 class _MemoryTxn:

@@ -12,6 +12,7 @@ An exception from storage aborts the whole transaction; nothing of the batch is 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -151,18 +152,16 @@ class QueueStateMachine:
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        with store.read() as txn:
-            self._catalog = load_catalog(txn)
-            raw = txn.get(keys.APPLIED)
-        self._applied = keys.U64.unpack(raw)[0] if raw else 0
+        self._catalog: dict[str, QueueEntry] = {}
+        self._applied = 0
         # Last timestamp per log, to keep timestamps of a log non-decreasing even if the leader's
         # clock steps back. Filled from storage on a miss, so it only ever reflects commits.
         self._last_ts: dict[int, int] = {}
+        self.delivery = DeliveryState()
+        self._reload()
         # Called after each commit with the logs that grew (from the applying thread): how
         # waiting readers learn about new records whoever proposed them.
         self.commit_listener: Callable[[list[int], list[int]], None] | None = None
-        with store.read() as txn:
-            self.delivery = DeliveryState.load(txn)
         # Held while applying and by readers of the delivery state (another thread).
         self.lock = threading.RLock()
         self.dead_letters_dropped = 0  # dead messages of queues without a DLQ (since start)
@@ -198,12 +197,72 @@ class QueueStateMachine:
     def last_applied_index(self) -> int:
         return self._applied
 
-    def apply_batch(self, entries: Sequence[Entry]) -> list[Result]:
-        """Apply ``entries`` (indexes increasing) in one durable transaction. Entries at or
-        below the last applied index are skipped (their result is None)."""
-        results: list[Result] = []
-        applied = self._applied
+    def _reload(self) -> None:
+        """Derive everything held in memory from the store, from one consistent view."""
+        with self._store.read() as txn:
+            catalog = load_catalog(txn)
+            raw = txn.get(keys.APPLIED)
+            delivery = DeliveryState.load(txn)
+        self._catalog = catalog
+        self._applied = keys.U64.unpack(raw)[0] if raw else 0
+        self._last_ts = {}
+        self.delivery = delivery
+
+    def digest(self) -> str:
+        """Hex sha256 of the whole replicated state, equal on replicas that applied the same
+        entries. The applied index is left out: a replica reports it on its own, and entries that
+        change nothing (skipped ones, no-ops) must not make equal states differ.
+
+        Reads one consistent view without holding ``lock`` (hashing a large store must not stall
+        applies); a caller that needs the index the digest belongs to holds ``lock`` around both.
+        """
+        return self._store.digest(exclude_kv_keys=(keys.APPLIED,))
+
+    def write_snapshot(self, path: str) -> int:
+        """Write a copy of the whole state to the new file ``path`` (fsync'd); return the
+        applied index it reflects. Applies wait only while the copy's view is opened, not during
+        the copy: the view is a read transaction that later commits do not change."""
+        with contextlib.ExitStack() as stack:
+            with self.lock:
+                # Under the lock no batch is half applied, so the view and _applied agree.
+                txn = stack.enter_context(self._store.read())
+                raw = txn.get(keys.APPLIED)
+                applied = keys.U64.unpack(raw)[0] if raw else 0
+                assert applied == self._applied, (applied, self._applied)
+            self._store.copy_to(path, txn)
+        return applied
+
+    def install_snapshot(self, path: str) -> None:
+        """Replace the whole state by the copy in ``path`` (written by ``write_snapshot``),
+        atomically for readers of the store; then wake every waiting reader, since any log or
+        group may have changed."""
         with self.lock:
+            old_logs = self._log_ids()
+            old_groups = self._group_ids()
+            self._store.replace_from(path)
+            self._reload()
+            log_ids = sorted(old_logs | self._log_ids())
+            group_ids = sorted(old_groups | self._group_ids())
+        if self.commit_listener is not None:
+            self.commit_listener(log_ids, group_ids)
+
+    def _log_ids(self) -> set[int]:
+        return {
+            keys.log_id(entry.queue_id, partition)
+            for entry in self._catalog.values()
+            for partition in range(entry.policy.partitions)
+        }
+
+    def _group_ids(self) -> set[int]:
+        return {g.group_id for by_name in self.delivery.groups.values() for g in by_name.values()}
+
+    def apply_batch(self, entries: Sequence[Entry]) -> list[Result]:
+        """Apply ``entries`` (indexes increasing, not necessarily consecutive: the replication
+        log holds entries that never reach the state machine) in one durable transaction.
+        Entries at or below the last applied index are skipped (their result is None)."""
+        results: list[Result] = []
+        with self.lock:
+            applied = self._applied
             try:
                 with self._store.write() as txn:
                     batch = _Batch(txn)

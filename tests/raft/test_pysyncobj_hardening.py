@@ -1,0 +1,187 @@
+"""The corrections raft/_pysyncobj.py makes to pysyncobj 0.3.17, each shown against the stock
+behaviour it replaces (shared/notes/RAFT.md), and the assumptions it makes about pysyncobj's
+internals (this file fails first if an upgrade moves them)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObj
+
+from raft import _pysyncobj, snapshot_file
+from raft._pysyncobj import HardenedSyncObj, SyncObjConf
+from raft.journal import LmdbJournal
+from tests.raft.helpers import free_ports
+
+NOOP = b"\x01"
+
+
+def _cmd(i: int) -> bytes:
+    return b"\x00" + f"c{i}".encode()
+
+
+def _read_snapshot(path: str) -> tuple[Any, Any, Any]:
+    info = snapshot_file.read_info(path)
+    return info.last, info.prev, list(info.members)
+
+
+class Harness:
+    """One HardenedSyncObj, not ticking, whose peers do not run: messages are fed by hand."""
+
+    def __init__(self, root: str, terms: list[int], current_term: int) -> None:
+        self.root = root
+        self.journal = LmdbJournal(os.path.join(root, "journal"))
+        for i, term in enumerate(terms, start=1):
+            self.journal.add(NOOP if i == 1 else _cmd(i), i, term)
+        self.journal.setCurrentTerm(current_term, None)
+        self.journal.flush()
+        me, peer1, peer2 = (f"127.0.0.1:{p}" for p in free_ports(3))
+        self.snapshots: list[int] = []
+        conf = SyncObjConf(
+            password="s",
+            autoTick=False,
+            appendEntriesUseBatch=False,
+            fullDumpFile=os.path.join(root, "snapshot"),
+            serializer=lambda *_: None,
+            deserializer=_read_snapshot,
+            useFork=False,
+            dynamicMembershipChange=True,
+            bindAddress=me,
+            maxBindRetries=1,
+        )
+        self.so = HardenedSyncObj(
+            me,
+            [peer1, peer2],
+            conf,
+            self.journal,
+            _pysyncobj.create_poller(),
+            lambda index, frame: index,
+            lambda path, info: self.snapshots.append(info.index),
+        )
+        self.leader = next(n for n in self.so.otherNodes if n.id == peer1)
+
+    def log(self) -> list[tuple[int, int]]:
+        return [(idx, term) for _, idx, term in self.journal[:]]
+
+    def append(self, term: int, prev: int, prev_term: int, entries: list[tuple[int, int]],
+               commit: int, stock: bool = False) -> None:
+        msg: dict[str, Any] = {
+            "type": "append_entries",
+            "term": term,
+            "commit_index": commit,
+            "prevLogIdx": prev,
+            "prevLogTerm": prev_term,
+            "entries": [(_cmd(i), i, t) for i, t in entries],
+        }
+        if stock:
+            SyncObj._SyncObj__onMessageReceived(self.so, self.leader, msg)
+        else:
+            self.so._SyncObj__onMessageReceived(self.leader, msg)
+
+    def close(self) -> None:
+        self.so.destroy()
+
+
+@pytest.fixture
+def harness(tmp_path: Any) -> Iterator[Any]:
+    made: list[Harness] = []
+
+    def make(terms: list[int], current_term: int = 1) -> Harness:
+        h = Harness(str(tmp_path / f"h{len(made)}"), terms, current_term)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def test_pysyncobj_internals_we_rely_on_are_present() -> None:
+    assert _pysyncobj.check_assumptions() == []
+
+
+def test_a_stale_append_of_matching_entries_does_not_delete_later_entries(harness: Any) -> None:
+    stock = harness([1, 1, 1, 1, 1])
+    stock.append(term=1, prev=2, prev_term=1, entries=[(3, 1)], commit=3, stock=True)
+    # Stock pysyncobj deletes entries 4 and 5, which this follower may have acknowledged.
+    assert stock.log() == [(1, 1), (2, 1), (3, 1)]
+
+    fixed = harness([1, 1, 1, 1, 1])
+    fixed.append(term=1, prev=2, prev_term=1, entries=[(3, 1)], commit=3)
+    assert fixed.log() == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
+    assert fixed.so.raftCommitIndex == 3
+
+
+def test_a_real_conflict_still_truncates_from_the_first_conflicting_entry(harness: Any) -> None:
+    h = harness([1, 1, 1, 1, 1], current_term=2)
+    h.append(term=2, prev=2, prev_term=1, entries=[(3, 1), (4, 2)], commit=2)
+    assert h.log() == [(1, 1), (2, 1), (3, 1), (4, 2)]
+
+
+def test_a_heartbeat_never_commits_entries_not_proven_to_match_the_leader(harness: Any) -> None:
+    # Entries 4 and 5 are from term 1; the term-2 leader's log matches only up to 3.
+    h = harness([1, 1, 1, 1, 1], current_term=2)
+    h.append(term=2, prev=3, prev_term=1, entries=[], commit=5)
+    assert h.so.raftCommitIndex == 3
+    assert h.log()[-1] == (5, 1)  # kept until a real conflict shows up
+
+
+def test_matching_entries_already_present_are_not_rewritten(harness: Any) -> None:
+    h = harness([1, 1, 1])
+    fsyncs = h.journal.fsyncs
+    h.append(term=1, prev=1, prev_term=1, entries=[(2, 1), (3, 1)], commit=3)
+    assert h.log() == [(1, 1), (2, 1), (3, 1)]
+    h.journal.flush()
+    assert h.journal.fsyncs - fsyncs <= 1  # commit index only, no entry rewritten
+
+
+def _snapshot(h: Harness, index: int, term: int) -> str:
+    state = os.path.join(h.root, "state.bin")
+    with open(state, "wb") as f:
+        f.write(b"state")
+    path = h.so.conf.fullDumpFile
+    snapshot_file.write(path, (_cmd(index), index, term), (_cmd(index - 1), index - 1, term),
+                        [h.so.selfNode.id, *(n.id for n in h.so.otherNodes)], state)
+    return str(path)
+
+
+def test_loading_a_snapshot_at_start_keeps_the_entries_written_after_it(harness: Any) -> None:
+    # A crash between writing the snapshot and trimming the journal: the journal still starts at
+    # 1 and goes past the snapshot. Stock pysyncobj cleared it down to the snapshot's two entries.
+    h = harness([1] * 10)
+    _snapshot(h, 6, 1)
+    h.so._SyncObj__loadDumpFile(clearJournal=False)
+    assert [i for i, _ in h.log()] == list(range(1, 11))
+    assert h.so.raftLastApplied == 6
+    assert h.snapshots == [6]
+
+
+def test_stock_snapshot_loading_loses_the_entries_after_it(harness: Any) -> None:
+    h = harness([1] * 10)
+    _snapshot(h, 6, 1)
+    SyncObj._SyncObj__loadDumpFile(h.so, clearJournal=False)
+    assert h.so.raftLastApplied == 6  # it did load the snapshot ...
+    assert h.log() == [(5, 1), (6, 1)]  # ... and dropped entries 7-10, acknowledged or not
+
+
+def test_a_snapshot_the_journal_does_not_contain_resets_the_log_to_it(harness: Any) -> None:
+    h = harness([1, 1, 1])
+    _snapshot(h, 8, 2)
+    h.so._SyncObj__loadDumpFile(clearJournal=True)
+    assert h.log() == [(7, 2), (8, 2)]
+    assert h.so.raftLastApplied == 8
+    assert h.so.raftCommitIndex <= 8
+
+
+def test_the_commit_index_read_at_start_is_clamped_to_the_log_end(tmp_path: Any) -> None:
+    j = LmdbJournal(str(tmp_path / "j"))
+    for i in range(1, 6):
+        j.add(_cmd(i), i, 1)
+    j.setRaftCommitIndex(50)
+    j.close()
+    j = LmdbJournal(str(tmp_path / "j"))
+    assert j.getRaftCommitIndex() == 5
+    j.close()
