@@ -33,6 +33,7 @@ class NodeConfig:
     cluster_secret: str = ""  # required in cluster mode; prefer FLUXMQ_CLUSTER_SECRET
     shard_id: str = "g1"
     ack_timeout_ms: int = 10_000
+    raft_compaction_entries: int = 20_000  # log entries kept before a snapshot replaces them
 
     @property
     def cluster_mode(self) -> bool:
@@ -66,6 +67,7 @@ HELP = {
     "flags are visible to other users of the machine)",
     "shard_id": "name of the replication group this node serves (cluster mode)",
     "ack_timeout_ms": "cluster mode: how long a write waits for a majority before UNAVAILABLE",
+    "raft_compaction_entries": "cluster mode: log entries kept before a snapshot replaces them",
 }
 
 
@@ -153,6 +155,8 @@ def validate(config: NodeConfig) -> None:
             raise ConfigError("cluster_secret: use at least 16 characters")
         if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", config.shard_id):
             raise ConfigError("shard_id: 1-64 of A-Z a-z 0-9 . _ -")
+        if not 10 <= config.raft_compaction_entries <= 10_000_000:
+            raise ConfigError("raft_compaction_entries: must be 10..10000000")
         if not 100 <= config.ack_timeout_ms <= 600_000:
             raise ConfigError("ack_timeout_ms: must be 100..600000")
     elif config.peers or config.cluster_secret:

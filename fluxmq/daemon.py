@@ -131,6 +131,7 @@ def build_shard(
         data_dir=cfg.data_dir,
         secret=cfg.cluster_secret,
         ack_timeout_ms=cfg.ack_timeout_ms,
+        compaction_entries_min=cfg.raft_compaction_entries,
     )
     return PySyncObjShard(state, shard_cfg, RaftDriver())
 
