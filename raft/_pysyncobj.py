@@ -111,7 +111,7 @@ class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
     """TCP transport that makes the journal durable before any message leaves (hook 2) and logs
     peers that fail the shared-secret handshake (hook 5)."""
 
-    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:  # noqa: N803
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
         super().__init__(syncObj, selfNode, otherNodes)
         self._fx_journal: LmdbJournal = syncObj._SyncObj__raftLog
         assert isinstance(self._unknownConnections, set)  # used by _onDisconnected
@@ -123,11 +123,11 @@ class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
             self._fx_journal.flush()
         return bool(super().send(node, message))
 
-    def _onOutgoingConnected(self, conn: Any) -> None:  # noqa: N802
+    def _onOutgoingConnected(self, conn: Any) -> None:
         conn._fx_connected = True
         super()._onOutgoingConnected(conn)
 
-    def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:  # noqa: N802
+    def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
         conn._fx_handshaken = True  # the peer's first message decrypted: same secret
         super()._onOutgoingMessageReceived(conn, message)
 
@@ -135,7 +135,7 @@ class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
         self._fx_destroying = True
         super().destroy()
 
-    def _onDisconnected(self, conn: Any) -> None:  # noqa: N802
+    def _onDisconnected(self, conn: Any) -> None:
         encrypted = self._syncObj.encryptor is not None
         if getattr(self, "_fx_destroying", False):
             pass
@@ -188,7 +188,7 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             finally:
                 _so.createJournal, _so.createPoller = saved
 
-    @replicated  # type: ignore[misc]
+    @replicated  # type: ignore[misc, untyped-decorator]
     def fx_apply(self, frame: bytes) -> int:
         # pysyncobj does not pass the log index to apply; it increments raftLastApplied right
         # after this returns, so the entry being applied is the next one.
@@ -206,7 +206,7 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
 
     # -- hook 3: append-entries without a term conflict --------------------------------------
 
-    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         hide: int | None = None
         if (
             isinstance(message, dict)
@@ -259,7 +259,7 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
 
     # -- hook 4: loading a snapshot ----------------------------------------------------------
 
-    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:  # noqa: N802, N803
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         path = self.conf.fullDumpFile
         try:
             info = snapshot_file.read_info(path)
@@ -282,7 +282,8 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             journal.add(*info.last)
             journal.flush()
         self._SyncObj__raftLastApplied = info.index
-        if self._SyncObj__raftCommitIndex > journal.last_index:
+        commit = int(getattr(self, "_SyncObj__raftCommitIndex"))  # noqa: B009
+        if commit > journal.last_index:
             self._SyncObj__raftCommitIndex = journal.last_index
         if self.conf.dynamicMembershipChange:
             self._SyncObj__updateClusterConfiguration(

@@ -19,8 +19,9 @@ class Entry:
 
 class StateMachine(Protocol):
     def apply_batch(self, entries: Sequence[Entry]) -> list[object]:
-        """Apply ``entries`` (increasing indexes, possibly with gaps) durably, in one transaction; one result per
-        entry. Must skip entries at or below ``last_applied_index()`` (replays)."""
+        """Apply ``entries`` (increasing indexes, possibly with gaps) durably, in one
+        transaction; one result per entry. Must skip entries at or below
+        ``last_applied_index()`` (replays)."""
         ...
 
     def last_applied_index(self) -> int: ...

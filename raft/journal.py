@@ -105,7 +105,7 @@ class LmdbJournal:
         self._ops.append(("del_from", 0))
         self.durable_index = 0
 
-    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 (pysyncobj's name)
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
         assert self._view_end is None
         if entryFrom >= len(self._entries):
             return
@@ -114,7 +114,7 @@ class LmdbJournal:
         self._ops.append(("del_from", first_gone))
         self.durable_index = min(self.durable_index, first_gone - 1)
 
-    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
+    def deleteEntriesTo(self, entryTo: int) -> None:
         assert self._view_end is None
         if entryTo <= 0 or not self._entries:
             return
@@ -153,7 +153,7 @@ class LmdbJournal:
     def _destroy(self) -> None:
         self.close()
 
-    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
         # Called just before apply: whatever the log holds must be durable first. The commit
         # index itself need not be (Raft keeps it volatile); it is written with the next flush.
         self._commit_index = raftCommitIndex
@@ -161,24 +161,24 @@ class LmdbJournal:
         if self._ops:
             self.flush()
 
-    def getRaftCommitIndex(self) -> int:  # noqa: N802
+    def getRaftCommitIndex(self) -> int:
         # Never past the end of the log (RAFT.md problem 2: 3073 stored vs a log ending at 2944).
         last = self._entries[-1][1] if self._entries else 1
         return max(1, min(self._commit_index, last))
 
-    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:  # noqa: N802, N803
+    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:
         self._term = term
         self._voted_for = votedForNodeId
         self._meta_dirty = True
         self.flush()  # before any vote or request reflecting it can leave
 
-    def getCurrentTerm(self) -> int:  # noqa: N802
+    def getCurrentTerm(self) -> int:
         return self._term
 
-    def getVotedForNodeId(self) -> str | None:  # noqa: N802
+    def getVotedForNodeId(self) -> str | None:
         return self._voted_for
 
-    def onOneSecondTimer(self) -> None:  # noqa: N802
+    def onOneSecondTimer(self) -> None:
         self.flush()
 
     # -- durability ---------------------------------------------------------------------------

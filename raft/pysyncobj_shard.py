@@ -433,9 +433,7 @@ class PySyncObjShard:
         for log_index, frame in self._pending_applies:
             payloads = frames.decode(frame)
             spans.append((log_index, len(entries), len(payloads)))
-            entries.extend(
-                Entry(frames.sub_index(log_index, i), p) for i, p in enumerate(payloads)
-            )
+            entries.extend(Entry(frames.sub_index(log_index, i), p) for i, p in enumerate(payloads))
         results = self._sm.apply_batch(entries)  # raises: kept pending, retried next round
         assert len(results) == len(entries)
         self._pending_applies.clear()
@@ -548,8 +546,12 @@ class PySyncObjShard:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
 
+        def settle(err: int) -> None:
+            if not fut.done():
+                fut.set_result(err)
+
         def done(_result: Any, err: int) -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(err))
+            loop.call_soon_threadsafe(settle, err)
 
         def start() -> None:
             so = self._so

@@ -66,8 +66,15 @@ class Harness:
     def log(self) -> list[tuple[int, int]]:
         return [(idx, term) for _, idx, term in self.journal[:]]
 
-    def append(self, term: int, prev: int, prev_term: int, entries: list[tuple[int, int]],
-               commit: int, stock: bool = False) -> None:
+    def append(
+        self,
+        term: int,
+        prev: int,
+        prev_term: int,
+        entries: list[tuple[int, int]],
+        commit: int,
+        stock: bool = False,
+    ) -> None:
         msg: dict[str, Any] = {
             "type": "append_entries",
             "term": term,
@@ -143,8 +150,13 @@ def _snapshot(h: Harness, index: int, term: int) -> str:
     with open(state, "wb") as f:
         f.write(b"state")
     path = h.so.conf.fullDumpFile
-    snapshot_file.write(path, (_cmd(index), index, term), (_cmd(index - 1), index - 1, term),
-                        [h.so.selfNode.id, *(n.id for n in h.so.otherNodes)], state)
+    snapshot_file.write(
+        path,
+        (_cmd(index), index, term),
+        (_cmd(index - 1), index - 1, term),
+        [h.so.selfNode.id, *(n.id for n in h.so.otherNodes)],
+        state,
+    )
     return str(path)
 
 
