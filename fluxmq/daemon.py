@@ -143,7 +143,10 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     shard = build_shard(cfg, state)
     broker = Broker(state, shard, retention_interval_ms=cfg.retention_interval_ms)
     server, health_servicer, port = build_server(
-        broker, cfg.listen, request_bytes_max=cfg.request_bytes_max_value
+        broker,
+        cfg.listen,
+        request_bytes_max=cfg.request_bytes_max_value,
+        node_id=cfg.raft_listen if cfg.cluster_mode else "local",
     )
     if cfg.metrics_listen:
         _register_collectors(state, store, shard, broker)

@@ -47,6 +47,10 @@ class ShardStatus:
     members: tuple[str, ...]
     leader: str | None
     pending_proposals: int
+    # Replicas connected and caught up, this one included, as seen from this replica: on the
+    # leader, followers within ``in_sync_lag_entries`` of the commit index; on a follower, the
+    # peers it is connected to.
+    in_sync: int = 1
 
 
 class ShardError(Exception):

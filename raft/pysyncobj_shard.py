@@ -83,6 +83,7 @@ class ShardConfig:
     compaction_interval_s: int = 3600
     snapshot_chunk_bytes: int = 1 << 20
     journal_map_size_bytes: int = 8 << 30
+    in_sync_lag_entries: int = 64
 
 
 def parse_address(value: str, what: str) -> tuple[str, int]:
@@ -458,7 +459,16 @@ class PySyncObjShard:
     def _publish_status(self, so: HardenedSyncObj, now: float) -> None:
         leader = so._getLeader()
         role = "leader" if so._isLeader() else "follower" if leader is not None else "candidate"
-        members = (self._cfg.self_address, *sorted(n.id for n in so.otherNodes))
+        others = so.otherNodes
+        members = (self._cfg.self_address, *sorted(n.id for n in others))
+        if role == "leader":
+            floor = so.raftCommitIndex - self._cfg.in_sync_lag_entries
+            match = so.match_index
+            in_sync = 1 + sum(
+                1 for n in others if so.isNodeConnected(n) and match.get(n.id, 0) >= floor
+            )
+        else:
+            in_sync = 1 + sum(1 for n in others if so.isNodeConnected(n))
         self._status = ShardStatus(
             shard_id=self._cfg.shard_id,
             role=role,
@@ -468,6 +478,7 @@ class PySyncObjShard:
             members=members,
             leader=None if leader is None else leader.id,
             pending_proposals=len(self._incoming) + sum(len(f) for f in self._frames.values()),
+            in_sync=in_sync,
         )
         if leader is not None:
             self._leaderless_since = now

@@ -35,6 +35,9 @@ MUTABLE_PATHS = frozenset(
         "dead_letter_disabled",
         "retain_until_consumed",
         "dead_letter_alert_threshold",
+        "replication",
+        "replication.min_in_sync",
+        "replication.ack_timeout",
     }
 )
 _ALL_MUTABLE = frozenset(p for p in MUTABLE_PATHS if "." not in p)
@@ -59,6 +62,9 @@ class QueuePolicy:
     dead_letter_queue: str | None = None  # None: dead messages are dropped (and counted)
     retain_until_consumed: bool = False
     dead_letter_alert_threshold: int = 0
+    replication_factor: int = 0  # 0 = every replica of the shard
+    min_in_sync: int = 0  # 0 = a majority
+    ack_timeout_ms: int = 10_000
 
     def retry_delay_ms(self, attempt: int) -> int:
         """Backoff before the retry that follows delivery ``attempt`` (1-based).
@@ -143,7 +149,37 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
         validate_name(dlq, f"{prefix}.dead_letter_queue")
         if dlq == config.name:
             raise invalid_argument(f"{prefix}.dead_letter_queue", "a queue cannot be its own DLQ")
+    rep = config.replication
+    if rep.factor > limits.REPLICATION_FACTOR_MAX:
+        raise invalid_argument(
+            f"{prefix}.replication.factor", f"at most {limits.REPLICATION_FACTOR_MAX}"
+        )
+    if rep.factor and rep.min_in_sync > rep.factor:
+        raise invalid_argument(
+            f"{prefix}.replication.min_in_sync", "cannot exceed replication.factor"
+        )
+    if rep.min_in_sync > limits.REPLICATION_FACTOR_MAX:
+        raise invalid_argument(
+            f"{prefix}.replication.min_in_sync", f"at most {limits.REPLICATION_FACTOR_MAX}"
+        )
+    if rep.mode == pb.REPLICATION_MODE_ASYNC:
+        raise invalid_argument(
+            f"{prefix}.replication.mode",
+            "async is not supported: a Publish answers with offsets, which exist only once a "
+            "majority has the write; use SYNC",
+        )
+    if rep.mode not in (pb.REPLICATION_MODE_UNSPECIFIED, pb.REPLICATION_MODE_SYNC):
+        raise invalid_argument(f"{prefix}.replication.mode", f"unknown mode {rep.mode}")
+    ack_timeout_ms = _duration(
+        rep.ack_timeout or limits.ACK_TIMEOUT_DEFAULT,
+        f"{prefix}.replication.ack_timeout",
+        limits.ACK_TIMEOUT_MS_MIN,
+        limits.ACK_TIMEOUT_MS_MAX,
+    )
     return QueuePolicy(
+        replication_factor=rep.factor,
+        min_in_sync=rep.min_in_sync,
+        ack_timeout_ms=ack_timeout_ms,
         lease_ms=lease_ms,
         max_attempts=config.max_attempts,
         backoff_base_ms=base_ms,
@@ -200,6 +236,8 @@ def normalize_new(config: pb.QueueConfig, prefix: str = "config") -> pb.QueueCon
     out.lease_timeout = config.lease_timeout or limits.LEASE_TIMEOUT_DEFAULT
     out.retry_backoff.base = config.retry_backoff.base or limits.RETRY_BACKOFF_BASE_DEFAULT
     out.retry_backoff.max = config.retry_backoff.max or limits.RETRY_BACKOFF_MAX_DEFAULT
+    out.replication.mode = pb.REPLICATION_MODE_SYNC
+    out.replication.ack_timeout = config.replication.ack_timeout or limits.ACK_TIMEOUT_DEFAULT
     if config.dead_letter_disabled:
         out.dead_letter_queue = ""
     else:
@@ -255,6 +293,17 @@ def merge_update(
     ):
         if name in chosen:
             setattr(new, name, getattr(patch, name))
+    if "replication" in chosen:
+        if patch.replication.factor not in (0, current.replication.factor):
+            raise invalid_argument(
+                f"{prefix}.replication.factor", "the replication factor cannot be changed"
+            )
+        factor = current.replication.factor
+        new.replication.CopyFrom(patch.replication)
+        new.replication.factor = factor
+    for sub in ("min_in_sync", "ack_timeout"):
+        if f"replication.{sub}" in chosen:
+            setattr(new.replication, sub, getattr(patch.replication, sub))
     if "retry_backoff" in chosen:
         new.retry_backoff.CopyFrom(patch.retry_backoff)
     for sub in ("base", "max"):

@@ -1,4 +1,5 @@
-"""Assembles the gRPC server of a node: QueueService, health, reflection, the edge interceptor."""
+"""Assembles the gRPC server of a node: QueueService, AdminService, health, reflection, the edge
+interceptor."""
 
 from __future__ import annotations
 
@@ -6,18 +7,20 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fluxmq._pb.v1 import queue_pb2
-from fluxmq.server import queue_service
+from fluxmq._pb.v1 import admin_pb2, queue_pb2
+from fluxmq.server import admin_service, queue_service
 from fluxmq.server.broker import Broker
 from fluxmq.server.interceptors import EdgeInterceptor
 
 QUEUE_SERVICE = queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
 
 def build_server(
-    broker: Broker, listen: str, *, request_bytes_max: int
+    broker: Broker, listen: str, *, request_bytes_max: int, node_id: str = "local"
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """-> (server, health servicer, bound port). The server is not started."""
+    """-> (server, health servicer, bound port). The server is not started. ``node_id`` names
+    this node in AdminService answers."""
     server = grpc.aio.server(
         interceptors=[EdgeInterceptor()],
         options=[
@@ -27,11 +30,13 @@ def build_server(
         ],
     )
     queue_service.register(server, broker)
+    admin_service.register(server, broker, node_id)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (
             QUEUE_SERVICE,
+            ADMIN_SERVICE,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ),
@@ -49,5 +54,5 @@ async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool)
         if serving
         else health_pb2.HealthCheckResponse.NOT_SERVING
     )
-    for name in ("", QUEUE_SERVICE):
+    for name in ("", QUEUE_SERVICE, ADMIN_SERVICE):
         await health_servicer.set(name, status)

@@ -16,7 +16,7 @@ from fluxmq import metrics
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys, validation
-from fluxmq.core.errors import FluxError, invalid_argument, queue_not_found
+from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument, queue_not_found
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.queue_config import merge_update, normalize_new
 from fluxmq.core.reader import FetchResult, QueueReader
@@ -133,8 +133,45 @@ class Broker:
 
     # -- queues -----------------------------------------------------------------------------
 
+    def check_replication(self, config: pb.QueueConfig, prefix: str = "config") -> None:
+        """The queue's replication must fit the shard it is placed on (this node's shard)."""
+        replicas = len(self.shard.status().members)
+        rep = config.replication
+        if rep.factor and rep.factor != replicas:
+            raise FluxError(
+                "REPLICATION_UNSATISFIABLE",
+                f"replication.factor {rep.factor} cannot be placed: this node's shard has "
+                f"{replicas} replica(s) (0 means all of them)",
+                violations=(
+                    FieldViolation(f"{prefix}.replication.factor", f"must be 0 or {replicas}"),
+                ),
+            )
+        if rep.min_in_sync > replicas:
+            raise FluxError(
+                "REPLICATION_UNSATISFIABLE",
+                f"replication.min_in_sync {rep.min_in_sync} exceeds the shard's {replicas} "
+                "replica(s)",
+                violations=(
+                    FieldViolation(f"{prefix}.replication.min_in_sync", f"at most {replicas}"),
+                ),
+            )
+
+    def check_in_sync(self, min_in_sync: int) -> None:
+        if not min_in_sync:
+            return  # a majority: Raft's commit rule already waits for it
+        in_sync = self.shard.status().in_sync
+        if in_sync < min_in_sync:
+            raise FluxError(
+                "NOT_ENOUGH_REPLICAS",
+                f"{in_sync} replica(s) in sync, the queue's replication.min_in_sync is "
+                f"{min_in_sync}: nothing was written",
+                retriable=True,
+                retry_after_ms=500,
+            )
+
     async def create_queue(self, config: pb.QueueConfig) -> pb.Queue:
         normalized = normalize_new(config)
+        self.check_replication(normalized)
         cmd = cpb.CreateQueueCmd(config=normalized, now_ms=self._clock_ms())
         queue = await self.submit(cmd)
         assert isinstance(queue, pb.Queue)
@@ -143,6 +180,7 @@ class Broker:
     async def update_queue(self, patch: pb.QueueConfig, paths: list[str]) -> pb.Queue:
         entry = self.reader.entry(patch.name, "config.name")
         merged = merge_update(entry.queue.config, patch, paths)
+        self.check_replication(merged)
         cmd = cpb.UpdateQueueCmd(
             config=merged,
             now_ms=self._clock_ms(),
@@ -188,7 +226,22 @@ class Broker:
             self._clock_ms(),
         )
         self._rr_cursor[entry.queue_id] = prepared.cursor
-        result = await self.submit(prepared.command, timeout_ms)
+        self.check_in_sync(entry.policy.min_in_sync)
+        try:
+            result = await self.submit(
+                prepared.command, min(timeout_ms, entry.policy.ack_timeout_ms)
+            )
+        except FluxError as err:
+            if err.reason == "OUTCOME_UNKNOWN":
+                raise FluxError(
+                    "REPLICATION_TIMEOUT",
+                    "the write was not confirmed by a majority within the queue's "
+                    "replication.ack_timeout or the request timeout; it may or may not have been "
+                    "written: retry with the same idempotency keys",
+                    retriable=True,
+                    retry_after_ms=200,
+                ) from err
+            raise
         assert isinstance(result, AppendResult)
         duplicates = sum(result.duplicates)
         metrics.PUBLISHED_MESSAGES.labels(queue).inc(len(messages) - duplicates)

@@ -11,7 +11,14 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from fluxmq.core.errors import FluxError
-from raft import NotLeaderError, ProposalTimeoutError, ShardBusyError, ShardClosedError
+from raft import (
+    NotLeaderError,
+    OutcomeUnknownError,
+    ProposalTimeoutError,
+    ShardBusyError,
+    ShardClosedError,
+    ShardRequestDeniedError,
+)
 from storage import CorruptRecordError, StorageFullError
 
 DOMAIN = "fluxmq"
@@ -34,6 +41,12 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "NOT_A_STREAM_QUEUE": grpc.StatusCode.FAILED_PRECONDITION,
     "LEASE_NOT_HELD": grpc.StatusCode.FAILED_PRECONDITION,
     "NOT_LEADER": grpc.StatusCode.UNAVAILABLE,
+    "SHARD_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "REQUEST_DENIED": grpc.StatusCode.FAILED_PRECONDITION,
+    "OUTCOME_UNKNOWN": grpc.StatusCode.UNAVAILABLE,
+    "REPLICATION_TIMEOUT": grpc.StatusCode.UNAVAILABLE,
+    "NOT_ENOUGH_REPLICAS": grpc.StatusCode.UNAVAILABLE,
+    "REPLICATION_UNSATISFIABLE": grpc.StatusCode.FAILED_PRECONDITION,
     "SHARD_BUSY": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,
     "REQUEST_TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -55,6 +68,16 @@ def domain_error(exc: BaseException) -> FluxError | None:
         return FluxError("SHARD_BUSY", str(exc), retriable=True, retry_after_ms=50)
     if isinstance(exc, ShardClosedError):
         return FluxError("SHUTTING_DOWN", str(exc), retriable=True, retry_after_ms=500)
+    if isinstance(exc, ShardRequestDeniedError):
+        return FluxError("REQUEST_DENIED", str(exc), retriable=False)
+    if isinstance(exc, OutcomeUnknownError):
+        return FluxError(
+            "OUTCOME_UNKNOWN",
+            f"{exc}; the request may or may not have been applied: retry with the same "
+            "idempotency key, or check the state first",
+            retriable=True,
+            retry_after_ms=500,
+        )
     if isinstance(exc, ProposalTimeoutError):
         return FluxError(
             "REQUEST_TIMEOUT",

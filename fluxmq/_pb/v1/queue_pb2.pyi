@@ -14,6 +14,12 @@ class QueueType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     QUEUE_TYPE_STREAM: _ClassVar[QueueType]
     QUEUE_TYPE_WORK: _ClassVar[QueueType]
 
+class ReplicationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICATION_MODE_UNSPECIFIED: _ClassVar[ReplicationMode]
+    REPLICATION_MODE_SYNC: _ClassVar[ReplicationMode]
+    REPLICATION_MODE_ASYNC: _ClassVar[ReplicationMode]
+
 class PurgeScope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PURGE_SCOPE_UNSPECIFIED: _ClassVar[PurgeScope]
@@ -40,6 +46,9 @@ class ReceiptStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 QUEUE_TYPE_UNSPECIFIED: QueueType
 QUEUE_TYPE_STREAM: QueueType
 QUEUE_TYPE_WORK: QueueType
+REPLICATION_MODE_UNSPECIFIED: ReplicationMode
+REPLICATION_MODE_SYNC: ReplicationMode
+REPLICATION_MODE_ASYNC: ReplicationMode
 PURGE_SCOPE_UNSPECIFIED: PurgeScope
 PURGE_SCOPE_READY: PurgeScope
 PURGE_SCOPE_SCHEDULED: PurgeScope
@@ -67,7 +76,7 @@ class Retention(_message.Message):
     def __init__(self, max_age: _Optional[str] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[str] = ...) -> None: ...
 
 class QueueConfig(_message.Message):
-    __slots__ = ("name", "partitions", "type", "retention", "dedup_window", "max_message_bytes", "labels", "lease_timeout", "max_attempts", "retry_backoff", "message_ttl", "delivery_delay", "dead_letter_queue", "dead_letter_disabled", "retain_until_consumed", "dead_letter_alert_threshold")
+    __slots__ = ("name", "partitions", "type", "retention", "dedup_window", "max_message_bytes", "labels", "lease_timeout", "max_attempts", "retry_backoff", "message_ttl", "delivery_delay", "dead_letter_queue", "dead_letter_disabled", "retain_until_consumed", "dead_letter_alert_threshold", "replication")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +100,7 @@ class QueueConfig(_message.Message):
     DEAD_LETTER_DISABLED_FIELD_NUMBER: _ClassVar[int]
     RETAIN_UNTIL_CONSUMED_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_ALERT_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     partitions: int
     type: QueueType
@@ -107,7 +117,20 @@ class QueueConfig(_message.Message):
     dead_letter_disabled: bool
     retain_until_consumed: bool
     dead_letter_alert_threshold: int
-    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., type: _Optional[_Union[QueueType, str]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., dedup_window: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_timeout: _Optional[str] = ..., max_attempts: _Optional[int] = ..., retry_backoff: _Optional[_Union[RetryBackoff, _Mapping]] = ..., message_ttl: _Optional[str] = ..., delivery_delay: _Optional[str] = ..., dead_letter_queue: _Optional[str] = ..., dead_letter_disabled: _Optional[bool] = ..., retain_until_consumed: _Optional[bool] = ..., dead_letter_alert_threshold: _Optional[int] = ...) -> None: ...
+    replication: Replication
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., type: _Optional[_Union[QueueType, str]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., dedup_window: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_timeout: _Optional[str] = ..., max_attempts: _Optional[int] = ..., retry_backoff: _Optional[_Union[RetryBackoff, _Mapping]] = ..., message_ttl: _Optional[str] = ..., delivery_delay: _Optional[str] = ..., dead_letter_queue: _Optional[str] = ..., dead_letter_disabled: _Optional[bool] = ..., retain_until_consumed: _Optional[bool] = ..., dead_letter_alert_threshold: _Optional[int] = ..., replication: _Optional[_Union[Replication, _Mapping]] = ...) -> None: ...
+
+class Replication(_message.Message):
+    __slots__ = ("factor", "min_in_sync", "mode", "ack_timeout")
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    MIN_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ACK_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    factor: int
+    min_in_sync: int
+    mode: ReplicationMode
+    ack_timeout: str
+    def __init__(self, factor: _Optional[int] = ..., min_in_sync: _Optional[int] = ..., mode: _Optional[_Union[ReplicationMode, str]] = ..., ack_timeout: _Optional[str] = ...) -> None: ...
 
 class RetryBackoff(_message.Message):
     __slots__ = ("base", "max")

@@ -1,0 +1,75 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterStatus(_message.Message):
+    __slots__ = ("node_id", "shards")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    shards: _containers.RepeatedCompositeFieldContainer[ShardInfo]
+    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ...) -> None: ...
+
+class ShardInfo(_message.Message):
+    __slots__ = ("shard_id", "role", "term", "commit_index", "applied_index", "members", "leader", "pending_proposals", "digest", "queues")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    PENDING_PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    role: str
+    term: int
+    commit_index: int
+    applied_index: int
+    members: _containers.RepeatedScalarFieldContainer[str]
+    leader: str
+    pending_proposals: int
+    digest: str
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shard_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., pending_proposals: _Optional[int] = ..., digest: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TransferLeadershipRequest(_message.Message):
+    __slots__ = ("shard_id", "target")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    target: str
+    def __init__(self, shard_id: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+
+class TransferLeadershipResponse(_message.Message):
+    __slots__ = ("target", "leader")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    leader: str
+    def __init__(self, target: _Optional[str] = ..., leader: _Optional[str] = ...) -> None: ...
+
+class AddReplicaRequest(_message.Message):
+    __slots__ = ("shard_id", "address")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    address: str
+    def __init__(self, shard_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class RemoveReplicaRequest(_message.Message):
+    __slots__ = ("shard_id", "address")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    address: str
+    def __init__(self, shard_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...

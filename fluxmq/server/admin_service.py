@@ -1,0 +1,134 @@
+"""AdminService: status and administration of the replication groups ("shards") of a node.
+
+Errors are raised as exceptions, like in QueueService: the EdgeInterceptor maps them (FluxError,
+and the shard errors through the one table of fluxmq/server/errors.py) to rich statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from fluxmq._pb.v1 import admin_pb2 as pb
+from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
+from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
+from fluxmq.server.broker import Broker
+from raft import Shard, ShardStatus
+
+SHARD_ID_CHARS_MAX = 200
+ADDRESS_CHARS_MAX = 300
+# host:port; the host is a name, an IPv4 address or a bracketed IPv6 address.
+_ADDRESS_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})$")
+
+
+def shard_not_found(shard_id: str, field_path: str = "shard_id") -> FluxError:
+    return FluxError(
+        "SHARD_NOT_FOUND",
+        f"this node hosts no shard {shard_id!r}",
+        violations=(FieldViolation(field_path, "not a shard of this node"),),
+        metadata={"shard_id": shard_id, "field": field_path},
+    )
+
+
+def validate_shard_id(shard_id: str, field_path: str = "shard_id") -> str:
+    if not shard_id:
+        raise invalid_argument(field_path, "required")
+    if len(shard_id) > SHARD_ID_CHARS_MAX:
+        raise invalid_argument(field_path, f"at most {SHARD_ID_CHARS_MAX} characters")
+    return shard_id
+
+
+def validate_address(address: str, field_path: str) -> str:
+    """``host:port`` with a port in 1..65535."""
+    match = _ADDRESS_RE.match(address) if len(address) <= ADDRESS_CHARS_MAX else None
+    if match is None or not 1 <= int(match.group(1)) <= 65535:
+        raise invalid_argument(field_path, f"{address!r} is not host:port (port 1..65535)")
+    return address
+
+
+def _shard_info(status: ShardStatus, digest: str, queues: list[str]) -> pb.ShardInfo:
+    return pb.ShardInfo(
+        shard_id=status.shard_id,
+        role=status.role,
+        term=status.term,
+        commit_index=status.commit_index,
+        applied_index=status.applied_index,
+        members=list(status.members),
+        leader=status.leader or "",
+        pending_proposals=status.pending_proposals,
+        digest=digest,
+        queues=queues,
+    )
+
+
+class AdminService(pb_grpc.AdminServiceServicer):
+    def __init__(self, broker: Broker, node_id: str) -> None:
+        self._broker = broker
+        self._node_id = node_id
+        # One digest at a time: each reads the whole state, concurrent ones would only compete.
+        self._digest_lock = asyncio.Lock()
+
+    def _shards(self) -> Mapping[str, Shard]:
+        """The shards of this node by id: one for now, the broker's, whose state machine is
+        ``broker.state`` (digest, queues). Several shards will each bring their own."""
+        shard = self._broker.shard
+        return {shard.shard_id: shard}
+
+    def _shard(self, shard_id: str) -> Shard:
+        shard = self._shards().get(shard_id)
+        if shard is None:
+            raise shard_not_found(shard_id)
+        return shard
+
+    def _queues(self) -> list[str]:
+        # A node has a single shard for now: every queue is placed on it.
+        return sorted(self._broker.state.catalog)
+
+    def _info(self, shard: Shard) -> pb.ShardInfo:
+        """Without digest: reading the whole state is left to GetClusterStatus."""
+        return _shard_info(shard.status(), "", self._queues())
+
+    async def GetClusterStatus(
+        self, request: pb.GetClusterStatusRequest, context: Any
+    ) -> pb.ClusterStatus:
+        out = pb.ClusterStatus(node_id=self._node_id)
+        for _shard_id, shard in sorted(self._shards().items()):
+            async with self._digest_lock:
+                status = shard.status()
+                # Reads the whole replicated state: off the event loop.
+                digest = await asyncio.to_thread(self._broker.state.digest)
+            out.shards.append(_shard_info(status, digest, self._queues()))
+        return out
+
+    async def TransferLeadership(
+        self, request: pb.TransferLeadershipRequest, context: Any
+    ) -> pb.TransferLeadershipResponse:
+        shard_id = validate_shard_id(request.shard_id)
+        target = validate_address(request.target, "target") if request.target else None
+        shard = self._shard(shard_id)
+        chosen = await shard.transfer_leadership(target)
+        return pb.TransferLeadershipResponse(target=chosen, leader=shard.leader or "")
+
+    async def AddReplica(self, request: pb.AddReplicaRequest, context: Any) -> pb.ShardInfo:
+        shard_id = validate_shard_id(request.shard_id)
+        address = validate_address(request.address, "address")
+        shard = self._shard(shard_id)
+        await shard.add_member(address)
+        return self._info(shard)
+
+    async def RemoveReplica(self, request: pb.RemoveReplicaRequest, context: Any) -> pb.ShardInfo:
+        shard_id = validate_shard_id(request.shard_id)
+        address = validate_address(request.address, "address")
+        shard = self._shard(shard_id)
+        await shard.remove_member(address)
+        return self._info(shard)
+
+
+def register(server: grpc.aio.Server, broker: Broker, node_id: str) -> None:
+    pb_grpc.add_AdminServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        AdminService(broker, node_id), server
+    )
