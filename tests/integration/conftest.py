@@ -36,6 +36,7 @@ class Node:
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.env: dict[str, str] | None = None  # None: inherit this process's environment
 
     @property
     def address(self) -> str:
@@ -50,7 +51,7 @@ class Node:
             *self.extra,
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child process owns it
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         self.wait_serving()
 
     def wait_serving(self) -> None:

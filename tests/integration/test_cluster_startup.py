@@ -100,11 +100,10 @@ def test_a_missing_peer_is_named_in_the_log_while_there_is_no_leader(tmp_path: P
 def test_a_peer_with_the_wrong_secret_is_ignored_and_logged(tmp_path: Path) -> None:
     good = Cluster(tmp_path / "good")
     # Same membership, but the third replica holds another secret.
-    os.environ["FLUXMQ_CLUSTER_SECRET"] = "a-different-secret-of-the-intruder"
     intruder = good.nodes[2]
+    intruder.env = {**os.environ, "FLUXMQ_CLUSTER_SECRET": "a-different-secret-of-the-intruder"}
     try:
         intruder.start()
-        os.environ["FLUXMQ_CLUSTER_SECRET"] = SECRET
         good.nodes[0].start()
         good.nodes[1].start()
         with good.wait_leader().channel() as ch:
@@ -127,5 +126,4 @@ def test_a_peer_with_the_wrong_secret_is_ignored_and_logged(tmp_path: Path) -> N
         logs = "".join(n.log_path.read_text() for n in good.nodes)
         assert "cluster secret" in logs
     finally:
-        os.environ["FLUXMQ_CLUSTER_SECRET"] = SECRET
         good.stop()
