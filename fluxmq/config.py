@@ -159,7 +159,7 @@ def validate(config: NodeConfig) -> None:
             raise ConfigError("raft_compaction_entries: must be 10..10000000")
         if not 100 <= config.ack_timeout_ms <= 600_000:
             raise ConfigError("ack_timeout_ms: must be 100..600000")
-    elif config.peers or config.cluster_secret:
-        raise ConfigError("peers / cluster_secret need raft_listen (cluster mode)")
+    elif config.peers:
+        raise ConfigError("peers: needs raft_listen (cluster mode)")
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level: {config.log_level!r} is not DEBUG, INFO, WARNING or ERROR")

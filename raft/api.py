@@ -105,6 +105,10 @@ class Shard(Protocol):
 
     def status(self) -> ShardStatus: ...
 
+    async def barrier(self) -> None:
+        """Return once this replica has applied everything committed before the call."""
+        ...
+
     async def transfer_leadership(self, target: str | None = None) -> str:
         """Hand leadership to ``target`` (None: the most caught-up member); return the target.
         Raises NotLeaderError on a follower, ShardRequestDeniedError when it cannot be done."""

@@ -83,6 +83,9 @@ class LocalShard:
             pending_proposals=len(self._pending),
         )
 
+    async def barrier(self) -> None:
+        return None  # the only replica: everything committed is applied before it answers
+
     async def transfer_leadership(self, target: str | None = None) -> str:
         raise ShardRequestDeniedError("a single-node shard has no other member to lead")
 

@@ -256,6 +256,12 @@ class PySyncObjShard:
         self._driver.wake()
         return await p.future
 
+    async def barrier(self) -> None:
+        """Return once this replica applied everything committed before the call: an empty
+        proposal goes through the log and comes back applied here (read-your-writes on a
+        follower that was behind)."""
+        await self.propose(b"")
+
     def _expire(self, p: _Proposal) -> None:
         with self._lock:
             state, p.state = p.state, _State.DONE
@@ -430,13 +436,20 @@ class PySyncObjShard:
         if not self._pending_applies:
             return
         entries: list[Entry] = []
-        spans: list[tuple[int, int, int]] = []  # (log index, first result, count)
+        slots: list[int | None] = []  # per proposal: its position in entries (None: a barrier)
+        spans: list[tuple[int, int, int]] = []  # (log index, first slot, count)
         for log_index, frame in self._pending_applies:
             payloads = frames.decode(frame)
-            spans.append((log_index, len(entries), len(payloads)))
-            entries.extend(Entry(frames.sub_index(log_index, i), p) for i, p in enumerate(payloads))
-        results = self._sm.apply_batch(entries)  # raises: kept pending, retried next round
-        assert len(results) == len(entries)
+            spans.append((log_index, len(slots), len(payloads)))
+            for i, payload in enumerate(payloads):
+                if payload:
+                    slots.append(len(entries))
+                    entries.append(Entry(frames.sub_index(log_index, i), payload))
+                else:
+                    slots.append(None)  # a barrier: ordered by the log, nothing to apply
+        applied = self._sm.apply_batch(entries)  # raises: kept pending, retried next round
+        assert len(applied) == len(entries)
+        results = [None if k is None else applied[k] for k in slots]
         self._pending_applies.clear()
         self.batches_applied += 1
         self.entries_applied += len(spans)
@@ -514,6 +527,12 @@ class PySyncObjShard:
         return info.last, info.prev, list(info.members)
 
     def _load_snapshot(self, path: str, info: snapshot_file.SnapshotInfo) -> None:
+        # A snapshot received from the leader was written and renamed by pysyncobj without an
+        # fsync; the journal is cut back to its last entries right after this returns, so the
+        # file (and its name) must be durable first.
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        snapshot_file.fsync_dir(os.path.dirname(path))
         self._pending_applies.clear()  # superseded by the snapshot (they are at or below it)
         if frames.log_index_of(self._sm.last_applied_index()) >= info.index:
             return  # our state is already as new (a restart after taking this snapshot)

@@ -117,6 +117,21 @@ class Broker:
 
     # -- proposing --------------------------------------------------------------------------
 
+    async def catch_up(self) -> bool:
+        """On a follower: apply everything committed so far, so that a lookup that failed on
+        state not replicated here yet can be retried. -> False when there is nothing to do
+        (this replica leads: its state is the latest)."""
+        if self.shard.is_leader:
+            return False
+        try:
+            await self.shard.barrier()
+        except Exception as exc:
+            err = domain_error(exc)
+            if err is None:
+                raise
+            raise err from exc
+        return True
+
     async def submit(self, cmd: commands.Command, timeout_ms: int | None = None) -> object:
         loop = asyncio.get_running_loop()
         deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from fluxmq import metrics
+from fluxmq.core.errors import FluxError
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_grpc_status
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,17 @@ def _is_abort(exc: BaseException) -> bool:
     return type(exc).__name__ == "AbortError"
 
 
+# A replica that is behind (restarted, or just caught up by snapshot) may not know a queue or
+# group yet. Before answering NOT_FOUND it catches up once and retries: NOT_FOUND is raised by
+# lookups, before anything is written, so running the call again is safe.
+STALE_REASONS = frozenset({"QUEUE_NOT_FOUND", "GROUP_NOT_FOUND"})
+CatchUp = Callable[[], Awaitable[bool]]
+
+
 class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, catch_up: CatchUp | None = None) -> None:
+        self._catch_up = catch_up
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -87,7 +98,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method = details.method.rsplit("/", 1)[-1]
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                _unary(method, handler.unary_unary),
+                _unary(method, handler.unary_unary, self._catch_up),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -106,11 +117,18 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return handler
 
 
-def _unary(method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def _unary(
+    method: str, behavior: Callable[..., Awaitable[Any]], catch_up: CatchUp | None = None
+) -> Callable[..., Awaitable[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
         call = _Call(method, context)
         try:
-            response = await behavior(request, context)
+            try:
+                response = await behavior(request, context)
+            except FluxError as err:
+                if catch_up is None or err.reason not in STALE_REASONS or not await catch_up():
+                    raise
+                response = await behavior(request, context)
             call.ok()
             return response
         except BaseException as exc:

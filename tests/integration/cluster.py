@@ -19,10 +19,11 @@ class Cluster:
         root.mkdir(parents=True, exist_ok=True)
         self.raft = [f"127.0.0.1:{free_port()}" for _ in range(n)]
         self.nodes: list[Node] = []
-        os.environ["FLUXMQ_CLUSTER_SECRET"] = secret
         for i, addr in enumerate(self.raft):
             peers = ",".join(a for a in self.raft if a != addr)
-            self.nodes.append(Node(root / f"n{i}", "--raft-listen", addr, "--peers", peers, *extra))
+            node = Node(root / f"n{i}", "--raft-listen", addr, "--peers", peers, *extra)
+            node.env = {**os.environ, "FLUXMQ_CLUSTER_SECRET": secret}
+            self.nodes.append(node)
 
     def start(self) -> None:
         for n in self.nodes:
