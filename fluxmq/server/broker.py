@@ -31,7 +31,7 @@ from fluxmq.core.state_machine import (
 )
 from fluxmq.server.consumers import Consumers, group_key, queue_key
 from fluxmq.server.errors import domain_error
-from raft import Shard
+from raft import Shard, ShardError
 from storage import Record
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,9 @@ class PartitionNotifier:
         self.notify(log_ids)
         self.notify({queue_key(log_id >> keys.PARTITION_BITS) for log_id in log_ids})
         self.notify(group_key(g) for g in group_ids)
+
+
+CATCH_UP_TIMEOUT_S = 2.0
 
 
 class Broker:
@@ -121,15 +124,12 @@ class Broker:
         """On a follower: apply everything committed so far, so that a lookup that failed on
         state not replicated here yet can be retried. -> False when there is nothing to do
         (this replica leads: its state is the latest)."""
-        if self.shard.is_leader:
-            return False
+        if self.shard.is_leader or self.shard.leader is None:
+            return False  # leading, or cut off: the local state is all there is
         try:
-            await self.shard.barrier()
-        except Exception as exc:
-            err = domain_error(exc)
-            if err is None:
-                raise
-            raise err from exc
+            await asyncio.wait_for(self.shard.barrier(), CATCH_UP_TIMEOUT_S)
+        except (TimeoutError, ShardError):
+            return False  # could not catch up in time: answer from the local state
         return True
 
     async def submit(self, cmd: commands.Command, timeout_ms: int | None = None) -> object:

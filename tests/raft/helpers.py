@@ -77,6 +77,8 @@ class FileStateMachine:
     def install_snapshot(self, path: str) -> None:
         tmp = self.path + ".tmp"
         shutil.copyfile(path, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, self.path)
         self._load()
 
@@ -110,25 +112,43 @@ class LocalCluster:
         self.sms: dict[str, FileStateMachine] = {}
         self.drivers: dict[str, RaftDriver] = {}
 
-    def config(self, address: str) -> ShardConfig:
+    def add_address(self) -> str:
+        """A new address (not started): its config lists every address as a peer."""
+        address = f"127.0.0.1:{free_ports(1)[0]}"
+        self.addresses.append(address)
+        return address
+
+    def config(self, address: str, **extra: object) -> ShardConfig:
         i = self.addresses.index(address)
-        kwargs: dict[str, object] = {"timings": FAST, **self.overrides}
+        kwargs: dict[str, object] = {
+            "timings": FAST,
+            "secret": SECRET,
+            **self.overrides,
+            **extra,
+        }
         return ShardConfig(
             shard_id="s1",
             self_address=address,
             peers=tuple(a for a in self.addresses if a != address),
             data_dir=os.path.join(self.root, f"n{i}"),
-            secret=SECRET,
             **kwargs,  # type: ignore[arg-type]
         )
 
-    async def start(self, address: str) -> PySyncObjShard:
-        cfg = self.config(address)
+    def data_dir(self, address: str) -> str:
+        return os.path.join(self.root, f"n{self.addresses.index(address)}")
+
+    async def start(self, address: str, **extra: object) -> PySyncObjShard:
+        """Start the replica at ``address``; ``extra`` overrides its config fields."""
+        cfg = self.config(address, **extra)
         os.makedirs(cfg.data_dir, exist_ok=True)
         sm = FileStateMachine(os.path.join(cfg.data_dir, "applied.bin"))
         driver = RaftDriver(idle_wait_ms=2, name=f"driver-{address}")
         shard = PySyncObjShard(sm, cfg, driver)
-        await shard.start()
+        try:
+            await shard.start()
+        except BaseException:
+            driver.stop()
+            raise
         self.shards[address], self.sms[address], self.drivers[address] = shard, sm, driver
         return shard
 
