@@ -1,6 +1,7 @@
 """Replication groups ("shards"): ordered, durable application of opaque commands."""
 
 from raft.api import (
+    Appended,
     Entry,
     NotLeaderError,
     OutcomeUnknownError,
@@ -16,6 +17,7 @@ from raft.api import (
 from raft.local import LocalShard
 
 __all__ = [
+    "Appended",
     "Entry",
     "LocalShard",
     "NotLeaderError",

@@ -26,6 +26,8 @@ pysyncobj upgrade that moves them fails loudly instead of silently losing data.
    applied index.
 5. Security logging. A peer with the wrong secret fails decryption and stock pysyncobj drops it
    silently; ``SyncingTransport`` logs it.
+6. Asynchronous replication needs to know that a command handed to ``_applyCommand`` is in the
+   leader's log: ``queued_commands`` reads the length of pysyncobj's command queue.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def check_assumptions() -> list[str]:
     for name in ("createJournal", "createPoller"):
         if not hasattr(_so, name):
             missing.append(f"pysyncobj.syncobj.{name}")
+    if not hasattr(_so.FastQueue(1), "_FastQueue__queue"):
+        missing.append("FastQueue._FastQueue__queue")
     for name in (
         "_SyncObj__onMessageReceived",
         "_SyncObj__loadDumpFile",
@@ -199,6 +203,12 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
     @property
     def transport(self) -> SyncingTransport:
         return self._SyncObj__transport  # type: ignore[no-any-return]
+
+    # A method, not a property: SyncObj.__init__ calls getattr on every name of the class
+    # before the queue exists.
+    def queued_commands(self) -> int:
+        """Commands handed to ``_applyCommand`` and not yet appended or forwarded."""
+        return len(self._SyncObj__commandsQueue._FastQueue__queue)
 
     @property
     def match_index(self) -> dict[str, int]:

@@ -53,6 +53,13 @@ class ShardStatus:
     in_sync: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """What ``propose(..., on_append=True)`` resolves with when the proposal was acknowledged at
+    the leader's append (asynchronous replication): durable in the leader's log, not committed
+    yet, not applied; a leader failure before replication may lose it."""
+
+
 class ShardError(Exception):
     retriable = True
 
@@ -97,10 +104,15 @@ class Shard(Protocol):
     @property
     def leader(self) -> str | None: ...
 
-    async def propose(self, payload: bytes, deadline: float | None = None) -> object:
+    async def propose(
+        self, payload: bytes, deadline: float | None = None, *, on_append: bool = False
+    ) -> object:
         """Replicate and apply ``payload``; return apply's result. ``deadline`` is in the event
         loop's clock: a proposal still waiting for the log at its deadline is dropped (never
-        applied) and raises ProposalTimeoutError. Once handed to the log it is waited for."""
+        applied) and raises ProposalTimeoutError. Once handed to the log it is waited for.
+        ``on_append``: resolve with ``Appended`` as soon as the leader's log holds the proposal
+        durably, before a majority does (where the implementation can tell; otherwise as
+        usual, with apply's result)."""
         ...
 
     def status(self) -> ShardStatus: ...

@@ -116,7 +116,10 @@ class LocalShard:
                 p.future.set_exception(ShardClosedError("shard closed before the proposal ran"))
         self._executor.shutdown(wait=True)
 
-    async def propose(self, payload: bytes, deadline: float | None = None) -> object:
+    async def propose(
+        self, payload: bytes, deadline: float | None = None, *, on_append: bool = False
+    ) -> object:
+        # One replica: its append is its commit, so on_append changes nothing.
         if self._closed:
             raise ShardClosedError("shard is closed")
         if len(self._pending) >= self._pending_max:

@@ -34,6 +34,7 @@ from typing import Any
 from raft import frames, snapshot_file
 from raft._pysyncobj import FAIL_REASON, HardenedSyncObj, SyncObjConf, fail_reason_name
 from raft.api import (
+    Appended,
     Entry,
     NotLeaderError,
     OutcomeUnknownError,
@@ -143,6 +144,7 @@ class _Proposal:
     future: asyncio.Future[object]
     state: _State = _State.WAITING
     timer: asyncio.TimerHandle | None = None
+    on_append: bool = False
 
 
 class PySyncObjShard:
@@ -235,7 +237,9 @@ class PySyncObjShard:
         self._frames.clear()
         self._awaiting.clear()
 
-    async def propose(self, payload: bytes, deadline: float | None = None) -> object:
+    async def propose(
+        self, payload: bytes, deadline: float | None = None, *, on_append: bool = False
+    ) -> object:
         if self._closed:
             raise ShardClosedError("shard is closed")
         if frames.encoded_size(len(payload), 1) > self._cfg.frame_bytes_max:
@@ -244,7 +248,7 @@ class PySyncObjShard:
                 f"{self._cfg.frame_bytes_max} bytes"
             )
         loop = asyncio.get_running_loop()
-        p = _Proposal(payload, loop.create_future())
+        p = _Proposal(payload, loop.create_future(), on_append=on_append)
         ack_deadline = loop.time() + self._cfg.ack_timeout_ms / 1000
         when = ack_deadline if deadline is None else min(deadline, ack_deadline)
         p.timer = loop.call_at(when, self._expire, p)
@@ -366,10 +370,21 @@ class PySyncObjShard:
     def step(self) -> bool:
         so = self._so
         assert so is not None and self._journal is not None
-        self._hand_over(so)
+        leading_term = so.raftCurrentTerm if so._isLeader() else None
+        handed = self._hand_over(so)
         so.doTick(0.0)
         self._flush_applies()
         self._journal.flush()
+        if (
+            handed
+            and leading_term is not None
+            and so._isLeader()
+            and so.raftCurrentTerm == leading_term
+            and so.queued_commands() == 0
+        ):
+            # Still the leader of the same term and pysyncobj's command queue is drained: the
+            # frames handed this round are in our log, and the flush above made them durable.
+            self._ack_appended(handed)
         now = time.monotonic()
         if now - self._status_at >= 0.02:
             self._status_at = now
@@ -379,7 +394,16 @@ class PySyncObjShard:
     def _can_hand_over(self, so: HardenedSyncObj) -> bool:
         return so._getLeader() is not None and len(self._frames) < self._cfg.frames_in_flight_max
 
-    def _hand_over(self, so: HardenedSyncObj) -> None:
+    def _ack_appended(self, frame_ids: list[int]) -> None:
+        done: list[tuple[_Proposal, object]] = [
+            (p, Appended()) for fid in frame_ids for p in self._frames.get(fid, ()) if p.on_append
+        ]
+        if done and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._resolve_all, done)
+
+    def _hand_over(self, so: HardenedSyncObj) -> list[int]:
+        """Hand waiting proposals to pysyncobj as frames; -> the frame ids handed."""
+        handed: list[int] = []
         while self._incoming and self._can_hand_over(so):
             taken: list[_Proposal] = []
             size = 0
@@ -397,14 +421,16 @@ class PySyncObjShard:
                     taken.append(p)
                     size += len(p.payload)
             if not taken:
-                return
+                break
             frame_id = next(self._frame_ids)
+            handed.append(frame_id)
             self._frames[frame_id] = taken
             self.frames_proposed += 1
             so.fx_apply(
                 frames.encode([p.payload for p in taken]),
                 callback=functools.partial(self._on_frame_result, frame_id),
             )
+        return handed
 
     def _on_apply(self, log_index: int, frame: bytes) -> int:
         # Inside pysyncobj's apply loop: only remember it; _flush_applies applies the whole run

@@ -65,6 +65,7 @@ class QueuePolicy:
     replication_factor: int = 0  # 0 = every replica of the shard
     min_in_sync: int = 0  # 0 = a majority
     ack_timeout_ms: int = 10_000
+    replication_async: bool = False
 
     def retry_delay_ms(self, attempt: int) -> int:
         """Backoff before the retry that follows delivery ``attempt`` (1-based).
@@ -162,13 +163,11 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
         raise invalid_argument(
             f"{prefix}.replication.min_in_sync", f"at most {limits.REPLICATION_FACTOR_MAX}"
         )
-    if rep.mode == pb.REPLICATION_MODE_ASYNC:
-        raise invalid_argument(
-            f"{prefix}.replication.mode",
-            "async is not supported: a Publish answers with offsets, which exist only once a "
-            "majority has the write; use SYNC",
-        )
-    if rep.mode not in (pb.REPLICATION_MODE_UNSPECIFIED, pb.REPLICATION_MODE_SYNC):
+    if rep.mode not in (
+        pb.REPLICATION_MODE_UNSPECIFIED,
+        pb.REPLICATION_MODE_SYNC,
+        pb.REPLICATION_MODE_ASYNC,
+    ):
         raise invalid_argument(f"{prefix}.replication.mode", f"unknown mode {rep.mode}")
     ack_timeout_ms = _duration(
         rep.ack_timeout or limits.ACK_TIMEOUT_DEFAULT,
@@ -180,6 +179,7 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
         replication_factor=rep.factor,
         min_in_sync=rep.min_in_sync,
         ack_timeout_ms=ack_timeout_ms,
+        replication_async=rep.mode == pb.REPLICATION_MODE_ASYNC,
         lease_ms=lease_ms,
         max_attempts=config.max_attempts,
         backoff_base_ms=base_ms,
@@ -236,7 +236,7 @@ def normalize_new(config: pb.QueueConfig, prefix: str = "config") -> pb.QueueCon
     out.lease_timeout = config.lease_timeout or limits.LEASE_TIMEOUT_DEFAULT
     out.retry_backoff.base = config.retry_backoff.base or limits.RETRY_BACKOFF_BASE_DEFAULT
     out.retry_backoff.max = config.retry_backoff.max or limits.RETRY_BACKOFF_MAX_DEFAULT
-    out.replication.mode = pb.REPLICATION_MODE_SYNC
+    out.replication.mode = config.replication.mode or pb.REPLICATION_MODE_SYNC
     out.replication.ack_timeout = config.replication.ack_timeout or limits.ACK_TIMEOUT_DEFAULT
     if config.dead_letter_disabled:
         out.dead_letter_queue = ""

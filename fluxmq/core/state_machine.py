@@ -73,6 +73,9 @@ class AppendResult:
     timestamps_ms: list[int]
     duplicates: list[bool]
     high_watermarks: dict[int, int]  # partition -> high watermark after the append
+    # Asynchronous replication: accepted into the leader's log, not applied yet, so offsets,
+    # timestamps and duplicates are not known (zeros).
+    pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from fluxmq.core.state_machine import (
 )
 from fluxmq.server.consumers import Consumers, group_key, queue_key
 from fluxmq.server.errors import domain_error
-from raft import Shard, ShardError
+from raft import Appended, Shard, ShardError
 from storage import Record
 
 log = logging.getLogger(__name__)
@@ -132,11 +132,13 @@ class Broker:
             return False  # could not catch up in time: answer from the local state
         return True
 
-    async def submit(self, cmd: commands.Command, timeout_ms: int | None = None) -> object:
+    async def submit(
+        self, cmd: commands.Command, timeout_ms: int | None = None, *, on_append: bool = False
+    ) -> object:
         loop = asyncio.get_running_loop()
         deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000
         try:
-            result = await self.shard.propose(commands.encode(cmd), deadline)
+            result = await self.shard.propose(commands.encode(cmd), deadline, on_append=on_append)
         except Exception as exc:
             err = domain_error(exc)
             if err is None:
@@ -244,7 +246,9 @@ class Broker:
         self.check_in_sync(entry.policy.min_in_sync)
         try:
             result = await self.submit(
-                prepared.command, min(timeout_ms, entry.policy.ack_timeout_ms)
+                prepared.command,
+                min(timeout_ms, entry.policy.ack_timeout_ms),
+                on_append=entry.policy.replication_async,
             )
         except FluxError as err:
             if err.reason == "OUTCOME_UNKNOWN":
@@ -257,6 +261,16 @@ class Broker:
                     retry_after_ms=200,
                 ) from err
             raise
+        if isinstance(result, Appended):
+            n = len(prepared.command.partitions)
+            result = AppendResult(
+                partitions=list(prepared.command.partitions),
+                offsets=[0] * n,
+                timestamps_ms=[0] * n,
+                duplicates=[False] * n,
+                high_watermarks={},
+                pending=True,
+            )
         assert isinstance(result, AppendResult)
         duplicates = sum(result.duplicates)
         metrics.PUBLISHED_MESSAGES.labels(queue).inc(len(messages) - duplicates)

@@ -44,6 +44,10 @@ def _fill_records(out: Any, partition: int, records: list[Record], single: bool 
 def _publish_response(result: AppendResult) -> pb.PublishResponse:
     resp = pb.PublishResponse()
     add = resp.results.add
+    if result.pending:
+        for partition in result.partitions:
+            add(partition=partition, pending=True)
+        return resp
     for partition, offset, ts, duplicate in zip(
         result.partitions, result.offsets, result.timestamps_ms, result.duplicates, strict=True
     ):

@@ -1,6 +1,6 @@
 """Per-queue replication policy: factor must fit the shard, min_in_sync refuses writes while too
 few replicas are in sync, ack_timeout answers UNAVAILABLE without reporting unconfirmed writes as
-written, async mode is refused."""
+written, async mode acknowledges at the leader's append."""
 
 from __future__ import annotations
 
@@ -45,8 +45,12 @@ def test_replication_policy_is_checked_against_a_single_node(
     assert err.code == grpc.StatusCode.FAILED_PRECONDITION
     assert err.reason == "REPLICATION_UNSATISFIABLE"
     assert err.fields == ["config.replication.factor"]
+    # One replica: its append is its commit, so an async queue answers with offsets.
+    create(stub, "async", mode=pb.REPLICATION_MODE_ASYNC)
+    r = publish(stub, "async", "a1")
+    assert not r.results[0].pending
     with pytest.raises(grpc.RpcError) as e:
-        create(stub, "async", mode=pb.REPLICATION_MODE_ASYNC)
+        create(stub, "bad-mode", mode=7)
     err = rich_error(e.value)
     assert err.code == grpc.StatusCode.INVALID_ARGUMENT
     assert err.fields == ["config.replication.mode"]
@@ -133,5 +137,30 @@ def test_ack_timeout_is_unavailable_and_a_retry_writes_exactly_once(tmp_path: Pa
                 time.sleep(0.2)
         stored = cluster.fetch_all(cluster.wait_leader(), "t")
         assert stored == [b"k1"]
+    finally:
+        cluster.stop()
+
+
+def test_async_mode_acknowledges_at_the_leaders_append_and_replicates(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    cluster.start()
+    try:
+        leader = cluster.wait_leader()
+        stub = stub_of(leader)
+        q = create(stub, "fast", mode=pb.REPLICATION_MODE_ASYNC)
+        assert q.config.replication.mode == pb.REPLICATION_MODE_ASYNC
+        pending = 0
+        for i in range(50):
+            r = publish(stub, "fast", f"k{i}")
+            pending += r.results[0].pending
+        # Acknowledged at the append: no offset yet (a few may have waited for the commit
+        # when a round ended without the append being confirmed).
+        assert pending > 0
+        follower = next(n for n in cluster.nodes if n is not leader)
+        r = publish(stub_of(follower), "fast", "via-follower")
+        assert not r.results[0].pending  # a follower cannot see the leader's append: SYNC
+        cluster.wait_converged()
+        stored = cluster.fetch_all(leader, "fast")
+        assert stored == [f"k{i}".encode() for i in range(50)] + [b"via-follower"]
     finally:
         cluster.stop()

@@ -306,16 +306,18 @@ class PublishRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[PublishMessage, _Mapping]]] = ..., request_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class PublishResult(_message.Message):
-    __slots__ = ("partition", "offset", "timestamp_ms", "duplicate")
+    __slots__ = ("partition", "offset", "timestamp_ms", "duplicate", "pending")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     partition: int
     offset: int
     timestamp_ms: int
     duplicate: bool
-    def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    pending: bool
+    def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ..., pending: _Optional[bool] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
     __slots__ = ("results",)
