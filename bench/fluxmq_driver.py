@@ -86,25 +86,39 @@ def free_port() -> int:
 class FluxNode:
     """A `fluxmq serve` process on loopback, with a fresh data dir."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.port = free_port()
+        self.extra = extra  # more `fluxmq serve` arguments (cluster mode: --raft-listen ...)
+        self.env = env  # more environment variables of the process
         self.proc: subprocess.Popen[bytes] | None = None
+        self._cpu_last = 0.0
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        self.spawn()
+        self.wait_listening()
+
+    def spawn(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir / "node.log", "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fluxmq", "serve", "--data-dir", str(self.data_dir / "data"),
-             "--listen", self.address, "--metrics-listen", "", "--log-level", "WARNING"],
+             "--listen", self.address, "--metrics-listen", "", "--log-level", "WARNING",
+             *self.extra],
             stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env} if self.env else None,
         )  # fmt: skip
+
+    def wait_listening(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"FluxMQ node exited early, see {self.data_dir / 'node.log'}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return
@@ -113,10 +127,31 @@ class FluxNode:
         raise RuntimeError("FluxMQ node did not start")
 
     def cpu_seconds(self) -> float:
+        """User + system CPU of the process so far (the last reading once it has exited)."""
         assert self.proc is not None
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            parts = f.read().rsplit(")", 1)[1].split()
-        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return self._cpu_last
+        self._cpu_last = (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+        return self._cpu_last
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the node's log (stdout and stderr), to show when a run fails."""
+        try:
+            text = (self.data_dir / "node.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

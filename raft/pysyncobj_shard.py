@@ -23,6 +23,7 @@ import functools
 import itertools
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -50,6 +51,8 @@ from raft.driver import RaftDriver
 from raft.journal import LmdbJournal
 
 log = logging.getLogger("raft.shard")
+APPLY_BATCHES_QUEUED_MAX = 64  # the driver waits when the apply thread is this far behind
+APPLY_RETRY_S = 0.5
 
 
 class ShardStartError(ShardError):
@@ -164,6 +167,10 @@ class PySyncObjShard:
         self._frames: dict[int, list[_Proposal]] = {}
         self._awaiting: dict[int, list[_Proposal]] = {}  # log index -> proposals of its frame
         self._pending_applies: list[tuple[int, bytes]] = []
+        self._apply_queue: queue.Queue[Any] = queue.Queue(maxsize=APPLY_BATCHES_QUEUED_MAX)
+        self._apply_thread = threading.Thread(
+            target=self._apply_routine, name=f"apply-{config.shard_id}", daemon=True
+        )
         self._status = ShardStatus(
             shard_id=config.shard_id,
             role="follower",
@@ -356,13 +363,16 @@ class PySyncObjShard:
             journal.close()
             raise ShardStartError(f"raft shard {cfg.shard_id} cannot start: {e}") from e
         self._journal = journal
+        self._apply_thread.start()
         self._driver.attach(self)
 
     def _teardown(self) -> None:
         self._driver.detach(self)
         assert self._so is not None
         with contextlib.suppress(Exception):
-            self._flush_applies()
+            self._drain_applies()
+        self._apply_queue.put(None)
+        self._apply_thread.join(timeout=30)
         self._so.destroy()  # closes sockets and the journal (flushed first)
 
     # -- driver thread: one round ----------------------------------------------------------
@@ -459,6 +469,7 @@ class PySyncObjShard:
             self._finish_threadsafe(p, error=exc)
 
     def _flush_applies(self) -> None:
+        """Hand the entries committed this round to the apply thread, as one batch."""
         if not self._pending_applies:
             return
         entries: list[Entry] = []
@@ -473,14 +484,9 @@ class PySyncObjShard:
                     entries.append(Entry(frames.sub_index(log_index, i), payload))
                 else:
                     slots.append(None)  # a barrier: ordered by the log, nothing to apply
-        applied = self._sm.apply_batch(entries)  # raises: kept pending, retried next round
-        assert len(applied) == len(entries)
-        results = [None if k is None else applied[k] for k in slots]
         self._pending_applies.clear()
-        self.batches_applied += 1
-        self.entries_applied += len(spans)
         assert self._journal is not None
-        done: list[tuple[_Proposal, object]] = []
+        waiting: list[tuple[list[_Proposal], int]] = []  # (proposals, first slot)
         for log_index, first, count in spans:
             taken = self._awaiting.pop(log_index, None)
             if taken is None:
@@ -490,10 +496,44 @@ class PySyncObjShard:
             # disk (and, through flush-before-send, on a majority's).
             if self._journal.durable_index < log_index:
                 self.acked_before_durable += 1
-            done.extend(zip(taken, results[first : first + count], strict=True))
-        self.proposals_applied += len(done)
-        if done and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._resolve_all, done)
+            waiting.append((taken, first))
+        self.entries_applied += len(spans)
+        # Applying (a state transaction and its fsync) runs on its own thread, so the next
+        # round's journal fsync and messages overlap with it; batches stay in log order.
+        self._apply_queue.put((entries, slots, waiting))
+
+    def _apply_routine(self) -> None:
+        while True:
+            item = self._apply_queue.get()
+            try:
+                if item is None:
+                    return
+                entries, slots, waiting = item
+                while True:
+                    try:
+                        applied = self._sm.apply_batch(entries)
+                        break
+                    except Exception:
+                        # Committed entries cannot be skipped: stall (and say so) until the
+                        # state machine can apply them, e.g. once disk space is freed.
+                        log.exception("shard %s: applying committed entries failed", self.shard_id)
+                        time.sleep(APPLY_RETRY_S)
+                assert len(applied) == len(entries)
+                results = [None if k is None else applied[k] for k in slots]
+                self.batches_applied += 1
+                done: list[tuple[_Proposal, object]] = []
+                for taken, first in waiting:
+                    done.extend(zip(taken, results[first : first + len(taken)], strict=True))
+                self.proposals_applied += len(done)
+                if done and self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._resolve_all, done)
+            finally:
+                self._apply_queue.task_done()
+
+    def _drain_applies(self) -> None:
+        """Driver thread: wait until every committed entry handed out so far is applied."""
+        self._flush_applies()
+        self._apply_queue.join()
 
     def _publish_status(self, so: HardenedSyncObj, now: float) -> None:
         leader = so._getLeader()
@@ -535,7 +575,7 @@ class PySyncObjShard:
 
     def _write_snapshot(self, path: str, data: Sequence[Any]) -> None:
         last, prev, cluster = data
-        self._flush_applies()
+        self._drain_applies()
         state_path = path + ".state"
         try:
             applied = frames.log_index_of(self._sm.write_snapshot(state_path))
@@ -559,7 +599,7 @@ class PySyncObjShard:
         with open(path, "rb") as f:
             os.fsync(f.fileno())
         snapshot_file.fsync_dir(os.path.dirname(path))
-        self._pending_applies.clear()  # superseded by the snapshot (they are at or below it)
+        self._drain_applies()  # what was committed before is at or below the snapshot
         if frames.log_index_of(self._sm.last_applied_index()) >= info.index:
             return  # our state is already as new (a restart after taking this snapshot)
         state_path = path + ".install"

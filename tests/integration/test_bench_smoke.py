@@ -12,18 +12,25 @@ def test_bench_harness_runs_and_writes_results(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--duration", "0.5", "--messages-max", "2000",
          "--out", str(tmp_path)],
-        capture_output=True, timeout=180, cwd=Path(__file__).resolve().parents[2],
+        capture_output=True, timeout=300, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     (result,) = tmp_path.glob("*.json")
     runs = json.loads(result.read_text())["results"]
     assert [r["workload"] for r in runs] == [
         "publish", "fetch", "publish@50%", "lease_ack", "consume_max", "consume_latency",
+        "cluster_publish", "cluster_publish@50%", "cluster_publish_via_follower",
+        "cluster_failover",
     ]  # fmt: skip
     assert runs[0]["messages"] > 0 and runs[1]["messages"] == runs[0]["messages"] + 100
-    lease, peak, paced = runs[3:]
+    lease, peak, paced = runs[3:6]
     assert lease["drained"] and lease["messages"] == lease["prefilled"]
     assert lease["not_acked"] == 0 and lease["lease_p99_ms"] > 0
     assert peak["messages"] > 0 and paced["delivered"] == paced["published"] > 0
+    cluster, cluster_paced, via_follower, failover = runs[6:]
+    assert cluster["messages"] > 0 and via_follower["messages"] > 0
+    assert cluster_paced["messages"] > 0 and cluster["server_cpu_s"] > 0
+    # The leader was killed and publishing resumed through the new one.
+    assert isinstance(failover["failover_s"], float) and failover["failover_s"] > 0
     (table,) = tmp_path.glob("*.md")
-    assert "| publish |" in table.read_text()
+    assert "| publish |" in table.read_text() and "| cluster_failover |" in table.read_text()
