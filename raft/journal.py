@@ -209,12 +209,13 @@ class LmdbJournal:
                                 break
                 else:  # pragma: no cover - a bug
                     raise AssertionError(kind)
-            meta = {
-                "term": self._term,
-                "voted_for": self._voted_for,
-                "commit_index": self._commit_index,
-            }
-            txn.put(_META_KEY, json.dumps(meta).encode(), db=self._meta_db)
+            if self._meta_dirty:  # most flushes only append entries: leave the meta page be
+                meta = {
+                    "term": self._term,
+                    "voted_for": self._voted_for,
+                    "commit_index": self._commit_index,
+                }
+                txn.put(_META_KEY, json.dumps(meta).encode(), db=self._meta_db)
             # Assert right before committing: disk and memory agree on where the log ends.
             last_key = _U64.unpack(cur.key())[0] if cur.last() else 0
             mem_last = self._entries[-1][1] if self._entries else 0
