@@ -12,11 +12,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Debian packages the test suite uses (promtool lints /metrics). Installed only when missing.
+# Debian packages the test suite uses (promtool lints /metrics; etcd 3.4+ backs the cluster
+# metadata tests). Installed only when missing.
 sysdeps:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  echo "installing Debian package prometheus (for promtool)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@command -v etcd >/dev/null 2>&1 && command -v etcdctl >/dev/null 2>&1 || { \
+	  echo "installing Debian packages etcd-server and etcd-client (for etcd, etcdctl)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server etcd-client >/dev/null; }
 
 run: $(STAMP)
 	$(PY) -m fluxmq serve

@@ -75,6 +75,17 @@ EXPIRED_LEASES = Counter(
     "Leases that passed their deadline unsettled (redelivered or dead-lettered).",
     registry=REGISTRY,
 )
+GROUP_JOINS = Counter(
+    "fluxmq_group_joins",
+    "JoinGroup requests applied (each one rebalances its group).",
+    ["queue"],
+    registry=REGISTRY,
+)
+EXPIRED_MEMBERS = Counter(
+    "fluxmq_expired_members",
+    "Consumer-group members removed because their session lapsed (no heartbeat in time).",
+    registry=REGISTRY,
+)
 
 
 class GroupRow(NamedTuple):

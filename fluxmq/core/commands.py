@@ -35,6 +35,10 @@ class Op(IntEnum):
     REPLAY_DEAD_LETTERS = 16
     PURGE_DEAD_LETTERS = 17
     TRANSACT = 18
+    JOIN_GROUP = 19
+    LEAVE_GROUP = 20
+    RELEASE_PARTITIONS = 21
+    EXPIRE_MEMBERS = 22
 
 
 _TYPES: dict[Op, type[Any]] = {
@@ -56,6 +60,10 @@ _TYPES: dict[Op, type[Any]] = {
     Op.REPLAY_DEAD_LETTERS: cpb.ReplayDeadLettersCmd,
     Op.PURGE_DEAD_LETTERS: cpb.PurgeDeadLettersCmd,
     Op.TRANSACT: cpb.TransactCmd,
+    Op.JOIN_GROUP: cpb.JoinGroupCmd,
+    Op.LEAVE_GROUP: cpb.LeaveGroupCmd,
+    Op.RELEASE_PARTITIONS: cpb.ReleasePartitionsCmd,
+    Op.EXPIRE_MEMBERS: cpb.ExpireMembersCmd,
 }
 _OPS: dict[type[Any], Op] = {t: op for op, t in _TYPES.items()}
 

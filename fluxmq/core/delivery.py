@@ -30,9 +30,11 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys, limits
 from fluxmq.core.errors import FluxError
+from fluxmq.core.membership import Membership
 from fluxmq.core.queue_config import QueuePolicy
 from storage.api import PartitionLogReader, ReadTxn, Record, WriteTxn
 
@@ -95,6 +97,7 @@ class GroupState:
     parts: dict[int, PartState] = field(default_factory=dict)
     expiry: list[tuple[int, int, int, int]] = field(default_factory=list)  # (deadline, p, off, id)
     in_flight_by_member: dict[str, int] = field(default_factory=dict)
+    membership: Membership | None = None  # None until somebody joins
 
     @property
     def group_id(self) -> int:
@@ -230,6 +233,10 @@ class DeliveryState:
             slot = Slot(kind, attempt, due_ms, lease_id, member)
             part.slots[offset] = slot
             state._index(g, partition, part, offset, slot)
+        for key, value in txn.scan(keys.MEMBERSHIP):
+            group_id = keys.U64.unpack_from(key, len(keys.MEMBERSHIP))[0]
+            ms = Membership.from_proto(cpb.MembershipState.FromString(value))
+            state._by_id[group_id].membership = ms
         for g in state._by_id.values():
             heapq.heapify(g.expiry)
             for part in g.parts.values():
@@ -276,6 +283,9 @@ class DeliveryState:
             raise group_not_found(queue, name)
         return g
 
+    def all_groups(self) -> list[GroupState]:
+        return [self._by_id[k] for k in sorted(self._by_id)]
+
     def by_id(self, group_id: int) -> GroupState | None:
         return self._by_id.get(group_id)
 
@@ -309,8 +319,38 @@ class DeliveryState:
             self._touch(g, p)
         return g
 
+    def save_membership(self, txn: WriteTxn, g: GroupState) -> None:
+        ms = g.membership
+        assert ms is not None
+        ms.check()
+        txn.put(keys.membership_key(g.group_id), ms.to_proto().SerializeToString())
+        self.touched.add(g.group_id)
+
+    def busy(self, g: GroupState, p: int) -> bool:
+        """Whether a partition of an ordered group still has a batch out (it cannot move)."""
+        part = g.parts.get(p)
+        return part is not None and part.leased > 0
+
+    def expire_member_leases(self, txn: WriteTxn, g: GroupState, member: str, now_ms: int) -> int:
+        """The member is gone: its leases end now, so the next ExpireLeases pass hands their
+        messages out again (with the attempt counted, as for any expired lease)."""
+        count = 0
+        for p in sorted(g.parts):
+            part = g.parts[p]
+            if not part.leased:
+                continue
+            for offset, slot in sorted(part.slots.items()):
+                if slot.kind == LEASED and slot.member == member and slot.due_ms > now_ms:
+                    slot.due_ms = now_ms
+                    heapq.heappush(g.expiry, (now_ms, p, offset, slot.lease_id))
+                    self._put_slot(txn, g, p, offset, slot)
+                    count += 1
+        return count
+
     def delete(self, txn: WriteTxn, g: GroupState) -> None:
         txn.delete(keys.group_key(g.queue_id, g.name))
+        if g.membership is not None:
+            txn.delete(keys.membership_key(g.group_id))
         doomed = [k for k, _ in txn.scan(keys.slot_prefix(g.group_id))]
         for k in doomed:
             txn.delete(k)
@@ -343,7 +383,9 @@ class DeliveryState:
         max_messages: int,
         lease_ms: int,
         now_ms: int,
+        only: set[int] | None = None,
     ) -> list[Delivery]:
+        """``only``: the partitions the member owns (ordered groups with members)."""
         out: list[Delivery] = []
         nparts = policy.partitions
         scan = [limits.LEASE_SCAN_RECORDS_MAX]
@@ -353,6 +395,8 @@ class DeliveryState:
             if len(out) >= max_messages:
                 break
             p = (first + k) % nparts
+            if only is not None and p not in only:
+                continue
             part = self._part(g, p)
             if g.ordered and part.leased:
                 continue  # held by whoever leased its last batch

@@ -20,6 +20,7 @@ GROUP = b"C/"  # + queue_id u64 + group name -> fluxmq.v1.Group
 GROUP_PARTITION = b"P/"  # + group_id u64 + partition u32 -> PARTITION_VALUE
 SLOT = b"S/"  # + group_id u64 + partition u32 + offset u64 -> SLOT_VALUE + member (utf-8)
 DEAD_GONE = b"L/"  # + dlq queue_id u64 + offset u64 -> b"": dead letters replayed or purged
+MEMBERSHIP = b"G/"  # + group_id u64 -> fluxmq.internal.MembershipState (groups with members)
 
 U64 = struct.Struct(">Q")
 DEDUP_VALUE = struct.Struct(">IQq")
@@ -86,6 +87,10 @@ def split_slot_key(key: bytes) -> tuple[int, int, int]:
         U32.unpack_from(key, n + 8)[0],
         U64.unpack_from(key, n + 12)[0],
     )
+
+
+def membership_key(group_id: int) -> bytes:
+    return MEMBERSHIP + U64.pack(group_id)
 
 
 def dead_gone_key(dlq_queue_id: int, offset: int) -> bytes:

@@ -15,8 +15,9 @@ from fluxmq.core.errors import (
     partition_out_of_range,
     queue_not_found,
 )
+from fluxmq.core.membership import Membership, check_member, releasable
 from fluxmq.core.queue_config import labels_match, parse_label_selector, validate_name
-from fluxmq.core.state_machine import QueueEntry, QueueStateMachine
+from fluxmq.core.state_machine import QueueEntry, QueueStateMachine, member_required, member_view
 from fluxmq.core.validation import group_name as validate_group_name
 from storage.api import Record, Watermarks
 
@@ -158,6 +159,11 @@ class QueueReader:
         desc.partitions.extend(self.group_partitions(entry, name))
         with self._state.lock:
             desc.in_flight_by_consumer.update(g.in_flight_by_member)
+            ms = g.membership
+            if ms is not None:
+                desc.group_generation = ms.group_generation
+                desc.strategy = ms.strategy if ms.members else ""
+                desc.members.extend(member_view(m) for _, m in sorted(ms.members.items()))
         return desc
 
     def in_flight(self, entry: QueueEntry, group: str, consumer_id: str) -> int:
@@ -165,17 +171,69 @@ class QueueReader:
             g = self._state.delivery.get(entry.queue_id, entry.name, group)
             return g.in_flight_by_member.get(consumer_id, 0)
 
-    def maybe_ready(self, entry: QueueEntry, group: str, now_ms: int) -> tuple[bool, int | None]:
-        """-> (a lease could make progress now, earliest due time of a scheduled message)."""
+    def maybe_ready(
+        self, entry: QueueEntry, group: str, now_ms: int, member_id: str = ""
+    ) -> tuple[bool, int | None]:
+        """-> (a lease could make progress now, earliest due time of a scheduled message).
+        ``member_id`` of an ordered group with members: only the partitions it owns count."""
+        only = self.owned_partitions(entry, group, member_id)
         with self._store.read() as txn:
             highs = {
                 p: txn.log(keys.log_id(entry.queue_id, p)).watermarks().high
                 for p in range(entry.policy.partitions)
+                if only is None or p in only
             }
         with self._state.lock:
             delivery = self._state.delivery
             g = delivery.get(entry.queue_id, entry.name, group)
             return delivery.maybe_ready(g, highs, now_ms), delivery.next_ready_ms(g)
+
+    def owned_partitions(self, entry: QueueEntry, group: str, member_id: str) -> set[int] | None:
+        """The partitions a member may lease from (None: no restriction)."""
+        with self._state.lock:
+            g = self._state.delivery.get(entry.queue_id, entry.name, group)
+            ms = g.membership
+            if not g.ordered or ms is None or not ms.members:
+                return None
+            m = ms.members.get(member_id)
+            return set(m.owned) if m is not None else set()
+
+    def check_member(
+        self, entry: QueueEntry, group: str, member_id: str, generation_id: int, *, lease: bool
+    ) -> None:
+        """Fail early (before proposing) the way applying the request would fail."""
+        with self._state.lock:
+            g = self._state.delivery.get(entry.queue_id, entry.name, group)
+            if member_id:
+                check_member(g.membership, member_id, generation_id, exact=lease)
+            elif lease and g.ordered and g.membership is not None and g.membership.members:
+                raise member_required(g)
+
+    def releasable(
+        self, entry: QueueEntry, group: str, member_id: str, generation_id: int
+    ) -> list[int]:
+        with self._state.lock:
+            delivery = self._state.delivery
+            g = delivery.get(entry.queue_id, entry.name, group)
+            if g.membership is None:
+                return []
+            return releasable(g.membership, member_id, generation_id, lambda p: delivery.busy(g, p))
+
+    def memberships(self) -> list[tuple[int, Membership]]:
+        """(group id, membership) of every group with members, for the session tracker."""
+        with self._state.lock:
+            return [
+                (g.group_id, Membership.from_proto(g.membership.to_proto()))
+                for g in self._state.delivery.all_groups()
+                if g.membership is not None and g.membership.members
+            ]
+
+    def membership(self, entry: QueueEntry, group: str) -> Membership | None:
+        """A copy of the group's membership (None: nobody ever joined)."""
+        with self._state.lock:
+            g = self._state.delivery.get(entry.queue_id, entry.name, group)
+            ms = g.membership
+            return None if ms is None else Membership.from_proto(ms.to_proto())
 
     def offsets(self, entry: QueueEntry, group: str) -> pb.OffsetsResponse:
         resp = pb.OffsetsResponse()

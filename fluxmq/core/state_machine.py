@@ -21,10 +21,12 @@ from typing import Any, Protocol
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys, limits
+from fluxmq.core import membership as msh
 from fluxmq.core.commands import Op, decode
 from fluxmq.core.delivery import REPLAY_GROUP_HEADER, Delivery, DeliveryState, GroupState, header
 from fluxmq.core.errors import (
     FluxError,
+    invalid_argument,
     offset_out_of_range,
     partition_out_of_range,
     queue_exists,
@@ -90,6 +92,28 @@ class SettleResult:
 
     statuses: list[int]
     deadlines_ms: list[int] = field(default_factory=list)
+
+
+def member_view(m: msh.Member) -> pb.GroupMember:
+    return pb.GroupMember(
+        member_id=m.member_id,
+        consumer_id=m.consumer_id,
+        generation_id=m.generation,
+        assigned=sorted(m.owned),
+        revoking=sorted(m.revoking),
+        pending=sorted(m.pending),
+        session_timeout_ms=m.session_timeout_ms,
+        joined_at_ms=m.joined_ms,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MemberResult:
+    """JoinGroup / ReleasePartitions: the member as it is after the command."""
+
+    member: pb.GroupMember
+    group_generation: int
+    released: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +211,10 @@ class QueueStateMachine:
             Op.REPLAY_DEAD_LETTERS: self._replay_dead_letters,
             Op.PURGE_DEAD_LETTERS: self._purge_dead_letters,
             Op.TRANSACT: self._transact,
+            Op.JOIN_GROUP: self._join_group,
+            Op.LEAVE_GROUP: self._leave_group,
+            Op.RELEASE_PARTITIONS: self._release_partitions,
+            Op.EXPIRE_MEMBERS: self._expire_members,
         }
 
     @property
@@ -364,6 +392,11 @@ class QueueStateMachine:
         queue.updated_at_ms = max(cmd.now_ms, old.queue.updated_at_ms + 1)
         batch.txn.put(keys.queue_key(cmd.config.name), queue.SerializeToString())
         self._cat_for_write(batch)[cmd.config.name] = QueueEntry(queue, policy_of(queue.config))
+        if cmd.config.partitions > old.queue.config.partitions:
+            for g in self.delivery.of_queue(old.queue_id):
+                if g.membership is not None and g.membership.members and g.ordered:
+                    msh.rebalance(g.membership, cmd.config.partitions)
+                    self.delivery.save_membership(batch.txn, g)
         return queue
 
     def _delete_queue(self, batch: _Batch, cmd: cpb.DeleteQueueCmd) -> None:
@@ -604,8 +637,26 @@ class QueueStateMachine:
 
     def _lease(self, batch: _Batch, cmd: cpb.LeaseCmd) -> LeaseResult:
         entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        member = self._check_member(g, cmd.member, exact=True)
+        only: set[int] | None = None
+        if g.ordered and g.membership is not None and g.membership.members:
+            if member is None:
+                raise member_required(g)
+            only = member.owned
+        if member is not None and member.consumer_id != cmd.consumer_id:
+            raise invalid_argument(
+                "consumer_id",
+                f"member {member.member_id!r} joined as consumer {member.consumer_id!r}",
+            )
         out = self.delivery.lease(
-            batch.txn, g, entry.policy, cmd.consumer_id, cmd.max_messages, cmd.lease_ms, cmd.now_ms
+            batch.txn,
+            g,
+            entry.policy,
+            cmd.consumer_id,
+            cmd.max_messages,
+            cmd.lease_ms,
+            cmd.now_ms,
+            only,
         )
         if out:
             self.delivery.save_lease_counter(batch.txn)
@@ -617,13 +668,23 @@ class QueueStateMachine:
             if r.group_id != g.group_id:
                 raise foreign_receipt(g, f"{path}[{i}]")
 
+    def _check_member(
+        self, g: GroupState, ref: cpb.MemberRef, *, exact: bool = False
+    ) -> msh.Member | None:
+        """The member a request speaks for (None: not a member request); stale ones fail."""
+        if not ref.member_id:
+            return None
+        return msh.check_member(g.membership, ref.member_id, ref.generation_id, exact=exact)
+
     def _ack(self, batch: _Batch, cmd: cpb.AckCmd) -> SettleResult:
         _entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        self._check_member(g, cmd.member)
         self._check_receipts(g, cmd.receipts, "receipts")
         return SettleResult(self.delivery.ack(batch.txn, g, cmd.receipts))
 
     def _nack(self, batch: _Batch, cmd: cpb.NackCmd) -> SettleResult:
         entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        self._check_member(g, cmd.member)
         self._check_receipts(g, cmd.receipts, "receipts")
         if cmd.dead and entry.policy.dead_letter_queue is None:
             raise no_dead_letter_queue(entry.name)
@@ -642,6 +703,7 @@ class QueueStateMachine:
 
     def _extend(self, batch: _Batch, cmd: cpb.ExtendLeaseCmd) -> SettleResult:
         _entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        self._check_member(g, cmd.member)
         self._check_receipts(g, cmd.receipts, "receipts")
         out = self.delivery.extend(batch.txn, g, cmd.receipts, cmd.now_ms, cmd.lease_ms)
         return SettleResult([s for s, _ in out], [d for _, d in out])
@@ -654,6 +716,7 @@ class QueueStateMachine:
 
     def _commit_offsets(self, batch: _Batch, cmd: cpb.CommitOffsetsCmd) -> None:
         entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        self._check_member(g, cmd.member)
         if entry.queue.config.type != pb.QUEUE_TYPE_STREAM:
             raise FluxError(
                 "NOT_A_STREAM_QUEUE",
@@ -684,6 +747,68 @@ class QueueStateMachine:
             offset = start_offset(txn.log(keys.log_id(entry.queue_id, p)), cmd.to)
             self.delivery.reset(txn, g, p, offset)
 
+    # -- membership -------------------------------------------------------------------------
+
+    def _join_group(self, batch: _Batch, cmd: cpb.JoinGroupCmd) -> MemberResult:
+        entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        ms = g.membership or msh.Membership(0, cmd.strategy, {})
+        m = msh.join(
+            ms,
+            entry.policy.partitions,
+            cmd.consumer_id,
+            cmd.member_id,
+            cmd.session_timeout_ms,
+            cmd.strategy,
+            cmd.now_ms,
+            assigns=g.ordered,
+        )
+        g.membership = ms
+        self.delivery.save_membership(batch.txn, g)
+        return MemberResult(member_view(m), ms.group_generation)
+
+    def _leave_group(self, batch: _Batch, cmd: cpb.LeaveGroupCmd) -> int:
+        entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        return self._remove_members(batch, entry, g, [cmd.member_id], cmd.now_ms)
+
+    def _remove_members(
+        self, batch: _Batch, entry: QueueEntry, g: GroupState, member_ids: list[str], now_ms: int
+    ) -> int:
+        ms = g.membership
+        gone = [ms.members[mid] for mid in member_ids if ms is not None and mid in ms.members]
+        if ms is None or not gone:
+            return 0
+        for m in gone:
+            self.delivery.expire_member_leases(batch.txn, g, m.consumer_id, now_ms)
+        msh.remove(ms, [m.member_id for m in gone], entry.policy.partitions, assigns=g.ordered)
+        self.delivery.save_membership(batch.txn, g)
+        return len(gone)
+
+    def _release_partitions(self, batch: _Batch, cmd: cpb.ReleasePartitionsCmd) -> MemberResult:
+        _entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
+        m = msh.check_member(g.membership, cmd.member_id, cmd.generation_id)
+        ms = g.membership
+        assert ms is not None
+        released = msh.release(
+            ms, cmd.member_id, cmd.generation_id, lambda p: self.delivery.busy(g, p)
+        )
+        if released:
+            self.delivery.save_membership(batch.txn, g)
+        return MemberResult(member_view(m), ms.group_generation, released)
+
+    def _expire_members(self, batch: _Batch, cmd: cpb.ExpireMembersCmd) -> int:
+        by_group: dict[int, list[str]] = {}
+        for e in cmd.members:
+            by_group.setdefault(e.group_id, []).append(e.member_id)
+        cat = {e.queue_id: e for e in self._cat(batch).values()}
+        expired = 0
+        for group_id, member_ids in sorted(by_group.items()):
+            g = self.delivery.by_id(group_id)
+            entry = cat.get(g.queue_id) if g is not None else None
+            if g is None or entry is None:
+                continue  # deleted meanwhile
+            expired += self._remove_members(batch, entry, g, member_ids, cmd.now_ms)
+        return expired
+
     # -- transactions -----------------------------------------------------------------------
 
     def _transact(self, batch: _Batch, cmd: cpb.TransactCmd) -> TransactResult:
@@ -692,6 +817,7 @@ class QueueStateMachine:
         seen: set[tuple[int, int, int]] = set()
         for i, ack in enumerate(cmd.acks):
             _entry, g = self._group(batch, ack.queue, ack.queue_id, ack.group)
+            self._check_member(g, ack.member)
             self._check_receipts(g, ack.receipts, f"acks[{i}].receipts")
             for j, status in enumerate(self.delivery.check_held(g, ack.receipts)):
                 r = ack.receipts[j]
@@ -918,6 +1044,15 @@ def foreign_receipt(g: GroupState, field_path: str) -> FluxError:
         "RECEIPT_MISMATCH",
         f"{field_path} was not issued by group {g.name!r} of queue {g.meta.queue!r}",
         metadata={"field": field_path, "group": g.name},
+    )
+
+
+def member_required(g: GroupState) -> FluxError:
+    return FluxError(
+        "MEMBER_REQUIRED",
+        f"ordered group {g.name!r} has members: lease with the member_id and generation_id "
+        "JoinGroup returned (partitions are assigned to members)",
+        metadata={"group": g.name},
     )
 
 

@@ -132,6 +132,19 @@ class Broker:
             return False  # could not catch up in time: answer from the local state
         return True
 
+    def require_leader(self) -> None:
+        """For what only the leader can answer (heartbeats live in its memory)."""
+        if not self.shard.is_leader:
+            leader = self.shard.leader
+            raise FluxError(
+                "NOT_LEADER",
+                "this node does not lead the queue's replication group"
+                + (f"; the leader is {leader}" if leader else "; no leader is elected yet"),
+                retriable=True,
+                retry_after_ms=200,
+                metadata={"leader": leader or ""},
+            )
+
     async def submit(
         self, cmd: commands.Command, timeout_ms: int | None = None, *, on_append: bool = False
     ) -> object:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import TYPE_CHECKING
 
@@ -18,15 +19,18 @@ from fluxmq import metrics
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import limits, validation
+from fluxmq.core import membership as msh
 from fluxmq.core.errors import FluxError, invalid_argument, queue_not_found
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.state_machine import (
     ExpireResult,
     LeaseResult,
+    MemberResult,
     QueueEntry,
     SettleResult,
     TransactResult,
     foreign_receipt,
+    member_view,
     no_dead_letter_queue,
 )
 
@@ -57,6 +61,8 @@ class Consumers:
         # one at a time per consumer, so two workers sharing an id are caught, not interleaved.
         self._active: set[tuple[int, str, str]] = set()
         self.dead_letter_alerts: dict[str, int] = {}  # queue -> depth when the alert was raised
+        self.sessions = msh.SessionTracker()
+        self._was_leader = False
 
     # -- groups -----------------------------------------------------------------------------
 
@@ -114,28 +120,57 @@ class Consumers:
         count = validation.lease_batch(req.max_messages)
         lease_ms = validation.lease_ms(req.lease_ms, entry.policy.lease_ms)
         wait_ms = validation.wait_ms(req.wait_ms)
+        ref = self._member_ref(entry, req.group, req.member_id, req.generation_id)
         key = self._claim(entry, req.group, consumer)
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_ms / 1000
             while True:
-                result = await self._lease_once(entry, req.group, consumer, count, lease_ms)
+                result = await self._lease_once(entry, req.group, consumer, count, lease_ms, ref)
                 if result is not None and result.deliveries:
                     return result
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return result or LeaseResult(self._reader.group(entry, req.group).group_id, [])
-                await self._wait_ready(entry, req.group, remaining)
+                await self._wait_ready(entry, req.group, remaining, ref.member_id)
         finally:
             self._active.discard(key)
 
+    def _member_ref(
+        self,
+        entry: QueueEntry,
+        group: str,
+        member_id: str,
+        generation_id: int,
+        *,
+        lease: bool = True,
+    ) -> cpb.MemberRef:
+        if len(member_id) > msh.MEMBER_ID_CHARS_MAX:
+            raise invalid_argument("member_id", f"at most {msh.MEMBER_ID_CHARS_MAX} characters")
+        self._reader.check_member(entry, group, member_id, generation_id, lease=lease)
+        return cpb.MemberRef(member_id=member_id, generation_id=generation_id)
+
+    def _settle_ref(
+        self, entry: QueueEntry, group: str, member_id: str, generation_id: int
+    ) -> cpb.MemberRef:
+        """Acks and the like need no membership; when they name a member it must be current."""
+        if not member_id:
+            return cpb.MemberRef()
+        return self._member_ref(entry, group, member_id, generation_id, lease=False)
+
     async def _lease_once(
-        self, entry: QueueEntry, group: str, consumer: str, count: int, lease_ms: int
+        self,
+        entry: QueueEntry,
+        group: str,
+        consumer: str,
+        count: int,
+        lease_ms: int,
+        ref: cpb.MemberRef,
     ) -> LeaseResult | None:
         """One Lease command, if one could hand anything out (None: not proposed)."""
         self._ensure_same_queue(entry)
         now_ms = self._broker.now_ms()
-        ready, _ = self._reader.maybe_ready(entry, group, now_ms)
+        ready, _ = self._reader.maybe_ready(entry, group, now_ms, ref.member_id)
         if not ready:
             return None
         cmd = cpb.LeaseCmd(
@@ -146,6 +181,7 @@ class Consumers:
             max_messages=count,
             lease_ms=lease_ms,
             now_ms=now_ms,
+            member=ref,
         )
         result = await self._broker.submit(cmd)
         assert isinstance(result, LeaseResult)
@@ -158,14 +194,16 @@ class Consumers:
         if current is None or current.queue_id != entry.queue_id:
             raise queue_not_found(entry.name)
 
-    async def _wait_ready(self, entry: QueueEntry, group: str, timeout_s: float) -> None:
+    async def _wait_ready(
+        self, entry: QueueEntry, group: str, timeout_s: float, member_id: str = ""
+    ) -> None:
         """Until the queue grows, the group changes, a scheduled message comes due, or
         ``timeout_s`` passes. The events are taken before the check, so no wakeup is lost."""
         g = self._reader.group(entry, group)
         notifier = self._broker.notifier
         events = [notifier.event(queue_key(entry.queue_id)), notifier.event(group_key(g.group_id))]
         now_ms = self._broker.now_ms()
-        ready, due_ms = self._reader.maybe_ready(entry, group, now_ms)
+        ready, due_ms = self._reader.maybe_ready(entry, group, now_ms, member_id)
         if ready:
             return
         timeout_s = min(timeout_s, IDLE_RECHECK_S)
@@ -186,6 +224,7 @@ class Consumers:
         window = validation.max_in_flight(req.max_in_flight)
         batch = validation.lease_batch(req.batch_max, "batch_max", default=100)
         lease_ms = validation.lease_ms(req.lease_ms, entry.policy.lease_ms)
+        ref = self._member_ref(entry, req.group, req.member_id, req.generation_id)
         key = self._claim(entry, req.group, consumer)
         notifier = self._broker.notifier
         try:
@@ -200,12 +239,12 @@ class Consumers:
                             await asyncio.wait_for(event.wait(), IDLE_RECHECK_S)
                     continue
                 result = await self._lease_once(
-                    entry, req.group, consumer, min(room, batch), lease_ms
+                    entry, req.group, consumer, min(room, batch), lease_ms, ref
                 )
                 if result is not None and result.deliveries:
                     yield result
                     continue
-                await self._wait_ready(entry, req.group, IDLE_RECHECK_S)
+                await self._wait_ready(entry, req.group, IDLE_RECHECK_S, ref.member_id)
         finally:
             self._active.discard(key)
 
@@ -222,6 +261,7 @@ class Consumers:
 
     async def ack(self, req: pb.AckRequest) -> SettleResult:
         entry = self._reader.entry(req.queue)
+        ref = self._settle_ref(entry, req.group, req.member_id, req.generation_id)
         self._receipts(entry, req.group, req.receipts, "receipts")
         cmd = cpb.AckCmd(
             queue=req.queue,
@@ -229,6 +269,7 @@ class Consumers:
             group=req.group,
             receipts=req.receipts,
             now_ms=self._broker.now_ms(),
+            member=ref,
         )
         result = await self._broker.submit(cmd)
         assert isinstance(result, SettleResult)
@@ -261,6 +302,7 @@ class Consumers:
             retry_at_ms=max(retry_at, 0),
             dead=req.dead,
             reason=req.reason,
+            member=self._settle_ref(entry, req.group, req.member_id, req.generation_id),
         )
         result = await self._broker.submit(cmd)
         assert isinstance(result, SettleResult)
@@ -279,6 +321,7 @@ class Consumers:
             receipts=req.receipts,
             now_ms=self._broker.now_ms(),
             lease_ms=validation.lease_ms(req.lease_ms, entry.policy.lease_ms),
+            member=self._settle_ref(entry, req.group, req.member_id, req.generation_id),
         )
         result = await self._broker.submit(cmd)
         assert isinstance(result, SettleResult)
@@ -293,7 +336,11 @@ class Consumers:
             raise invalid_argument("offsets", "name at least one partition")
         await self._broker.submit(
             cpb.CommitOffsetsCmd(
-                queue=req.queue, queue_id=entry.queue_id, group=req.group, offsets=req.offsets
+                queue=req.queue,
+                queue_id=entry.queue_id,
+                group=req.group,
+                offsets=req.offsets,
+                member=self._settle_ref(entry, req.group, req.member_id, req.generation_id),
             )
         )
         return self._reader.offsets(entry, req.group)
@@ -385,6 +432,7 @@ class Consumers:
                 group=ack.group,
                 receipts=ack.receipts,
                 now_ms=now_ms,
+                member=self._settle_ref(entry, ack.group, ack.member_id, ack.generation_id),
             )
         for i, pub in enumerate(req.publishes):
             entry = self._reader.entry(pub.queue, f"publishes[{i}].queue")
@@ -402,6 +450,129 @@ class Consumers:
             cmd.appends.append(prepared.command)
         result = await self._broker.submit(cmd, timeout_ms)
         assert isinstance(result, TransactResult)
+        return result
+
+    # -- membership ---------------------------------------------------------------------------
+
+    def _assignment(
+        self, m: pb.GroupMember, group_generation: int, **extra: object
+    ) -> pb.MemberAssignment:
+        interval = msh.heartbeat_interval_ms(m.session_timeout_ms)
+        if m.pending:  # waiting for a release: ask again soon
+            interval = max(50, interval // msh.PENDING_HEARTBEAT_DIVISOR)
+        return pb.MemberAssignment(
+            member_id=m.member_id,
+            generation_id=m.generation_id,
+            assigned=m.assigned,
+            revoking=m.revoking,
+            pending=m.pending,
+            heartbeat_interval_ms=interval,
+            group_generation=group_generation,
+            **extra,  # type: ignore[arg-type]
+        )
+
+    async def join_group(self, req: pb.JoinGroupRequest) -> pb.MemberAssignment:
+        entry = self._reader.entry(req.queue)
+        g = self._reader.group(entry, req.group)
+        consumer = validation.consumer_id(req.consumer_id)
+        strategy, timeout_ms = msh.validate_join(req.strategy, req.session_timeout_ms)
+        if len(req.member_id) > msh.MEMBER_ID_CHARS_MAX:
+            raise invalid_argument("member_id", f"at most {msh.MEMBER_ID_CHARS_MAX} characters")
+        ms = self._reader.membership(entry, req.group)
+        member_id = req.member_id
+        if not member_id or ms is None or member_id not in ms.members:
+            # New (or expired meanwhile): a fresh id, so the old one's requests stay stale.
+            member_id = f"{consumer[:64]}-{secrets.token_hex(6)}"
+        now_ms = self._broker.now_ms()
+        result = await self._broker.submit(
+            cpb.JoinGroupCmd(
+                queue=req.queue,
+                queue_id=entry.queue_id,
+                group=req.group,
+                consumer_id=consumer,
+                member_id=member_id,
+                session_timeout_ms=timeout_ms,
+                strategy=strategy,
+                now_ms=now_ms,
+            )
+        )
+        assert isinstance(result, MemberResult)
+        self.sessions.saw(g.group_id, member_id, now_ms)
+        metrics.GROUP_JOINS.labels(req.queue).inc()
+        return self._assignment(result.member, result.group_generation)
+
+    async def heartbeat(self, req: pb.HeartbeatRequest) -> pb.MemberAssignment:
+        """Answered by the leader from its memory; a command only when partitions can move."""
+        entry = self._reader.entry(req.queue)
+        g = self._reader.group(entry, req.group)
+        if not req.member_id:
+            raise invalid_argument("member_id", "required (from JoinGroup)")
+        self._broker.require_leader()
+        ms = self._reader.membership(entry, req.group)
+        m = ms.members.get(req.member_id) if ms is not None else None
+        if ms is None or m is None:
+            return pb.MemberAssignment(
+                member_id=req.member_id,
+                should_rejoin=True,
+                reason="the member is not in the group: its session expired, it left, or the "
+                "same consumer joined again",
+                heartbeat_interval_ms=msh.heartbeat_interval_ms(msh.SESSION_TIMEOUT_MS_DEFAULT),
+                group_generation=ms.group_generation if ms is not None else 0,
+            )
+        if req.generation_id > m.generation:
+            raise invalid_argument(
+                "generation_id",
+                f"member {m.member_id!r} never had generation {req.generation_id} "
+                f"(current {m.generation})",
+            )
+        now_ms = self._broker.now_ms()
+        self.sessions.saw(g.group_id, m.member_id, now_ms)
+        view = member_view(m)
+        generation = ms.group_generation
+        if self._reader.releasable(entry, req.group, m.member_id, req.generation_id):
+            result = await self._broker.submit(
+                cpb.ReleasePartitionsCmd(
+                    queue=req.queue,
+                    queue_id=entry.queue_id,
+                    group=req.group,
+                    member_id=m.member_id,
+                    generation_id=req.generation_id,
+                )
+            )
+            if isinstance(result, MemberResult):
+                view, generation = result.member, result.group_generation
+        return self._assignment(view, generation)
+
+    async def leave_group(self, req: pb.LeaveGroupRequest) -> None:
+        entry = self._reader.entry(req.queue)
+        g = self._reader.group(entry, req.group)
+        if not req.member_id:
+            raise invalid_argument("member_id", "required (from JoinGroup)")
+        await self._broker.submit(
+            cpb.LeaveGroupCmd(
+                queue=req.queue,
+                queue_id=entry.queue_id,
+                group=req.group,
+                member_id=req.member_id,
+                now_ms=self._broker.now_ms(),
+            )
+        )
+        self.sessions.forget(g.group_id, req.member_id)
+
+    async def maybe_expire_members(self) -> int:
+        """Propose ExpireMembers for the sessions that lapsed (leader only)."""
+        now_ms = self._broker.now_ms()
+        lapsed = self.sessions.lapsed(self._reader.memberships(), now_ms)
+        if not lapsed:
+            return 0
+        cmd = cpb.ExpireMembersCmd(now_ms=now_ms)
+        for group_id, member_id in lapsed[: msh.EXPIRES_PER_PASS_MAX]:
+            cmd.members.add(group_id=group_id, member_id=member_id)
+        result = await self._broker.submit(cmd)
+        assert isinstance(result, int)
+        if result:
+            log.info("expired %d group member(s) whose session lapsed", result)
+            metrics.EXPIRED_MEMBERS.inc(result)
         return result
 
     # -- leader timers ----------------------------------------------------------------------
@@ -430,9 +601,15 @@ class Consumers:
         while True:
             await asyncio.sleep(EXPIRE_INTERVAL_MS / 1000)
             if not self._broker.shard.is_leader:
+                self._was_leader = False
                 continue
+            if not self._was_leader:
+                # Heartbeats went to the old leader: every member gets a full session from now.
+                self.sessions.reset()
+                self._was_leader = True
             try:
                 await self.maybe_expire()
+                await self.maybe_expire_members()
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -41,6 +41,11 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "NOT_A_STREAM_QUEUE": grpc.StatusCode.FAILED_PRECONDITION,
     "LEASE_NOT_HELD": grpc.StatusCode.FAILED_PRECONDITION,
     "NOT_LEADER": grpc.StatusCode.UNAVAILABLE,
+    # Membership: a request from an assignment the member no longer holds; heartbeat or join
+    # again, then retry (ABORTED: a concurrency conflict the client resolves, not a bad request).
+    "STALE_GENERATION": grpc.StatusCode.ABORTED,
+    "MEMBER_REQUIRED": grpc.StatusCode.FAILED_PRECONDITION,
+    "GROUP_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "SHARD_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "REQUEST_DENIED": grpc.StatusCode.FAILED_PRECONDITION,
     "OUTCOME_UNKNOWN": grpc.StatusCode.UNAVAILABLE,

@@ -236,6 +236,18 @@ class QueueService(pb_grpc.QueueServiceServicer):
         await self._consumers.delete_group(request.queue, request.group)
         return pb.DeleteGroupResponse()
 
+    async def JoinGroup(self, request: pb.JoinGroupRequest, context: Any) -> pb.MemberAssignment:
+        return await self._consumers.join_group(request)
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.MemberAssignment:
+        return await self._consumers.heartbeat(request)
+
+    async def LeaveGroup(
+        self, request: pb.LeaveGroupRequest, context: Any
+    ) -> pb.LeaveGroupResponse:
+        await self._consumers.leave_group(request)
+        return pb.LeaveGroupResponse()
+
     async def Lease(self, request: pb.LeaseRequest, context: Any) -> pb.LeaseResponse:
         result = await self._consumers.lease(request)
         resp = pb.LeaseResponse()

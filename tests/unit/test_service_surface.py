@@ -13,4 +13,4 @@ def test_every_queue_service_rpc_is_implemented() -> None:
     base = queue_pb2_grpc.QueueServiceServicer
     missing = [name for name in rpcs if getattr(QueueService, name) is getattr(base, name)]
     assert not missing, f"RPCs without an implementation: {missing}"
-    assert len(rpcs) == 28
+    assert len(rpcs) == 31

@@ -100,7 +100,7 @@ class DeleteGroupCmd(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ...) -> None: ...
 
 class LeaseCmd(_message.Message):
-    __slots__ = ("queue", "queue_id", "group", "consumer_id", "max_messages", "lease_ms", "now_ms")
+    __slots__ = ("queue", "queue_id", "group", "consumer_id", "max_messages", "lease_ms", "now_ms", "member")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,7 @@ class LeaseCmd(_message.Message):
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     queue_id: int
     group: str
@@ -115,24 +116,27 @@ class LeaseCmd(_message.Message):
     max_messages: int
     lease_ms: int
     now_ms: int
-    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., lease_ms: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
+    member: MemberRef
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., lease_ms: _Optional[int] = ..., now_ms: _Optional[int] = ..., member: _Optional[_Union[MemberRef, _Mapping]] = ...) -> None: ...
 
 class AckCmd(_message.Message):
-    __slots__ = ("queue", "queue_id", "group", "receipts", "now_ms")
+    __slots__ = ("queue", "queue_id", "group", "receipts", "now_ms", "member")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     queue_id: int
     group: str
     receipts: _containers.RepeatedCompositeFieldContainer[_queue_pb2.Receipt]
     now_ms: int
-    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[_queue_pb2.Receipt, _Mapping]]] = ..., now_ms: _Optional[int] = ...) -> None: ...
+    member: MemberRef
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[_queue_pb2.Receipt, _Mapping]]] = ..., now_ms: _Optional[int] = ..., member: _Optional[_Union[MemberRef, _Mapping]] = ...) -> None: ...
 
 class NackCmd(_message.Message):
-    __slots__ = ("queue", "queue_id", "group", "receipts", "now_ms", "retry_at_ms", "dead", "reason")
+    __slots__ = ("queue", "queue_id", "group", "receipts", "now_ms", "retry_at_ms", "dead", "reason", "member")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +145,7 @@ class NackCmd(_message.Message):
     RETRY_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DEAD_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     queue_id: int
     group: str
@@ -149,23 +154,26 @@ class NackCmd(_message.Message):
     retry_at_ms: int
     dead: bool
     reason: str
-    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[_queue_pb2.Receipt, _Mapping]]] = ..., now_ms: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., dead: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    member: MemberRef
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[_queue_pb2.Receipt, _Mapping]]] = ..., now_ms: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., dead: _Optional[bool] = ..., reason: _Optional[str] = ..., member: _Optional[_Union[MemberRef, _Mapping]] = ...) -> None: ...
 
 class ExtendLeaseCmd(_message.Message):
-    __slots__ = ("queue", "queue_id", "group", "receipts", "now_ms", "lease_ms")
+    __slots__ = ("queue", "queue_id", "group", "receipts", "now_ms", "lease_ms", "member")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     queue_id: int
     group: str
     receipts: _containers.RepeatedCompositeFieldContainer[_queue_pb2.Receipt]
     now_ms: int
     lease_ms: int
-    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[_queue_pb2.Receipt, _Mapping]]] = ..., now_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    member: MemberRef
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[_queue_pb2.Receipt, _Mapping]]] = ..., now_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., member: _Optional[_Union[MemberRef, _Mapping]] = ...) -> None: ...
 
 class ExpireLeasesCmd(_message.Message):
     __slots__ = ("now_ms",)
@@ -174,7 +182,7 @@ class ExpireLeasesCmd(_message.Message):
     def __init__(self, now_ms: _Optional[int] = ...) -> None: ...
 
 class CommitOffsetsCmd(_message.Message):
-    __slots__ = ("queue", "queue_id", "group", "offsets")
+    __slots__ = ("queue", "queue_id", "group", "offsets", "member")
     class OffsetsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -186,11 +194,13 @@ class CommitOffsetsCmd(_message.Message):
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     queue_id: int
     group: str
     offsets: _containers.ScalarMap[int, int]
-    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    member: MemberRef
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., offsets: _Optional[_Mapping[int, int]] = ..., member: _Optional[_Union[MemberRef, _Mapping]] = ...) -> None: ...
 
 class ResetOffsetsCmd(_message.Message):
     __slots__ = ("queue", "queue_id", "group", "partitions", "to")
@@ -241,3 +251,107 @@ class TransactCmd(_message.Message):
     acks: _containers.RepeatedCompositeFieldContainer[AckCmd]
     appends: _containers.RepeatedCompositeFieldContainer[AppendCmd]
     def __init__(self, acks: _Optional[_Iterable[_Union[AckCmd, _Mapping]]] = ..., appends: _Optional[_Iterable[_Union[AppendCmd, _Mapping]]] = ...) -> None: ...
+
+class MemberRef(_message.Message):
+    __slots__ = ("member_id", "generation_id")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    generation_id: int
+    def __init__(self, member_id: _Optional[str] = ..., generation_id: _Optional[int] = ...) -> None: ...
+
+class JoinGroupCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "consumer_id", "member_id", "session_timeout_ms", "strategy", "now_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    consumer_id: str
+    member_id: str
+    session_timeout_ms: int
+    strategy: str
+    now_ms: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., member_id: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., strategy: _Optional[str] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class LeaveGroupCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "member_id", "now_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    member_id: str
+    now_ms: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., member_id: _Optional[str] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class ReleasePartitionsCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "member_id", "generation_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    member_id: str
+    generation_id: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., member_id: _Optional[str] = ..., generation_id: _Optional[int] = ...) -> None: ...
+
+class ExpireMembersCmd(_message.Message):
+    __slots__ = ("now_ms", "members")
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    now_ms: int
+    members: _containers.RepeatedCompositeFieldContainer[ExpiredMember]
+    def __init__(self, now_ms: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ExpiredMember, _Mapping]]] = ...) -> None: ...
+
+class ExpiredMember(_message.Message):
+    __slots__ = ("group_id", "member_id")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: int
+    member_id: str
+    def __init__(self, group_id: _Optional[int] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class MemberState(_message.Message):
+    __slots__ = ("member_id", "consumer_id", "session_timeout_ms", "generation", "fenced_below", "owned", "revoking", "pending", "joined_ms")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    FENCED_BELOW_FIELD_NUMBER: _ClassVar[int]
+    OWNED_FIELD_NUMBER: _ClassVar[int]
+    REVOKING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    JOINED_MS_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    consumer_id: str
+    session_timeout_ms: int
+    generation: int
+    fenced_below: int
+    owned: _containers.RepeatedScalarFieldContainer[int]
+    revoking: _containers.RepeatedScalarFieldContainer[int]
+    pending: _containers.RepeatedScalarFieldContainer[int]
+    joined_ms: int
+    def __init__(self, member_id: _Optional[str] = ..., consumer_id: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., generation: _Optional[int] = ..., fenced_below: _Optional[int] = ..., owned: _Optional[_Iterable[int]] = ..., revoking: _Optional[_Iterable[int]] = ..., pending: _Optional[_Iterable[int]] = ..., joined_ms: _Optional[int] = ...) -> None: ...
+
+class MembershipState(_message.Message):
+    __slots__ = ("group_generation", "strategy", "members")
+    GROUP_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    group_generation: int
+    strategy: str
+    members: _containers.RepeatedCompositeFieldContainer[MemberState]
+    def __init__(self, group_generation: _Optional[int] = ..., strategy: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ...) -> None: ...

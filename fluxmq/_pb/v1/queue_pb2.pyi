@@ -548,7 +548,7 @@ class GroupPartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., committed: _Optional[int] = ..., high_watermark: _Optional[int] = ..., lag: _Optional[int] = ..., in_flight: _Optional[int] = ..., scheduled: _Optional[int] = ..., dead: _Optional[int] = ..., filtered: _Optional[int] = ..., skipped_by_retention: _Optional[int] = ..., acked: _Optional[int] = ..., delivered_up_to: _Optional[int] = ...) -> None: ...
 
 class GroupDescription(_message.Message):
-    __slots__ = ("group", "partitions", "in_flight_by_consumer")
+    __slots__ = ("group", "partitions", "in_flight_by_consumer", "members", "group_generation", "strategy")
     class InFlightByConsumerEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -559,10 +559,100 @@ class GroupDescription(_message.Message):
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_BY_CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
     group: Group
     partitions: _containers.RepeatedCompositeFieldContainer[GroupPartition]
     in_flight_by_consumer: _containers.ScalarMap[str, int]
-    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[GroupPartition, _Mapping]]] = ..., in_flight_by_consumer: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    members: _containers.RepeatedCompositeFieldContainer[GroupMember]
+    group_generation: int
+    strategy: str
+    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[GroupPartition, _Mapping]]] = ..., in_flight_by_consumer: _Optional[_Mapping[str, int]] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., group_generation: _Optional[int] = ..., strategy: _Optional[str] = ...) -> None: ...
+
+class GroupMember(_message.Message):
+    __slots__ = ("member_id", "consumer_id", "generation_id", "assigned", "revoking", "pending", "session_timeout_ms", "joined_at_ms")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    REVOKING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    consumer_id: str
+    generation_id: int
+    assigned: _containers.RepeatedScalarFieldContainer[int]
+    revoking: _containers.RepeatedScalarFieldContainer[int]
+    pending: _containers.RepeatedScalarFieldContainer[int]
+    session_timeout_ms: int
+    joined_at_ms: int
+    def __init__(self, member_id: _Optional[str] = ..., consumer_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., assigned: _Optional[_Iterable[int]] = ..., revoking: _Optional[_Iterable[int]] = ..., pending: _Optional[_Iterable[int]] = ..., session_timeout_ms: _Optional[int] = ..., joined_at_ms: _Optional[int] = ...) -> None: ...
+
+class JoinGroupRequest(_message.Message):
+    __slots__ = ("queue", "group", "consumer_id", "session_timeout_ms", "strategy", "member_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    consumer_id: str
+    session_timeout_ms: int
+    strategy: str
+    member_id: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., strategy: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("queue", "group", "member_id", "generation_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    member_id: str
+    generation_id: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., member_id: _Optional[str] = ..., generation_id: _Optional[int] = ...) -> None: ...
+
+class MemberAssignment(_message.Message):
+    __slots__ = ("member_id", "generation_id", "assigned", "revoking", "pending", "heartbeat_interval_ms", "should_rejoin", "group_generation", "reason")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    REVOKING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    SHOULD_REJOIN_FIELD_NUMBER: _ClassVar[int]
+    GROUP_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    generation_id: int
+    assigned: _containers.RepeatedScalarFieldContainer[int]
+    revoking: _containers.RepeatedScalarFieldContainer[int]
+    pending: _containers.RepeatedScalarFieldContainer[int]
+    heartbeat_interval_ms: int
+    should_rejoin: bool
+    group_generation: int
+    reason: str
+    def __init__(self, member_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., assigned: _Optional[_Iterable[int]] = ..., revoking: _Optional[_Iterable[int]] = ..., pending: _Optional[_Iterable[int]] = ..., heartbeat_interval_ms: _Optional[int] = ..., should_rejoin: _Optional[bool] = ..., group_generation: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveGroupRequest(_message.Message):
+    __slots__ = ("queue", "group", "member_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    member_id: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class LeaveGroupResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class DeleteGroupRequest(_message.Message):
     __slots__ = ("queue", "group")
@@ -601,20 +691,24 @@ class LeasedMessage(_message.Message):
     def __init__(self, record: _Optional[_Union[Record, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("queue", "group", "consumer_id", "max_messages", "lease_ms", "wait_ms")
+    __slots__ = ("queue", "group", "consumer_id", "max_messages", "lease_ms", "wait_ms", "member_id", "generation_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     consumer_id: str
     max_messages: int
     lease_ms: int
     wait_ms: int
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., lease_ms: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    member_id: str
+    generation_id: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., lease_ms: _Optional[int] = ..., wait_ms: _Optional[int] = ..., member_id: _Optional[str] = ..., generation_id: _Optional[int] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
     __slots__ = ("messages",)
@@ -623,20 +717,24 @@ class LeaseResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[LeasedMessage, _Mapping]]] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("queue", "group", "consumer_id", "max_in_flight", "lease_ms", "batch_max")
+    __slots__ = ("queue", "group", "consumer_id", "max_in_flight", "lease_ms", "batch_max", "member_id", "generation_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_MAX_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     consumer_id: str
     max_in_flight: int
     lease_ms: int
     batch_max: int
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease_ms: _Optional[int] = ..., batch_max: _Optional[int] = ...) -> None: ...
+    member_id: str
+    generation_id: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease_ms: _Optional[int] = ..., batch_max: _Optional[int] = ..., member_id: _Optional[str] = ..., generation_id: _Optional[int] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
     __slots__ = ("messages",)
@@ -645,14 +743,18 @@ class ConsumeResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[LeasedMessage, _Mapping]]] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("queue", "group", "receipts")
+    __slots__ = ("queue", "group", "receipts", "member_id", "generation_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     receipts: _containers.RepeatedCompositeFieldContainer[Receipt]
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ...) -> None: ...
+    member_id: str
+    generation_id: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ..., member_id: _Optional[str] = ..., generation_id: _Optional[int] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ("statuses",)
@@ -661,7 +763,7 @@ class AckResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[ReceiptStatus, str]]] = ...) -> None: ...
 
 class NackRequest(_message.Message):
-    __slots__ = ("queue", "group", "receipts", "retry_after_ms", "retry_at_ms", "dead", "reason")
+    __slots__ = ("queue", "group", "receipts", "retry_after_ms", "retry_at_ms", "dead", "reason", "member_id", "generation_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
@@ -669,6 +771,8 @@ class NackRequest(_message.Message):
     RETRY_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DEAD_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     receipts: _containers.RepeatedCompositeFieldContainer[Receipt]
@@ -676,7 +780,9 @@ class NackRequest(_message.Message):
     retry_at_ms: int
     dead: bool
     reason: str
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ..., retry_after_ms: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., dead: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    member_id: str
+    generation_id: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ..., retry_after_ms: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., dead: _Optional[bool] = ..., reason: _Optional[str] = ..., member_id: _Optional[str] = ..., generation_id: _Optional[int] = ...) -> None: ...
 
 class NackResponse(_message.Message):
     __slots__ = ("statuses",)
@@ -685,16 +791,20 @@ class NackResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[ReceiptStatus, str]]] = ...) -> None: ...
 
 class ExtendLeaseRequest(_message.Message):
-    __slots__ = ("queue", "group", "receipts", "lease_ms")
+    __slots__ = ("queue", "group", "receipts", "lease_ms", "member_id", "generation_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     receipts: _containers.RepeatedCompositeFieldContainer[Receipt]
     lease_ms: int
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    member_id: str
+    generation_id: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ..., lease_ms: _Optional[int] = ..., member_id: _Optional[str] = ..., generation_id: _Optional[int] = ...) -> None: ...
 
 class ExtendLeaseResponse(_message.Message):
     __slots__ = ("statuses", "lease_deadlines_ms")
@@ -723,7 +833,7 @@ class OffsetsResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionOffsets, _Mapping]]] = ...) -> None: ...
 
 class CommitOffsetsRequest(_message.Message):
-    __slots__ = ("queue", "group", "offsets")
+    __slots__ = ("queue", "group", "offsets", "member_id", "generation_id")
     class OffsetsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -734,10 +844,14 @@ class CommitOffsetsRequest(_message.Message):
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     offsets: _containers.ScalarMap[int, int]
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    member_id: str
+    generation_id: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., offsets: _Optional[_Mapping[int, int]] = ..., member_id: _Optional[str] = ..., generation_id: _Optional[int] = ...) -> None: ...
 
 class GetOffsetsRequest(_message.Message):
     __slots__ = ("queue", "group")

@@ -118,6 +118,21 @@ class QueueServiceStub:
                 request_serializer=fluxmq_dot_v1_dot_queue__pb2.DeleteGroupRequest.SerializeToString,
                 response_deserializer=fluxmq_dot_v1_dot_queue__pb2.DeleteGroupResponse.FromString,
                 _registered_method=True)
+        self.JoinGroup = channel.unary_unary(
+                '/fluxmq.v1.QueueService/JoinGroup',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.JoinGroupRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.MemberAssignment.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/fluxmq.v1.QueueService/Heartbeat',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.MemberAssignment.FromString,
+                _registered_method=True)
+        self.LeaveGroup = channel.unary_unary(
+                '/fluxmq.v1.QueueService/LeaveGroup',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.LeaveGroupRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.LeaveGroupResponse.FromString,
+                _registered_method=True)
         self.Lease = channel.unary_unary(
                 '/fluxmq.v1.QueueService/Lease',
                 request_serializer=fluxmq_dot_v1_dot_queue__pb2.LeaseRequest.SerializeToString,
@@ -291,6 +306,25 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinGroup(self, request, context):
+        """Membership (server-side assignment, incremental, generation-fenced): see GroupMember.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaveGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Lease(self, request, context):
         """Leases up to max_messages ready messages to consumer_id (long poll with wait_ms). Each comes
         with a receipt; a lease not acked, nacked or extended before its deadline is redelivered
@@ -451,6 +485,21 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.DeleteGroup,
                     request_deserializer=fluxmq_dot_v1_dot_queue__pb2.DeleteGroupRequest.FromString,
                     response_serializer=fluxmq_dot_v1_dot_queue__pb2.DeleteGroupResponse.SerializeToString,
+            ),
+            'JoinGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinGroup,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.JoinGroupRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.MemberAssignment.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.HeartbeatRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.MemberAssignment.SerializeToString,
+            ),
+            'LeaveGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveGroup,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.LeaveGroupRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.LeaveGroupResponse.SerializeToString,
             ),
             'Lease': grpc.unary_unary_rpc_method_handler(
                     servicer.Lease,
@@ -949,6 +998,87 @@ class QueueService:
             '/fluxmq.v1.QueueService/DeleteGroup',
             fluxmq_dot_v1_dot_queue__pb2.DeleteGroupRequest.SerializeToString,
             fluxmq_dot_v1_dot_queue__pb2.DeleteGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/JoinGroup',
+            fluxmq_dot_v1_dot_queue__pb2.JoinGroupRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.MemberAssignment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/Heartbeat',
+            fluxmq_dot_v1_dot_queue__pb2.HeartbeatRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.MemberAssignment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaveGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/LeaveGroup',
+            fluxmq_dot_v1_dot_queue__pb2.LeaveGroupRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.LeaveGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,45 @@
+"""Cluster metadata: live nodes, replication groups, queue placement, shard leaders, settings.
+
+``MetadataStore`` is the interface; ``EtcdMetadataStore`` keeps the metadata in etcd for a
+cluster, ``EmbeddedMetadataStore`` in a local LMDB file (or memory) for a single node.
+"""
+
+from fluxmq.cluster.embedded import EmbeddedMetadataStore
+from fluxmq.cluster.etcd import EtcdMetadataStore
+from fluxmq.cluster.metadata import (
+    AlreadyExists,
+    GroupInfo,
+    LimitExceeded,
+    MetadataCorrupt,
+    MetadataError,
+    MetadataEvent,
+    MetadataStore,
+    MetadataUnavailable,
+    MetadataWatch,
+    NodeInfo,
+    NodeNotRegistered,
+    NotFound,
+    Placement,
+    RevisionConflict,
+    Versioned,
+)
+
+__all__ = [
+    "AlreadyExists",
+    "EmbeddedMetadataStore",
+    "EtcdMetadataStore",
+    "GroupInfo",
+    "LimitExceeded",
+    "MetadataCorrupt",
+    "MetadataError",
+    "MetadataEvent",
+    "MetadataStore",
+    "MetadataUnavailable",
+    "MetadataWatch",
+    "NodeInfo",
+    "NodeNotRegistered",
+    "NotFound",
+    "Placement",
+    "RevisionConflict",
+    "Versioned",
+]

@@ -1,0 +1,556 @@
+"""``EmbeddedMetadataStore``: the metadata of a single node, with no etcd.
+
+State lives in one small LMDB file (``<directory>/metadata.lmdb``, plus LMDB's ``-lock`` file), or
+in memory when ``path`` is None (unit tests). It mimics etcd closely enough that the contract suite
+cannot tell them apart: one global revision counter bumped per write, per-key modification
+revisions for compare-and-set, and leased node keys.
+
+Time is an input (``clock_ms``). Node expiry is evaluated lazily, when nodes are read or
+refreshed and whenever a watcher polls, so a test advances a fake clock instead of sleeping. The
+default clock is the wall clock because expiry deadlines are stored and must stay meaningful
+across restarts.
+
+Everything runs synchronously on the event loop: metadata writes are rare and tiny, and no await
+inside an operation is what makes each one atomic (create-if-absent, compare-and-set).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import struct
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import lmdb
+
+from fluxmq.cluster.metadata import (
+    GROUPS_MAX,
+    NODES_MAX,
+    AlreadyExists,
+    GroupInfo,
+    LimitExceeded,
+    MetadataCorrupt,
+    MetadataError,
+    MetadataEvent,
+    MetadataUnavailable,
+    MetadataWatch,
+    NodeInfo,
+    NodeNotRegistered,
+    NotFound,
+    Placement,
+    RevisionConflict,
+    Versioned,
+    check_group_id,
+    check_list_args,
+    check_node_id,
+    check_queue_name,
+    check_revision,
+    check_setting_key,
+    check_setting_value,
+    check_term,
+    check_ttl_ms,
+    decode_group,
+    decode_leader,
+    decode_node,
+    decode_placement,
+    decode_setting,
+    encode_group,
+    encode_leader,
+    encode_node,
+    encode_placement,
+    encode_setting,
+)
+
+FILE_NAME = "metadata.lmdb"
+MAP_SIZE_BYTES_DEFAULT = 64 * 1024 * 1024
+WATCH_POLL_MS_DEFAULT = 200
+
+# Stored value = header (mod_revision, expires_at_ms, ttl_ms; 0 = no lease) + record JSON.
+_HEADER = struct.Struct(">QQQ")
+_REVISION_KEY = b"\xffrevision"  # sorts after every record key (those are ASCII)
+_PREFIXES = {
+    "node": b"nodes/",
+    "group": b"groups/",
+    "placement": b"placements/",
+    "leader": b"leaders/",
+    "setting": b"settings/",
+}
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _key(kind: str, name: str) -> bytes:
+    return _PREFIXES[kind] + name.encode()
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key starting with ``prefix`` (prefixes end in ASCII '/')."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+class _Txn(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+    def put(self, key: bytes, value: bytes) -> None: ...
+    def delete(self, key: bytes) -> bool: ...
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+
+class _Backend(Protocol):
+    def read(self) -> AbstractContextManager[_Txn]: ...
+    def write(self) -> AbstractContextManager[_Txn]: ...
+    def close(self) -> None: ...
+
+
+class _LmdbTxn:
+    def __init__(self, txn: lmdb.Transaction) -> None:
+        self._txn = txn
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._txn.get(key)
+        return None if value is None else bytes(value)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._txn.put(key, value)
+
+    def delete(self, key: bytes) -> bool:
+        return bool(self._txn.delete(key))
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        cursor = self._txn.cursor()
+        if not cursor.set_range(start):
+            return
+        for key, value in cursor:
+            if bytes(key) >= end:
+                return
+            yield bytes(key), bytes(value)
+
+
+class _LmdbBackend:
+    def __init__(self, directory: Path, map_size_bytes: int, sync: bool) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self._env = lmdb.open(
+                str(directory / FILE_NAME),
+                subdir=False,
+                map_size=map_size_bytes,
+                max_dbs=0,
+                sync=sync,
+                metasync=sync,
+                readahead=False,
+            )
+        except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError) as e:
+            raise MetadataCorrupt(f"{directory / FILE_NAME} is not a usable LMDB file: {e}") from e
+        except lmdb.Error as e:
+            raise MetadataUnavailable(f"cannot open {directory / FILE_NAME}: {e}") from e
+
+    @contextmanager
+    def read(self) -> Iterator[_Txn]:
+        try:
+            with self._env.begin(write=False) as txn:
+                yield _LmdbTxn(txn)
+        except lmdb.Error as e:
+            raise MetadataUnavailable(f"embedded metadata (LMDB): {e}") from e
+
+    @contextmanager
+    def write(self) -> Iterator[_Txn]:
+        try:
+            with self._env.begin(write=True) as txn:
+                yield _LmdbTxn(txn)
+        except lmdb.Error as e:
+            raise MetadataUnavailable(f"embedded metadata (LMDB): {e}") from e
+
+    def close(self) -> None:
+        self._env.close()
+
+
+class _MemoryBackend:
+    """A sorted dict with an undo log, so a failed write leaves nothing behind, as LMDB would."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+        self._keys: list[bytes] = []
+        self._undo: list[tuple[bytes, bytes | None]] | None = None
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        assert self._undo is not None, "write outside a write transaction"
+        self._undo.append((key, self._data.get(key)))
+        self._set(key, value)
+
+    def delete(self, key: bytes) -> bool:
+        assert self._undo is not None, "write outside a write transaction"
+        if key not in self._data:
+            return False
+        self._undo.append((key, self._data[key]))
+        self._set(key, None)
+        return True
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        index = bisect.bisect_left(self._keys, start)
+        while index < len(self._keys) and self._keys[index] < end:
+            key = self._keys[index]
+            yield key, self._data[key]
+            index += 1
+
+    def _set(self, key: bytes, value: bytes | None) -> None:
+        present = key in self._data
+        if value is None:
+            del self._data[key]
+            del self._keys[bisect.bisect_left(self._keys, key)]
+            return
+        self._data[key] = value
+        if not present:
+            bisect.insort(self._keys, key)
+
+    @contextmanager
+    def read(self) -> Iterator[_Txn]:
+        yield self
+
+    @contextmanager
+    def write(self) -> Iterator[_Txn]:
+        self._undo = []
+        try:
+            yield self
+        except BaseException:
+            for key, value in reversed(self._undo):
+                self._set(key, value)
+            raise
+        finally:
+            self._undo = None
+
+    def close(self) -> None:
+        self._data.clear()
+        self._keys.clear()
+
+
+class _Entry:
+    __slots__ = ("expires_at_ms", "mod_revision", "record", "ttl_ms")
+
+    mod_revision: int
+    expires_at_ms: int
+    ttl_ms: int
+    record: bytes
+
+    def __init__(self, raw: bytes, key: bytes) -> None:
+        if len(raw) < _HEADER.size:
+            raise MetadataCorrupt(f"embedded metadata: value of {key!r} is truncated")
+        self.mod_revision, self.expires_at_ms, self.ttl_ms = _HEADER.unpack_from(raw)
+        self.record = raw[_HEADER.size :]
+        if self.mod_revision < 1:
+            raise MetadataCorrupt(f"embedded metadata: {key!r} has revision 0")
+
+
+class _EmbeddedWatch(MetadataWatch):
+    def __init__(self, store: EmbeddedMetadataStore, poll_ms: int) -> None:
+        super().__init__(poll_ms)
+        self._store = store
+
+    def _poll(self) -> None:
+        # A failure here would kill the consumer's loop; the next read reports it instead.
+        if not self._store.closed:
+            with contextlib.suppress(MetadataError):
+                self._store.expire_nodes()
+
+    async def _shutdown(self) -> None:
+        self._store.forget_watch(self)
+
+
+class EmbeddedMetadataStore:
+    """The single-node MetadataStore; see the module docstring. Not shared between processes."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        map_size_bytes: int = MAP_SIZE_BYTES_DEFAULT,
+        sync: bool = True,
+        watch_poll_ms: int = WATCH_POLL_MS_DEFAULT,
+    ) -> None:
+        self._clock_ms = clock_ms
+        self._watch_poll_ms = watch_poll_ms
+        self._backend: _Backend = (
+            _MemoryBackend() if path is None else _LmdbBackend(Path(path), map_size_bytes, sync)
+        )
+        self._watches: set[_EmbeddedWatch] = set()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MetadataUnavailable("the embedded metadata store is closed")
+
+    def _read(self) -> AbstractContextManager[_Txn]:
+        self._check_open()
+        return self._backend.read()
+
+    def _write(self) -> AbstractContextManager[_Txn]:
+        self._check_open()
+        return self._backend.write()
+
+    @staticmethod
+    def _next_revision(txn: _Txn) -> int:
+        raw = txn.get(_REVISION_KEY)
+        if raw is not None and len(raw) != 8:
+            raise MetadataCorrupt("embedded metadata: the revision counter is malformed")
+        revision = (0 if raw is None else int.from_bytes(raw, "big")) + 1
+        txn.put(_REVISION_KEY, revision.to_bytes(8, "big"))
+        return revision
+
+    @staticmethod
+    def _entry(txn: _Txn, key: bytes) -> _Entry | None:
+        raw = txn.get(key)
+        return None if raw is None else _Entry(raw, key)
+
+    @staticmethod
+    def _put(
+        txn: _Txn, key: bytes, record: bytes, revision: int, expires_at_ms: int = 0, ttl_ms: int = 0
+    ) -> None:
+        txn.put(key, _HEADER.pack(revision, expires_at_ms, ttl_ms) + record)
+
+    def _scan(self, txn: _Txn, kind: str, start: bytes = b"") -> Iterator[tuple[str, _Entry]]:
+        prefix = _PREFIXES[kind]
+        for key, raw in txn.scan(max(prefix, start), _prefix_end(prefix)):
+            yield key[len(prefix) :].decode(), _Entry(raw, key)
+
+    def _count(self, txn: _Txn, kind: str) -> int:
+        prefix = _PREFIXES[kind]
+        return sum(1 for _ in txn.scan(prefix, _prefix_end(prefix)))
+
+    def _publish(self, *events: MetadataEvent) -> None:
+        for watch in self._watches:
+            for event in events:
+                watch.push(event)
+
+    def _live(self, entry: _Entry, now_ms: int) -> bool:
+        return entry.expires_at_ms == 0 or now_ms < entry.expires_at_ms
+
+    def expire_nodes(self) -> None:
+        """Deletes node keys whose lease lapsed and tells the watchers."""
+        now_ms = self._clock_ms()
+        with self._read() as txn:
+            lapsed = [
+                name for name, entry in self._scan(txn, "node") if not self._live(entry, now_ms)
+            ]
+        if not lapsed:
+            return
+        with self._write() as txn:
+            gone = []
+            for name in lapsed:
+                entry = self._entry(txn, _key("node", name))
+                if entry is not None and not self._live(entry, now_ms):
+                    txn.delete(_key("node", name))
+                    gone.append(name)
+            if gone:
+                self._next_revision(txn)
+        self._publish(*(MetadataEvent("node", name, deleted=True) for name in gone))
+
+    def forget_watch(self, watch: _EmbeddedWatch) -> None:
+        self._watches.discard(watch)
+
+    # --- nodes --------------------------------------------------------------------------------
+
+    async def register_node(self, node: NodeInfo, ttl_ms: int) -> None:
+        if not isinstance(node, NodeInfo):
+            raise ValueError(f"node must be a NodeInfo, got {type(node).__name__}")
+        check_ttl_ms(ttl_ms)
+        self.expire_nodes()
+        now_ms = self._clock_ms()
+        key = _key("node", node.node_id)
+        with self._write() as txn:
+            if txn.get(key) is None and self._count(txn, "node") >= NODES_MAX:
+                raise LimitExceeded(f"at most {NODES_MAX} nodes may be registered")
+            revision = self._next_revision(txn)
+            self._put(txn, key, encode_node(node), revision, now_ms + ttl_ms, ttl_ms)
+        self._publish(MetadataEvent("node", node.node_id))
+
+    async def refresh_node(self, node_id: str) -> None:
+        check_node_id(node_id)
+        self.expire_nodes()
+        now_ms = self._clock_ms()
+        key = _key("node", node_id)
+        with self._write() as txn:
+            entry = self._entry(txn, key)
+            if entry is None:
+                raise NodeNotRegistered(f"node {node_id!r} is not registered (or its lease lapsed)")
+            if entry.ttl_ms == 0:
+                raise MetadataCorrupt(f"embedded metadata: node {node_id!r} has no lease")
+            # Like an etcd keepalive: the deadline moves, the record and its revision do not.
+            self._put(
+                txn, key, entry.record, entry.mod_revision, now_ms + entry.ttl_ms, entry.ttl_ms
+            )
+
+    async def deregister_node(self, node_id: str) -> None:
+        check_node_id(node_id)
+        with self._write() as txn:
+            removed = txn.delete(_key("node", node_id))
+            if removed:
+                self._next_revision(txn)
+        if removed:
+            self._publish(MetadataEvent("node", node_id, deleted=True))
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        self.expire_nodes()
+        now_ms = self._clock_ms()
+        with self._read() as txn:
+            return [
+                decode_node(entry.record, name)
+                for name, entry in self._scan(txn, "node")
+                if self._live(entry, now_ms)
+            ]
+
+    # --- groups -------------------------------------------------------------------------------
+
+    async def create_group(self, group: GroupInfo) -> None:
+        if not isinstance(group, GroupInfo):
+            raise ValueError(f"group must be a GroupInfo, got {type(group).__name__}")
+        key = _key("group", group.group_id)
+        with self._write() as txn:
+            if txn.get(key) is not None:
+                raise AlreadyExists(f"group {group.group_id!r} already exists")
+            if self._count(txn, "group") >= GROUPS_MAX:
+                raise LimitExceeded(f"at most {GROUPS_MAX} groups")
+            self._put(txn, key, encode_group(group), self._next_revision(txn))
+        self._publish(MetadataEvent("group", group.group_id))
+
+    async def update_group(self, group: GroupInfo, expect_revision: int) -> int:
+        if not isinstance(group, GroupInfo):
+            raise ValueError(f"group must be a GroupInfo, got {type(group).__name__}")
+        check_revision(expect_revision)
+        key = _key("group", group.group_id)
+        with self._write() as txn:
+            entry = self._entry(txn, key)
+            if entry is None:
+                raise NotFound(f"group {group.group_id!r} does not exist")
+            if entry.mod_revision != expect_revision:
+                raise RevisionConflict(
+                    f"group {group.group_id!r} is at revision {entry.mod_revision}, "
+                    f"not {expect_revision}"
+                )
+            revision = self._next_revision(txn)
+            self._put(txn, key, encode_group(group), revision)
+        self._publish(MetadataEvent("group", group.group_id))
+        return revision
+
+    async def get_group(self, group_id: str) -> Versioned[GroupInfo] | None:
+        check_group_id(group_id)
+        with self._read() as txn:
+            entry = self._entry(txn, _key("group", group_id))
+            if entry is None:
+                return None
+            return Versioned(decode_group(entry.record, group_id), entry.mod_revision)
+
+    async def list_groups(self) -> list[Versioned[GroupInfo]]:
+        with self._read() as txn:
+            return [
+                Versioned(decode_group(entry.record, name), entry.mod_revision)
+                for name, entry in self._scan(txn, "group")
+            ]
+
+    # --- placements ---------------------------------------------------------------------------
+
+    async def create_placement(self, placement: Placement) -> None:
+        if not isinstance(placement, Placement):
+            raise ValueError(f"placement must be a Placement, got {type(placement).__name__}")
+        key = _key("placement", placement.queue)
+        with self._write() as txn:
+            if txn.get(key) is not None:
+                raise AlreadyExists(f"queue {placement.queue!r} is already placed")
+            self._put(txn, key, encode_placement(placement), self._next_revision(txn))
+        self._publish(MetadataEvent("placement", placement.queue))
+
+    async def get_placement(self, queue: str) -> Placement | None:
+        check_queue_name(queue)
+        with self._read() as txn:
+            entry = self._entry(txn, _key("placement", queue))
+            return None if entry is None else decode_placement(entry.record, queue)
+
+    async def list_placements(
+        self, prefix: str = "", after: str = "", limit: int = 1000
+    ) -> list[Placement]:
+        prefix, after, limit = check_list_args(prefix, after, limit)
+        start = _key("placement", after) + b"\x00" if after else b""
+        found: list[Placement] = []
+        with self._read() as txn:
+            for name, entry in self._scan(txn, "placement", max(start, _key("placement", prefix))):
+                if not name.startswith(prefix) or len(found) == limit:
+                    break
+                found.append(decode_placement(entry.record, name))
+        return found
+
+    async def delete_placement(self, queue: str) -> bool:
+        check_queue_name(queue)
+        with self._write() as txn:
+            removed = txn.delete(_key("placement", queue))
+            if removed:
+                self._next_revision(txn)
+        if removed:
+            self._publish(MetadataEvent("placement", queue, deleted=True))
+        return removed
+
+    # --- leaders ------------------------------------------------------------------------------
+
+    async def set_group_leader(self, group_id: str, node_id: str, term: int) -> None:
+        check_group_id(group_id)
+        check_node_id(node_id)
+        check_term(term)
+        key = _key("leader", group_id)
+        with self._write() as txn:
+            entry = self._entry(txn, key)
+            if entry is not None and decode_leader(entry.record, group_id)[1] >= term:
+                return
+            self._put(txn, key, encode_leader(node_id, term), self._next_revision(txn))
+        self._publish(MetadataEvent("leader", group_id))
+
+    async def get_group_leaders(self) -> dict[str, tuple[str, int]]:
+        with self._read() as txn:
+            return {
+                name: decode_leader(entry.record, name) for name, entry in self._scan(txn, "leader")
+            }
+
+    # --- settings -----------------------------------------------------------------------------
+
+    async def get_setting(self, key: str) -> str | None:
+        check_setting_key(key)
+        with self._read() as txn:
+            entry = self._entry(txn, _key("setting", key))
+            return None if entry is None else decode_setting(entry.record, key)
+
+    async def put_setting(self, key: str, value: str) -> None:
+        check_setting_key(key)
+        check_setting_value(value)
+        with self._write() as txn:
+            self._put(txn, _key("setting", key), encode_setting(value), self._next_revision(txn))
+        self._publish(MetadataEvent("setting", key))
+
+    # --- watch and close ----------------------------------------------------------------------
+
+    def watch(self) -> MetadataWatch:
+        self._check_open()
+        watch = _EmbeddedWatch(self, self._watch_poll_ms)
+        watch.push_resync()
+        self._watches.add(watch)
+        return watch
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for watch in self._watches:
+            watch.end()
+        self._watches.clear()
+        self._backend.close()

@@ -1,0 +1,566 @@
+"""The cluster metadata interface: records, errors, limits, the JSON codec and the watch stream.
+
+Two implementations follow it and must answer identically: ``EtcdMetadataStore`` (etcd v3 through
+aetcd) and ``EmbeddedMetadataStore`` (one node, LMDB or memory). The contract suite in
+``tests/contract/test_metadata_contract.py`` runs against both.
+
+Records are stored as compact JSON with sorted keys and a schema version ``"v": 1``. Decoding
+checks every field right after reading; anything unexpected raises ``MetadataCorrupt`` rather than
+letting a half-valid record travel further.
+
+Watches are hints to re-read, not a change log: events may be coalesced, and an event whose key
+is ``""`` (``MetadataEvent.resync``) means "anything of this kind may have changed". Every watch
+starts with one resync event per kind, and emits them again whenever it may have missed changes
+(an etcd reconnect, a slow consumer), so a consumer that re-reads on each event converges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, get_args
+
+from fluxmq.core.limits import LABEL_KEY_RE, LABEL_VALUE_CHARS_MAX, LABELS_MAX, QUEUE_NAME_RE
+
+SCHEMA_VERSION = 1
+
+ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")  # node ids and group ids
+SETTING_KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+SETTING_VALUE_BYTES_MAX = 64 * 1024
+ADDRESS_CHARS_MAX = 256
+GROUP_MEMBERS_MAX = 7
+NODES_MAX = 1000
+GROUPS_MAX = 10_000
+LIST_LIMIT_MAX = 1000
+NODE_TTL_MS_MIN = 1000  # etcd leases have whole-second TTLs and a 1 s floor
+NODE_TTL_MS_MAX = 300_000
+INT_MAX = 2**63 - 1  # terms, revisions and timestamps are int64 in etcd and on disk
+
+EventKind = Literal["node", "group", "placement", "leader", "setting"]
+EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
+
+T = TypeVar("T")
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class MetadataError(Exception):
+    """Base of every metadata failure: ``reason`` is a stable code, ``detail`` the story."""
+
+    reason: ClassVar[str] = "METADATA_ERROR"
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+class MetadataUnavailable(MetadataError):
+    """The store cannot be reached or did not answer in time (or is closed); try again later."""
+
+    reason = "METADATA_UNAVAILABLE"
+    retriable = True
+
+
+class AlreadyExists(MetadataError):
+    reason = "ALREADY_EXISTS"
+
+
+class RevisionConflict(MetadataError):
+    """A compare-and-set lost: re-read, re-apply the change, retry."""
+
+    reason = "REVISION_CONFLICT"
+    retriable = True
+
+
+class NotFound(MetadataError, KeyError):
+    reason = "NOT_FOUND"
+
+
+class NodeNotRegistered(NotFound):
+    """The node's registration expired or was removed; register it again."""
+
+    reason = "NODE_NOT_REGISTERED"
+
+
+class LimitExceeded(MetadataError):
+    reason = "LIMIT_EXCEEDED"
+
+
+class MetadataCorrupt(MetadataError):
+    """Stored data fails validation: a bug or foreign writer; never silently repaired."""
+
+    reason = "METADATA_CORRUPT"
+
+
+# --- input checks -----------------------------------------------------------------------------
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(what: str, value: object, low: int, high: int = INT_MAX) -> int:
+    if not _is_int(value):
+        raise ValueError(f"{what} must be an integer, got {type(value).__name__}")
+    assert isinstance(value, int)
+    if not low <= value <= high:
+        raise ValueError(f"{what} must be in {low}..{high}, got {value}")
+    return value
+
+
+def _check_pattern(what: str, value: object, pattern: re.Pattern[str], rule: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {type(value).__name__}")
+    if not pattern.fullmatch(value):
+        raise ValueError(f"{what} {value[:80]!r} is invalid: {rule}")
+    return value
+
+
+def check_node_id(value: object, what: str = "node_id") -> str:
+    return _check_pattern(what, value, ID_RE, "1..64 characters of A-Z a-z 0-9 . _ -")
+
+
+def check_group_id(value: object, what: str = "group_id") -> str:
+    return _check_pattern(what, value, ID_RE, "1..64 characters of A-Z a-z 0-9 . _ -")
+
+
+def check_queue_name(value: object, what: str = "queue") -> str:
+    return _check_pattern(what, value, QUEUE_NAME_RE, "1..200 characters of A-Z a-z 0-9 . _ -")
+
+
+def check_setting_key(value: object) -> str:
+    return _check_pattern("setting key", value, SETTING_KEY_RE, "1..128 of A-Z a-z 0-9 . _ -")
+
+
+def check_setting_value(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"setting value must be a string, got {type(value).__name__}")
+    if len(value.encode("utf-8", "surrogatepass")) > SETTING_VALUE_BYTES_MAX:
+        raise ValueError(f"setting value is longer than {SETTING_VALUE_BYTES_MAX} bytes")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise ValueError("setting value holds lone surrogates (not valid UTF-8)")
+    return value
+
+
+def check_ttl_ms(value: object) -> int:
+    return check_int("ttl_ms", value, NODE_TTL_MS_MIN, NODE_TTL_MS_MAX)
+
+
+def check_revision(value: object) -> int:
+    return check_int("expect_revision", value, 1)
+
+
+def check_term(value: object) -> int:
+    return check_int("term", value, 0)
+
+
+def check_list_args(prefix: object, after: object, limit: object) -> tuple[str, str, int]:
+    """Checks list_placements' paging arguments: prefix/after are "" or name-shaped."""
+    if prefix != "":
+        check_queue_name(prefix, "prefix")
+    if after != "":
+        check_queue_name(after, "after")
+    assert isinstance(prefix, str) and isinstance(after, str)
+    return prefix, after, check_int("limit", limit, 1, LIST_LIMIT_MAX)
+
+
+def _check_address(what: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {type(value).__name__}")
+    if not 1 <= len(value) <= ADDRESS_CHARS_MAX or not value.isprintable() or " " in value:
+        raise ValueError(f"{what} {value[:80]!r} must be 1..{ADDRESS_CHARS_MAX} printable chars")
+    return value
+
+
+def _check_port(what: str, value: object) -> int:
+    return check_int(what, value, 1, 65535)
+
+
+# --- records ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A live broker node: where to reach it and where its Raft ports start."""
+
+    node_id: str
+    grpc_address: str
+    raft_host: str
+    raft_port_base: int
+    started_ms: int
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_node_id(self.node_id)
+        _check_address("grpc_address", self.grpc_address)
+        _check_address("raft_host", self.raft_host)
+        _check_port("raft_port_base", self.raft_port_base)
+        check_int("started_ms", self.started_ms, 0)
+        if not isinstance(self.labels, Mapping):
+            raise ValueError(f"labels must be a mapping, got {type(self.labels).__name__}")
+        if len(self.labels) > LABELS_MAX:
+            raise ValueError(f"at most {LABELS_MAX} labels, got {len(self.labels)}")
+        for key, value in self.labels.items():
+            _check_pattern(
+                "label key", key, LABEL_KEY_RE, "1..63 of A-Z a-z 0-9 . _ / -, alnum first"
+            )
+            if not isinstance(value, str) or len(value) > LABEL_VALUE_CHARS_MAX:
+                raise ValueError(f"label {key!r}: value must be a string of <= 256 characters")
+        # A private copy: a caller mutating its dict later must not change a frozen record.
+        object.__setattr__(self, "labels", dict(self.labels))
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A replication group (Raft shard): its member nodes and each member's Raft port."""
+
+    group_id: str
+    members: tuple[str, ...]
+    raft_ports: dict[str, int]
+    factor: int
+    created_ms: int
+
+    def __post_init__(self) -> None:
+        check_group_id(self.group_id)
+        if not isinstance(self.members, tuple | list):
+            raise ValueError(f"members must be a tuple, got {type(self.members).__name__}")
+        members = tuple(self.members)
+        if not 1 <= len(members) <= GROUP_MEMBERS_MAX:
+            raise ValueError(f"a group has 1..{GROUP_MEMBERS_MAX} members, got {len(members)}")
+        for member in members:
+            check_node_id(member, "member")
+        if len(set(members)) != len(members):
+            raise ValueError(f"members must be distinct, got {list(members)}")
+        if not isinstance(self.raft_ports, Mapping):
+            raise ValueError("raft_ports must be a mapping of member -> port")
+        if set(self.raft_ports) != set(members):
+            raise ValueError(
+                f"raft_ports must name exactly the members {sorted(members)}, "
+                f"got {sorted(map(str, self.raft_ports))}"
+            )
+        for member, port in self.raft_ports.items():
+            _check_port(f"raft_ports[{member!r}]", port)
+        check_int("factor", self.factor, 1, GROUP_MEMBERS_MAX)
+        check_int("created_ms", self.created_ms, 0)
+        object.__setattr__(self, "members", members)
+        object.__setattr__(self, "raft_ports", dict(self.raft_ports))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which replication group holds a queue."""
+
+    queue: str
+    group_id: str
+    created_ms: int
+
+    def __post_init__(self) -> None:
+        check_queue_name(self.queue)
+        check_group_id(self.group_id)
+        check_int("created_ms", self.created_ms, 0)
+
+
+@dataclass(frozen=True)
+class Versioned(Generic[T]):
+    """A record with the revision it was last modified at (the compare-and-set token)."""
+
+    value: T
+    revision: int
+
+
+@dataclass(frozen=True)
+class MetadataEvent:
+    """A hint that something changed; ``key == ""`` means re-read everything of ``kind``."""
+
+    kind: EventKind
+    key: str
+    deleted: bool = False
+
+    @property
+    def resync(self) -> bool:
+        return self.key == ""
+
+
+# --- codec ------------------------------------------------------------------------------------
+
+
+def _dump(fields: dict[str, Any]) -> bytes:
+    fields = {"v": SCHEMA_VERSION, **fields}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _load(data: bytes, what: str, names: frozenset[str]) -> dict[str, Any]:
+    try:
+        obj = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise MetadataCorrupt(f"{what}: not JSON ({e})") from e
+    if not isinstance(obj, dict):
+        raise MetadataCorrupt(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    if obj.get("v") != SCHEMA_VERSION:
+        raise MetadataCorrupt(f"{what}: unsupported schema version {obj.get('v')!r}")
+    del obj["v"]
+    if set(obj) != names:
+        raise MetadataCorrupt(f"{what}: fields {sorted(obj)} != expected {sorted(names)}")
+    return obj
+
+
+_NODE_FIELDS = frozenset(("node_id", "grpc_address", "raft_host", "raft_port_base", "started_ms"))
+_GROUP_FIELDS = frozenset(("group_id", "members", "raft_ports", "factor", "created_ms"))
+_PLACEMENT_FIELDS = frozenset(("queue", "group_id", "created_ms"))
+
+
+def encode_node(node: NodeInfo) -> bytes:
+    return _dump(
+        {
+            "node_id": node.node_id,
+            "grpc_address": node.grpc_address,
+            "raft_host": node.raft_host,
+            "raft_port_base": node.raft_port_base,
+            "started_ms": node.started_ms,
+            "labels": node.labels,
+        }
+    )
+
+
+def decode_node(data: bytes, key: str) -> NodeInfo:
+    obj = _load(data, f"node {key!r}", _NODE_FIELDS | {"labels"})
+    node = _build(f"node {key!r}", NodeInfo, obj)
+    _expect(node.node_id == key, f"node record under {key!r} names {node.node_id!r}")
+    return node
+
+
+def encode_group(group: GroupInfo) -> bytes:
+    return _dump(
+        {
+            "group_id": group.group_id,
+            "members": list(group.members),
+            "raft_ports": group.raft_ports,
+            "factor": group.factor,
+            "created_ms": group.created_ms,
+        }
+    )
+
+
+def decode_group(data: bytes, key: str) -> GroupInfo:
+    obj = _load(data, f"group {key!r}", _GROUP_FIELDS)
+    group = _build(f"group {key!r}", GroupInfo, obj)
+    _expect(group.group_id == key, f"group record under {key!r} names {group.group_id!r}")
+    return group
+
+
+def encode_placement(placement: Placement) -> bytes:
+    return _dump(
+        {
+            "queue": placement.queue,
+            "group_id": placement.group_id,
+            "created_ms": placement.created_ms,
+        }
+    )
+
+
+def decode_placement(data: bytes, key: str) -> Placement:
+    obj = _load(data, f"placement {key!r}", _PLACEMENT_FIELDS)
+    placement = _build(f"placement {key!r}", Placement, obj)
+    _expect(placement.queue == key, f"placement under {key!r} names {placement.queue!r}")
+    return placement
+
+
+def encode_leader(node_id: str, term: int) -> bytes:
+    return _dump({"node_id": node_id, "term": term})
+
+
+def decode_leader(data: bytes, key: str) -> tuple[str, int]:
+    obj = _load(data, f"leader of {key!r}", frozenset(("node_id", "term")))
+    try:
+        return check_node_id(obj["node_id"]), check_term(obj["term"])
+    except ValueError as e:
+        raise MetadataCorrupt(f"leader of {key!r}: {e}") from e
+
+
+def encode_setting(value: str) -> bytes:
+    return _dump({"value": value})
+
+
+def decode_setting(data: bytes, key: str) -> str:
+    obj = _load(data, f"setting {key!r}", frozenset(("value",)))
+    try:
+        return check_setting_value(obj["value"])
+    except ValueError as e:
+        raise MetadataCorrupt(f"setting {key!r}: {e}") from e
+
+
+def _build(what: str, cls: type[T], obj: dict[str, Any]) -> T:
+    try:
+        return cls(**obj)
+    except (TypeError, ValueError) as e:
+        raise MetadataCorrupt(f"{what}: {e}") from e
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise MetadataCorrupt(message)
+
+
+# --- the interface ----------------------------------------------------------------------------
+
+
+class MetadataWatch(AsyncIterator[MetadataEvent]):
+    """An async iterator of change hints; ends when closed (``aclose`` or the store's ``close``).
+
+    Pending events are coalesced (a repeated event moves to the end) and bounded: past
+    PENDING_MAX the backlog collapses into one resync event per kind. Subclasses feed it with
+    ``push``; ``_poll`` runs whenever the consumer finds nothing pending, every ``poll_ms``
+    while it waits, which is how the embedded store evaluates node expiry lazily.
+    """
+
+    PENDING_MAX = 10_000
+
+    def __init__(self, poll_ms: int | None = None) -> None:
+        self._pending: dict[MetadataEvent, None] = {}
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self._poll_s = None if poll_ms is None else poll_ms / 1000
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def push(self, event: MetadataEvent) -> None:
+        if self._closed:
+            return
+        self._pending.pop(event, None)
+        self._pending[event] = None
+        if len(self._pending) > self.PENDING_MAX:
+            self._pending.clear()
+            self.push_resync()
+        self._wakeup.set()
+
+    def push_resync(self) -> None:
+        for kind in EVENT_KINDS:
+            self.push(MetadataEvent(kind, ""))
+
+    def end(self) -> None:
+        """Stops the stream at once: pending events are dropped, waiting consumers return."""
+        self._closed = True
+        self._pending.clear()
+        self._wakeup.set()
+
+    def _poll(self) -> None:
+        """Hook: look for changes nobody pushed (the embedded store's node expiry)."""
+
+    async def _shutdown(self) -> None:
+        """Hook: release what feeds this watch."""
+
+    def __aiter__(self) -> MetadataWatch:
+        return self
+
+    async def __anext__(self) -> MetadataEvent:
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            if not self._pending:
+                self._poll()
+            if self._pending:
+                event = next(iter(self._pending))
+                del self._pending[event]
+                return event
+            self._wakeup.clear()
+            if self._poll_s is None:
+                await self._wakeup.wait()
+            else:
+                try:
+                    async with asyncio.timeout(self._poll_s):
+                        await self._wakeup.wait()
+                except TimeoutError:
+                    pass
+
+    async def aclose(self) -> None:
+        self.end()
+        await self._shutdown()
+
+
+class MetadataStore(Protocol):
+    """Cluster metadata: live nodes, replication groups, queue placement, shard leaders, settings.
+
+    Every method may raise ``MetadataUnavailable`` (retriable) and ``ValueError`` for bad input
+    (checked before anything is sent). Lists are sorted by their natural key.
+    """
+
+    async def register_node(self, node: NodeInfo, ttl_ms: int) -> None:
+        """Publishes ``node`` for ``ttl_ms`` (1 s..5 min; etcd rounds up to whole seconds).
+
+        Registering the same id again replaces the record and its lease.
+        """
+        ...
+
+    async def refresh_node(self, node_id: str) -> None:
+        """Extends the registration by its TTL; NodeNotRegistered if it already lapsed."""
+        ...
+
+    async def deregister_node(self, node_id: str) -> None:
+        """Removes the node at once (clean shutdown); a no-op when it is not registered."""
+        ...
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        """Live nodes only, by node_id."""
+        ...
+
+    async def create_group(self, group: GroupInfo) -> None:
+        """AlreadyExists if the id is taken; LimitExceeded past GROUPS_MAX."""
+        ...
+
+    async def update_group(self, group: GroupInfo, expect_revision: int) -> int:
+        """Compare-and-set: RevisionConflict unless the stored revision is ``expect_revision``,
+        NotFound if the group does not exist. Returns the new revision."""
+        ...
+
+    async def get_group(self, group_id: str) -> Versioned[GroupInfo] | None: ...
+
+    async def list_groups(self) -> list[Versioned[GroupInfo]]: ...
+
+    async def create_placement(self, placement: Placement) -> None:
+        """Atomic create-if-absent: of concurrent creators exactly one wins, the rest get
+        AlreadyExists."""
+        ...
+
+    async def get_placement(self, queue: str) -> Placement | None: ...
+
+    async def list_placements(
+        self, prefix: str = "", after: str = "", limit: int = 1000
+    ) -> list[Placement]:
+        """Placements whose queue starts with ``prefix`` and sorts after ``after``, by queue
+        name, at most ``limit`` (1..1000). Page on by passing the last queue as ``after``."""
+        ...
+
+    async def delete_placement(self, queue: str) -> bool:
+        """True if a placement was removed."""
+        ...
+
+    async def set_group_leader(self, group_id: str, node_id: str, term: int) -> None:
+        """Records who leads a shard. Only a strictly higher term replaces the record; an
+        equal or lower term is ignored (Raft elects at most one leader per term)."""
+        ...
+
+    async def get_group_leaders(self) -> dict[str, tuple[str, int]]:
+        """group_id -> (node_id, term)."""
+        ...
+
+    async def get_setting(self, key: str) -> str | None: ...
+
+    async def put_setting(self, key: str, value: str) -> None: ...
+
+    def watch(self) -> MetadataWatch:
+        """Change hints from now on (see the module docstring); call from a running loop."""
+        ...
+
+    async def close(self) -> None:
+        """Ends every watch and releases the store; later calls raise MetadataUnavailable."""
+        ...
