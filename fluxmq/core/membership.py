@@ -255,6 +255,9 @@ def join(
     m = Member(member_id, consumer_id, session_timeout_ms, joined_ms=now_ms)
     ms.members[member_id] = m
     rebalance(ms, partitions, assigns=assigns, always_bump={member_id})
+    # A member id can come back (re-joining after an expiry raced with the join): nothing an
+    # earlier incarnation was told may be accepted from the new one.
+    m.fenced_below = m.generation
     return m
 
 

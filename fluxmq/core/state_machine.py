@@ -752,6 +752,7 @@ class QueueStateMachine:
     def _join_group(self, batch: _Batch, cmd: cpb.JoinGroupCmd) -> MemberResult:
         entry, g = self._group(batch, cmd.queue, cmd.queue_id, cmd.group)
         ms = g.membership or msh.Membership(0, cmd.strategy, {})
+        replaced = ms.by_consumer(cmd.consumer_id)
         m = msh.join(
             ms,
             entry.policy.partitions,
@@ -762,6 +763,10 @@ class QueueStateMachine:
             cmd.now_ms,
             assigns=g.ordered,
         )
+        if replaced is not None and replaced.member_id != cmd.member_id:
+            # A restarted worker: the receipts of its old incarnation are lost with it, so its
+            # leases end now rather than hold ordered partitions until their deadlines.
+            self.delivery.expire_member_leases(batch.txn, g, cmd.consumer_id, cmd.now_ms)
         g.membership = ms
         self.delivery.save_membership(batch.txn, g)
         return MemberResult(member_view(m), ms.group_generation)
