@@ -34,10 +34,26 @@ class NodeConfig:
     shard_id: str = "g1"
     ack_timeout_ms: int = 10_000
     raft_compaction_entries: int = 20_000  # log entries kept before a snapshot replaces them
+    # Cluster metadata (etcd). Without it a cluster runs on static peers and knows no directory.
+    etcd: str = ""  # host:port of an etcd v3 endpoint
+    etcd_prefix: str = "/fluxmq/"
+    node_id: str = ""  # default: "node-" + the raft port
+    advertise: str = ""  # gRPC host:port other nodes and clients use; default: listen
+    node_ttl_ms: int = 5_000  # a node that stops refreshing disappears after this long
 
     @property
     def cluster_mode(self) -> bool:
         return bool(self.raft_listen)
+
+    @property
+    def node_name(self) -> str:
+        if self.node_id:
+            return self.node_id
+        return "node-" + self.raft_listen.rpartition(":")[2] if self.cluster_mode else "local"
+
+    @property
+    def advertised(self) -> str:
+        return self.advertise or self.listen
 
     @property
     def peer_list(self) -> tuple[str, ...]:
@@ -68,6 +84,13 @@ HELP = {
     "shard_id": "name of the replication group this node serves (cluster mode)",
     "ack_timeout_ms": "cluster mode: how long a write waits for a majority before UNAVAILABLE",
     "raft_compaction_entries": "cluster mode: log entries kept before a snapshot replaces them",
+    "etcd": "cluster mode: host:port of etcd, which holds nodes, queue placement and leaders",
+    "etcd_prefix": "cluster mode: key prefix of this cluster in etcd",
+    "node_id": "cluster mode: this node's id (default node-<raft port>)",
+    "advertise": "cluster mode: gRPC host:port other nodes and clients reach this node at "
+    "(default: listen)",
+    "node_ttl_ms": "cluster mode: a node whose registration is not refreshed for this long is "
+    "considered gone",
 }
 
 
@@ -159,7 +182,19 @@ def validate(config: NodeConfig) -> None:
             raise ConfigError("raft_compaction_entries: must be 10..10000000")
         if not 100 <= config.ack_timeout_ms <= 600_000:
             raise ConfigError("ack_timeout_ms: must be 100..600000")
+        if config.etcd:
+            _host_port(config.etcd, "etcd")
+        if config.node_id and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", config.node_id):
+            raise ConfigError("node_id: 1-64 of A-Z a-z 0-9 . _ -")
+        if config.advertise:
+            _host_port(config.advertise, "advertise")
+        if not 1_000 <= config.node_ttl_ms <= 300_000:
+            raise ConfigError("node_ttl_ms: must be 1000..300000")
     elif config.peers:
         raise ConfigError("peers: needs raft_listen (cluster mode)")
+    elif config.etcd:
+        raise ConfigError(
+            "etcd: needs raft_listen (cluster mode); a single node keeps its metadata embedded"
+        )
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level: {config.log_level!r} is not DEBUG, INFO, WARNING or ERROR")

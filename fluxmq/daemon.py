@@ -11,18 +11,20 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import PlatformCollector, ProcessCollector, start_http_server
 
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
+from fluxmq.cluster import EtcdMetadataStore, NodeInfo
 from fluxmq.core import keys
 from fluxmq.core.errors import FluxError
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.broker import Broker
-from raft import LocalShard
+from fluxmq.server.cluster_view import ClusterView
+from raft import LocalShard, Shard
 from raft.driver import RaftDriver
 from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError
 from storage import LmdbStore
@@ -136,6 +138,25 @@ def build_shard(
     return PySyncObjShard(state, shard_cfg, RaftDriver())
 
 
+def build_cluster_view(
+    cfg: config_mod.NodeConfig, shard: Shard, port: int, clock_ms: Callable[[], int]
+) -> ClusterView:
+    host, _, listen_port = cfg.advertised.rpartition(":")
+    grpc_address = f"{host}:{port if listen_port == '0' else listen_port}"
+    raft_host, _, raft_port = cfg.raft_listen.rpartition(":")
+    node = NodeInfo(
+        node_id=cfg.node_name,
+        grpc_address=grpc_address,
+        raft_host=raft_host,
+        raft_port_base=int(raft_port),
+        started_ms=clock_ms(),
+    )
+    store = EtcdMetadataStore(cfg.etcd, prefix=cfg.etcd_prefix)
+    return ClusterView(
+        store, node, shard, cfg.shard_id, node_ttl_ms=cfg.node_ttl_ms, clock_ms=clock_ms
+    )
+
+
 async def serve(cfg: config_mod.NodeConfig) -> None:
     check_mode(cfg)
     store = LmdbStore(cfg.data_dir, map_size_bytes=cfg.storage_map_size_bytes)
@@ -146,13 +167,17 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         broker,
         cfg.listen,
         request_bytes_max=cfg.request_bytes_max_value,
-        node_id=cfg.raft_listen if cfg.cluster_mode else "local",
+        node_id=cfg.node_name,
     )
+    if cfg.etcd:
+        broker.cluster = build_cluster_view(cfg, shard, port, broker.now_ms)
     if cfg.metrics_listen:
         _register_collectors(state, store, shard, broker)
         host, _, mport = cfg.metrics_listen.rpartition(":")
         start_http_server(int(mport), addr=host, registry=metrics.REGISTRY)
     await broker.start()
+    if broker.cluster is not None:
+        await broker.cluster.start()
     await server.start()
     await set_serving(health_servicer, True)
     if cfg.cluster_mode:
@@ -185,6 +210,8 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     log.info("shutting down: refusing new calls, finishing in-flight ones")
     await set_serving(health_servicer, False)
     await server.stop(SHUTDOWN_GRACE_S)
+    if broker.cluster is not None:
+        await broker.cluster.close()
     await broker.close()
     if isinstance(shard, PySyncObjShard):
         shard.driver.stop()
@@ -194,6 +221,10 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "cluster":
+        from fluxmq.cluster_cli import main as cluster_main
+
+        return cluster_main(args[1:])
     if not args or args[0] != "serve":
         print("usage: fluxmq serve [--help]", file=sys.stderr)
         return 1

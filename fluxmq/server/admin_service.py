@@ -102,6 +102,17 @@ class AdminService(pb_grpc.AdminServiceServicer):
                 # Reads the whole replicated state: off the event loop.
                 digest = await asyncio.to_thread(self._broker.state.digest)
             out.shards.append(_shard_info(status, digest, self._queues()))
+        view = self._broker.cluster
+        if view is not None:
+            await view.ensure_directory()  # fresh when the store answers; else the last seen
+            out.metadata_error = view.metadata_error
+            for node_id, n in sorted(view.nodes.items()):
+                out.nodes.add(
+                    node_id=node_id,
+                    grpc_address=n.grpc_address,
+                    raft_address=f"{n.raft_host}:{n.raft_port_base}",
+                    started_ms=n.started_ms,
+                )
         return out
 
     async def TransferLeadership(

@@ -22,7 +22,7 @@ def build_server(
     """-> (server, health servicer, bound port). The server is not started. ``node_id`` names
     this node in AdminService answers."""
     server = grpc.aio.server(
-        interceptors=[EdgeInterceptor(broker.catch_up)],
+        interceptors=[EdgeInterceptor(broker.catch_up, broker.leader_address)],
         options=[
             ("grpc.max_receive_message_length", request_bytes_max),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),

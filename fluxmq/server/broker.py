@@ -29,6 +29,7 @@ from fluxmq.core.state_machine import (
     retention_due,
     start_offset,
 )
+from fluxmq.server.cluster_view import ClusterView
 from fluxmq.server.consumers import Consumers, group_key, queue_key
 from fluxmq.server.errors import domain_error
 from raft import Appended, Shard, ShardError
@@ -88,6 +89,8 @@ class Broker:
         self._rr_cursor: dict[int, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.consumers = Consumers(self)
+        # Cluster metadata (placement, directory); None on a node without a metadata store.
+        self.cluster: ClusterView | None = None
 
     def now_ms(self) -> int:
         return self._clock_ms()
@@ -131,6 +134,10 @@ class Broker:
         except (TimeoutError, ShardError):
             return False  # could not catch up in time: answer from the local state
         return True
+
+    def leader_address(self) -> str | None:
+        """gRPC address of the shard's leader (None: unknown, or no directory)."""
+        return self.cluster.leader_grpc_address() if self.cluster is not None else None
 
     def require_leader(self) -> None:
         """For what only the leader can answer (heartbeats live in its memory)."""
@@ -202,6 +209,9 @@ class Broker:
     async def create_queue(self, config: pb.QueueConfig) -> pb.Queue:
         normalized = normalize_new(config)
         self.check_replication(normalized)
+        if self.cluster is not None:
+            name = normalized.name
+            await self.cluster.place_queue(name, lambda: name in self.state.catalog)
         cmd = cpb.CreateQueueCmd(config=normalized, now_ms=self._clock_ms())
         queue = await self.submit(cmd)
         assert isinstance(queue, pb.Queue)
@@ -223,7 +233,11 @@ class Broker:
 
     async def delete_queue(self, name: str) -> None:
         self.reader.entry(name, "name")
+        if self.cluster is not None:
+            await self.cluster.ensure_reachable("DeleteQueue")
         await self.submit(cpb.DeleteQueueCmd(name=name, now_ms=self._clock_ms()))
+        if self.cluster is not None:
+            await self.cluster.unplace_queue(name)
 
     async def purge_queue(self, name: str, scope: int, destructive: bool) -> PurgeResult:
         entry = self.reader.entry(name, "name")

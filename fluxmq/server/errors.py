@@ -44,6 +44,7 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     # Membership: a request from an assignment the member no longer holds; heartbeat or join
     # again, then retry (ABORTED: a concurrency conflict the client resolves, not a bad request).
     "STALE_GENERATION": grpc.StatusCode.ABORTED,
+    "METADATA_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "MEMBER_REQUIRED": grpc.StatusCode.FAILED_PRECONDITION,
     "GROUP_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "SHARD_NOT_FOUND": grpc.StatusCode.NOT_FOUND,

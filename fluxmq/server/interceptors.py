@@ -61,8 +61,11 @@ class _Call:
         self.code = status_code(err).name
         await self.context.abort_with_status(to_grpc_status(err, self.request_id))
 
-    def ok(self) -> None:
-        self.context.set_trailing_metadata(((REQUEST_ID_KEY, self.request_id),))
+    def ok(self, leader: str | None = None) -> None:
+        trailers = [(REQUEST_ID_KEY, self.request_id)]
+        if leader:
+            trailers.append((LEADER_KEY, leader))
+        self.context.set_trailing_metadata(tuple(trailers))
 
     def finish(self) -> None:
         metrics.RPC_DURATION.labels(self.method, self.code).observe(
@@ -81,11 +84,18 @@ def _is_abort(exc: BaseException) -> bool:
 # lookups, before anything is written, so running the call again is safe.
 STALE_REASONS = frozenset({"QUEUE_NOT_FOUND", "GROUP_NOT_FOUND"})
 CatchUp = Callable[[], Awaitable[bool]]
+# Where the leader of the node's shard serves gRPC, when known: returned in the trailing
+# metadata of successful calls so that a client can go straight to it next time.
+LEADER_KEY = "x-fluxmq-leader"
+LeaderAddress = Callable[[], "str | None"]
 
 
 class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, catch_up: CatchUp | None = None) -> None:
+    def __init__(
+        self, catch_up: CatchUp | None = None, leader: LeaderAddress | None = None
+    ) -> None:
         self._catch_up = catch_up
+        self._leader = leader
 
     async def intercept_service(
         self,
@@ -98,7 +108,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method = details.method.rsplit("/", 1)[-1]
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                _unary(method, handler.unary_unary, self._catch_up),
+                _unary(method, handler.unary_unary, self._catch_up, self._leader),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -118,7 +128,10 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 
 def _unary(
-    method: str, behavior: Callable[..., Awaitable[Any]], catch_up: CatchUp | None = None
+    method: str,
+    behavior: Callable[..., Awaitable[Any]],
+    catch_up: CatchUp | None = None,
+    leader: LeaderAddress | None = None,
 ) -> Callable[..., Awaitable[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
         call = _Call(method, context)
@@ -129,7 +142,7 @@ def _unary(
                 if catch_up is None or err.reason not in STALE_REASONS or not await catch_up():
                     raise
                 response = await behavior(request, context)
-            call.ok()
+            call.ok(leader() if leader is not None else None)
             return response
         except BaseException as exc:
             await call.handle(exc)

@@ -12,10 +12,11 @@ import grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc as pb_grpc
 from fluxmq.core import validation
-from fluxmq.core.errors import invalid_argument
+from fluxmq.core.errors import FluxError, invalid_argument
 from fluxmq.core.state_machine import AppendResult, LeaseResult, SettleResult
 from fluxmq.server.broker import Broker
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_rpc_status
+from fluxmq.server.forwarding import Forwarder, was_forwarded
 from fluxmq.server.interceptors import request_id_var
 from storage import Record
 
@@ -62,6 +63,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._consumers = broker.consumers
+        self._forwarder = Forwarder()
 
     async def CreateQueue(self, request: pb.CreateQueueRequest, context: Any) -> pb.Queue:
         return await self._broker.create_queue(request.config)
@@ -240,7 +242,16 @@ class QueueService(pb_grpc.QueueServiceServicer):
         return await self._consumers.join_group(request)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.MemberAssignment:
-        return await self._consumers.heartbeat(request)
+        try:
+            return await self._consumers.heartbeat(request)
+        except FluxError as err:
+            # Sessions live in the leader's memory: any node takes the heartbeat to it.
+            leader = self._broker.leader_address()
+            if err.reason != "NOT_LEADER" or not leader or was_forwarded(context):
+                raise
+        result = await self._forwarder.forward(leader, "Heartbeat", request, context)
+        assert isinstance(result, pb.MemberAssignment)
+        return result
 
     async def LeaveGroup(
         self, request: pb.LeaveGroupRequest, context: Any

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66luxmq/v1/admin.proto\x12\tfluxmq.v1\"\x19\n\x17GetClusterStatusRequest\"F\n\rClusterStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12$\n\x06shards\x18\x02 \x03(\x0b\x32\x14.fluxmq.v1.ShardInfo\"\xc2\x01\n\tShardInfo\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\x12\x15\n\rapplied_index\x18\x05 \x01(\x04\x12\x0f\n\x07members\x18\x06 \x03(\t\x12\x0e\n\x06leader\x18\x07 \x01(\t\x12\x19\n\x11pending_proposals\x18\x08 \x01(\x04\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\x0e\n\x06queues\x18\n \x03(\t\"=\n\x19TransferLeadershipRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"<\n\x1aTransferLeadershipResponse\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\t\"6\n\x11\x41\x64\x64ReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"9\n\x14RemoveReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t2\xcd\x02\n\x0c\x41\x64minService\x12P\n\x10GetClusterStatus\x12\".fluxmq.v1.GetClusterStatusRequest\x1a\x18.fluxmq.v1.ClusterStatus\x12\x61\n\x12TransferLeadership\x12$.fluxmq.v1.TransferLeadershipRequest\x1a%.fluxmq.v1.TransferLeadershipResponse\x12@\n\nAddReplica\x12\x1c.fluxmq.v1.AddReplicaRequest\x1a\x14.fluxmq.v1.ShardInfo\x12\x46\n\rRemoveReplica\x12\x1f.fluxmq.v1.RemoveReplicaRequest\x1a\x14.fluxmq.v1.ShardInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66luxmq/v1/admin.proto\x12\tfluxmq.v1\"\x19\n\x17GetClusterStatusRequest\"\x83\x01\n\rClusterStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12$\n\x06shards\x18\x02 \x03(\x0b\x32\x14.fluxmq.v1.ShardInfo\x12#\n\x05nodes\x18\x03 \x03(\x0b\x32\x14.fluxmq.v1.NodeEntry\x12\x16\n\x0emetadata_error\x18\x04 \x01(\t\"\\\n\tNodeEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\x12\x12\n\nstarted_ms\x18\x04 \x01(\x03\"\xc2\x01\n\tShardInfo\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\x12\x15\n\rapplied_index\x18\x05 \x01(\x04\x12\x0f\n\x07members\x18\x06 \x03(\t\x12\x0e\n\x06leader\x18\x07 \x01(\t\x12\x19\n\x11pending_proposals\x18\x08 \x01(\x04\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\x0e\n\x06queues\x18\n \x03(\t\"=\n\x19TransferLeadershipRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"<\n\x1aTransferLeadershipResponse\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\t\"6\n\x11\x41\x64\x64ReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"9\n\x14RemoveReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t2\xcd\x02\n\x0c\x41\x64minService\x12P\n\x10GetClusterStatus\x12\".fluxmq.v1.GetClusterStatusRequest\x1a\x18.fluxmq.v1.ClusterStatus\x12\x61\n\x12TransferLeadership\x12$.fluxmq.v1.TransferLeadershipRequest\x1a%.fluxmq.v1.TransferLeadershipResponse\x12@\n\nAddReplica\x12\x1c.fluxmq.v1.AddReplicaRequest\x1a\x14.fluxmq.v1.ShardInfo\x12\x46\n\rRemoveReplica\x12\x1f.fluxmq.v1.RemoveReplicaRequest\x1a\x14.fluxmq.v1.ShardInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=36
   _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=61
-  _globals['_CLUSTERSTATUS']._serialized_start=63
-  _globals['_CLUSTERSTATUS']._serialized_end=133
-  _globals['_SHARDINFO']._serialized_start=136
-  _globals['_SHARDINFO']._serialized_end=330
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=332
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=393
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=395
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=455
-  _globals['_ADDREPLICAREQUEST']._serialized_start=457
-  _globals['_ADDREPLICAREQUEST']._serialized_end=511
-  _globals['_REMOVEREPLICAREQUEST']._serialized_start=513
-  _globals['_REMOVEREPLICAREQUEST']._serialized_end=570
-  _globals['_ADMINSERVICE']._serialized_start=573
-  _globals['_ADMINSERVICE']._serialized_end=906
+  _globals['_CLUSTERSTATUS']._serialized_start=64
+  _globals['_CLUSTERSTATUS']._serialized_end=195
+  _globals['_NODEENTRY']._serialized_start=197
+  _globals['_NODEENTRY']._serialized_end=289
+  _globals['_SHARDINFO']._serialized_start=292
+  _globals['_SHARDINFO']._serialized_end=486
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=488
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=549
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=551
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=611
+  _globals['_ADDREPLICAREQUEST']._serialized_start=613
+  _globals['_ADDREPLICAREQUEST']._serialized_end=667
+  _globals['_REMOVEREPLICAREQUEST']._serialized_start=669
+  _globals['_REMOVEREPLICAREQUEST']._serialized_end=726
+  _globals['_ADMINSERVICE']._serialized_start=729
+  _globals['_ADMINSERVICE']._serialized_end=1062
 # @@protoc_insertion_point(module_scope)

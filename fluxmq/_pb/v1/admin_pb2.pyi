@@ -11,12 +11,28 @@ class GetClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("node_id", "shards")
+    __slots__ = ("node_id", "shards", "nodes", "metadata_error")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_ERROR_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     shards: _containers.RepeatedCompositeFieldContainer[ShardInfo]
-    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ...) -> None: ...
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeEntry]
+    metadata_error: str
+    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeEntry, _Mapping]]] = ..., metadata_error: _Optional[str] = ...) -> None: ...
+
+class NodeEntry(_message.Message):
+    __slots__ = ("node_id", "grpc_address", "raft_address", "started_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    grpc_address: str
+    raft_address: str
+    started_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., started_ms: _Optional[int] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
     __slots__ = ("shard_id", "role", "term", "commit_index", "applied_index", "members", "leader", "pending_proposals", "digest", "queues")
