@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fmt proto proto-check bench sysdeps clean
+.PHONY: run cluster cluster-down test lint fmt proto proto-check bench sysdeps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,14 @@ sysdeps:
 
 run: $(STAMP)
 	$(PY) -m fluxmq serve
+
+# A local cluster: etcd (`make sysdeps` installs it) + 3 nodes on 127.0.0.1 (gRPC 7070/7080/7090),
+# data and logs in ./cluster.
+cluster: $(STAMP)
+	$(PY) -m fluxmq cluster up
+
+cluster-down: $(STAMP)
+	$(PY) -m fluxmq cluster down
 
 test: $(STAMP) sysdeps
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -226,7 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return cluster_main(args[1:])
     if not args or args[0] != "serve":
-        print("usage: fluxmq serve [--help]", file=sys.stderr)
+        print(
+            "usage: fluxmq serve [--help] | fluxmq cluster up|down|status [--help]", file=sys.stderr
+        )
         return 1
     try:
         cfg = config_mod.load(args[1:])

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 DIRECTORY_POLL_MS = 1000  # re-read the directory this often even without watch events
 LEADER_CHECK_MS = 100
-DEREGISTER_TIMEOUT_S = 2.0
+CLOSE_STEP_TIMEOUT_S = 2.0
 
 
 def metadata_unavailable(what: str, err: MetadataError) -> FluxError:
@@ -80,17 +80,18 @@ class ClusterView:
             self._tasks.append(asyncio.create_task(routine(), name=name))
 
     async def close(self) -> None:
+        """Bounded: a metadata store that does not answer must not hold up a shutdown."""
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=CLOSE_STEP_TIMEOUT_S)
         with contextlib.suppress(MetadataError, TimeoutError):
             # A clean stop leaves the directory at once instead of after the TTL.
             await asyncio.wait_for(
-                self.store.deregister_node(self.node.node_id), DEREGISTER_TIMEOUT_S
+                self.store.deregister_node(self.node.node_id), CLOSE_STEP_TIMEOUT_S
             )
-        await self.store.close()
+        with contextlib.suppress(MetadataError, TimeoutError):
+            await asyncio.wait_for(self.store.close(), CLOSE_STEP_TIMEOUT_S)
 
     def _failed(self, what: str, err: MetadataError) -> None:
         if not self.metadata_error:

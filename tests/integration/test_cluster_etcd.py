@@ -12,9 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc
+from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq._pb.v1 import queue_pb2_grpc
 from tests.etcd_server import EtcdServer
 from tests.integration.cluster import Cluster
 from tests.integration.conftest import Node
@@ -112,7 +111,7 @@ def test_two_nodes_racing_to_create_a_queue_exactly_one_wins(cluster: Cluster) -
         name = f"race{round_}"
         outcomes: list[str] = []
 
-        def create(node: Node, name: str = name) -> None:
+        def create(node: Node, name: str = name, outcomes: list[str] = outcomes) -> None:
             with node.channel() as ch:
                 try:
                     queue_pb2_grpc.QueueServiceStub(ch).CreateQueue(

@@ -1,0 +1,160 @@
+"""``fluxmq cluster up|down|status``: a local cluster (etcd + N nodes on loopback) for trying
+FluxMQ, tests and benchmarks. The work is done by ``fluxmq.launcher.LocalCluster``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from fluxmq.launcher import LauncherError, LocalCluster
+
+DEFAULT_DIR = "./cluster"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fluxmq cluster",
+        description="A local FluxMQ cluster on 127.0.0.1: etcd plus N nodes, each with its own "
+        "data directory, ports and log under --dir.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status}")
+
+    up = sub.add_parser("up", help="start etcd and the nodes; wait until a leader is elected")
+    up.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
+    up.add_argument("--dir", default=DEFAULT_DIR, help=f"cluster directory (default {DEFAULT_DIR})")
+    up.add_argument(
+        "--base-port",
+        type=int,
+        default=7070,
+        help="node i uses base+10*(i-1) for gRPC, +1 for metrics, +2 for Raft (default 7070)",
+    )
+    up.add_argument(
+        "--etcd-port",
+        type=int,
+        default=2379,
+        help="etcd client port, peer port is the next one; 0 = pick free ports (default 2379)",
+    )
+    up.add_argument(
+        "--timeout", type=float, default=60.0, help="longest wait for the cluster, s (default 60)"
+    )
+
+    down = sub.add_parser("down", help="stop the nodes, then etcd")
+    down.add_argument(
+        "--dir", default=DEFAULT_DIR, help=f"cluster directory (default {DEFAULT_DIR})"
+    )
+    down.add_argument("--purge", action="store_true", help="also delete the data directories")
+
+    status = sub.add_parser("status", help="what runs; exit code 0 only when everything is up")
+    status.add_argument(
+        "--dir", default=DEFAULT_DIR, help=f"cluster directory (default {DEFAULT_DIR})"
+    )
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    return parser
+
+
+def _up(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(
+        args.dir, nodes=args.nodes, base_port=args.base_port, etcd_port=args.etcd_port, quiet=False
+    )
+    state = cluster.up(timeout_s=args.timeout)
+    nodes = state["nodes"]
+    etcd = state["etcd"]
+    leader = _leader(cluster.status())
+    print(f"\nFluxMQ cluster of {len(nodes)} nodes up in {cluster.dir}")
+    print(f"  etcd     127.0.0.1:{etcd['client_port']}  (pid {etcd['pid']}, log {etcd['log']})")
+    for n in nodes:
+        print(
+            f"  {n['node_id']:<8} gRPC 127.0.0.1:{n['grpc_port']}  metrics :{n['metrics_port']}  "
+            f"raft :{n['raft_port']}  (pid {n['pid']})"
+        )
+    if leader:
+        print(f"  shard leader: {leader}")
+    first = f"127.0.0.1:{nodes[0]['grpc_port']}"
+    print(f"\nConnect to any node, e.g. FLUXMQ_ADDR={first}, or:")
+    print(f"  grpcurl -plaintext {first} list")
+    print(f"Logs: {cluster.dir}/node{{1..{len(nodes)}}}.log and {etcd['log']}")
+    print(f"Status: fluxmq cluster status --dir {args.dir}")
+    print(f"Stop:   fluxmq cluster down --dir {args.dir} [--purge]")
+    return 0
+
+
+def _leader(status: dict[str, Any]) -> str:
+    for n in status["nodes"]:
+        for s in n["shards"]:
+            if s["leader"]:
+                return f"{s['leader']} (shard {s['shard_id']}, term {s['term']})"
+    return ""
+
+
+def _down(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(args.dir)
+    had = cluster.load_state() is not None
+    killed = cluster.down(purge=args.purge)
+    if had:
+        print(f"cluster in {cluster.dir} stopped" + (" and its data deleted" if args.purge else ""))
+    else:
+        print(
+            f"no cluster running in {cluster.dir}"
+            + ("; data directories deleted" if args.purge else "")
+        )
+    if killed:
+        print(f"did not stop within 20 s, killed: {', '.join(killed)}", file=sys.stderr)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(args.dir)
+    st = cluster.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0 if st["ok"] else 1
+    if not st["running"]:
+        print(
+            f"no cluster in {cluster.dir} (no cluster.json): `fluxmq cluster up --dir {args.dir}`"
+        )
+        return 1
+    nodes = st["nodes"]
+    up = sum(1 for n in nodes if n["alive"] and n["health"] == "SERVING")
+    print(f"cluster in {st['dir']}: {len(nodes)} nodes, {up} serving (started {st['started_at']})")
+    etcd = st["etcd"]
+    print(
+        f"  etcd     {etcd['endpoint']:<16} pid {etcd['pid']:<8} "
+        + ("running" if etcd["alive"] else "NOT RUNNING")
+        + (", healthy" if etcd["healthy"] else ", NOT HEALTHY" if etcd["alive"] else "")
+    )
+    for n in nodes:
+        line = (
+            f"  {n['name']:<8} {n['address']:<16} pid {n['pid']:<8} "
+            f"{'running' if n['alive'] else 'NOT RUNNING'}, {n['health']}"
+        )
+        if n["node_id"]:
+            line += f", node id {n['node_id']}"
+        print(line)
+        if n["error"]:
+            print(f"           GetClusterStatus failed: {n['error']}")
+        for s in n["shards"]:
+            print(
+                f"           shard {s['shard_id']}: {s['role'] or '?'}, "
+                f"leader {s['leader'] or 'NONE'}, term {s['term']}, "
+                f"commit {s['commit_index']}, applied {s['applied_index']}"
+            )
+    print("everything up" if st["ok"] else "NOT everything is up")
+    return 0 if st["ok"] else 1
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    try:
+        if args.command == "up":
+            return _up(args)
+        if args.command == "down":
+            return _down(args)
+        return _status(args)
+    except LauncherError as err:
+        print(f"fluxmq cluster {args.command}: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
