@@ -40,6 +40,8 @@ class NodeConfig:
     node_id: str = ""  # default: "node-" + the raft port
     advertise: str = ""  # gRPC host:port other nodes and clients use; default: listen
     node_ttl_ms: int = 5_000  # a node that stops refreshing disappears after this long
+    # Default of the cluster setting auto_provision_groups (etcd's value wins when set).
+    auto_provision_groups: bool = False
 
     @property
     def cluster_mode(self) -> bool:
@@ -91,6 +93,8 @@ HELP = {
     "(default: listen)",
     "node_ttl_ms": "cluster mode: a node whose registration is not refreshed for this long is "
     "considered gone",
+    "auto_provision_groups": "cluster mode: CreateQueue makes a new replication group when none "
+    "has the queue's factor (the etcd setting auto_provision_groups overrides it)",
 }
 
 

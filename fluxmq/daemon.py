@@ -7,23 +7,26 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import PlatformCollector, ProcessCollector, start_http_server
 
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
-from fluxmq.cluster import EtcdMetadataStore, NodeInfo
+from fluxmq.cluster import EtcdMetadataStore, GroupInfo, NodeInfo
 from fluxmq.core import keys
 from fluxmq.core.errors import FluxError
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.broker import Broker
 from fluxmq.server.cluster_view import ClusterView
+from fluxmq.server.router import Router
 from raft import LocalShard, Shard
 from raft.driver import RaftDriver
 from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError
@@ -153,8 +156,120 @@ def build_cluster_view(
     )
     store = EtcdMetadataStore(cfg.etcd, prefix=cfg.etcd_prefix)
     return ClusterView(
-        store, node, shard, cfg.shard_id, node_ttl_ms=cfg.node_ttl_ms, clock_ms=clock_ms
+        store,
+        node,
+        shard,
+        cfg.shard_id,
+        node_ttl_ms=cfg.node_ttl_ms,
+        clock_ms=clock_ms,
+        peers=cfg.peer_list,
+        auto_provision_groups=cfg.auto_provision_groups,
     )
+
+
+GROUP_FILE = "group.json"
+
+
+def write_group_spec(directory: str, spec: dict[str, Any]) -> None:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, GROUP_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump(spec, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def read_group_specs(root: str) -> list[dict[str, Any]]:
+    out = []
+    for group_id in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+        path = os.path.join(root, group_id, GROUP_FILE)
+        if os.path.exists(path):
+            with open(path) as f:
+                spec = json.load(f)
+            assert spec["group_id"] == group_id, (path, spec)
+            out.append(spec)
+    return out
+
+
+class GroupHost:
+    """The replication groups this node runs besides its own (placement made it a member):
+    each is a Raft shard on the node's driver thread with its own LMDB store under
+    ``data_dir/groups/<id>``. What it needs to restart (its raft address and peers) is kept
+    next to the store, so a restarted node serves its groups even while etcd is away."""
+
+    def __init__(
+        self, cfg: config_mod.NodeConfig, driver: RaftDriver, router: Router, view: ClusterView
+    ) -> None:
+        self._cfg = cfg
+        self._driver = driver
+        self._router = router
+        self._view = view
+        self.running: list[tuple[Broker, LmdbStore]] = []
+
+    def _dir(self, group_id: str) -> str:
+        return os.path.join(self._cfg.data_dir, "groups", group_id)
+
+    async def host(self, group: GroupInfo, nodes: dict[str, NodeInfo]) -> bool:
+        me = self._view.node
+        peers = []
+        for member in group.members:
+            if member == me.node_id:
+                continue
+            node = nodes.get(member)
+            if node is None:
+                return False  # not in the directory yet: the next pass tries again
+            peers.append(f"{node.raft_host}:{group.raft_ports[member]}")
+        spec = {
+            "group_id": group.group_id,
+            "self": f"{me.raft_host}:{group.raft_ports[me.node_id]}",
+            "peers": sorted(peers),
+        }
+        write_group_spec(self._dir(group.group_id), spec)
+        return await self._start(spec)
+
+    async def restore(self) -> None:
+        """Start the groups this node hosted before it stopped."""
+        for spec in read_group_specs(os.path.join(self._cfg.data_dir, "groups")):
+            if await self._start(spec):
+                self._view.hosted.add(str(spec["group_id"]))
+
+    async def _start(self, spec: dict[str, Any]) -> bool:
+        group_id = str(spec["group_id"])
+        store = LmdbStore(self._dir(group_id), map_size_bytes=self._cfg.storage_map_size_bytes)
+        state = QueueStateMachine(store)
+        shard_cfg = ShardConfig(
+            shard_id=group_id,
+            self_address=str(spec["self"]),
+            peers=tuple(spec["peers"]),
+            data_dir=self._cfg.data_dir,
+            secret=self._cfg.cluster_secret,
+            ack_timeout_ms=self._cfg.ack_timeout_ms,
+            compaction_entries_min=self._cfg.raft_compaction_entries,
+        )
+        try:
+            shard = PySyncObjShard(state, shard_cfg, self._driver)
+        except ShardStartError as err:
+            log.error("cannot start replication group %s: %s", group_id, err)
+            store.close()
+            return False
+        broker = Broker(state, shard, retention_interval_ms=self._cfg.retention_interval_ms)
+        broker.cluster = self._view
+        await broker.start()
+        self._router.add_group(group_id, broker)
+        self.running.append((broker, store))
+        log.info(
+            "hosting replication group %s (raft %s, peers %s)",
+            group_id,
+            spec["self"],
+            ",".join(spec["peers"]) or "none",
+        )
+        return True
+
+    async def close(self) -> None:
+        for broker, store in self.running:
+            await broker.close()
+            store.close()
 
 
 async def serve(cfg: config_mod.NodeConfig) -> None:
@@ -163,19 +278,27 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     state = QueueStateMachine(store)
     shard = build_shard(cfg, state)
     broker = Broker(state, shard, retention_interval_ms=cfg.retention_interval_ms)
+    router = Router(cfg.shard_id, broker, None)
     server, health_servicer, port = build_server(
         broker,
         cfg.listen,
         request_bytes_max=cfg.request_bytes_max_value,
         node_id=cfg.node_name,
+        router=router,
     )
+    groups: GroupHost | None = None
     if cfg.etcd:
-        broker.cluster = build_cluster_view(cfg, shard, port, broker.now_ms)
+        assert isinstance(shard, PySyncObjShard)
+        broker.cluster = router.view = build_cluster_view(cfg, shard, port, broker.now_ms)
+        groups = GroupHost(cfg, shard.driver, router, broker.cluster)
+        broker.cluster.host_group = groups.host
     if cfg.metrics_listen:
         _register_collectors(state, store, shard, broker)
         host, _, mport = cfg.metrics_listen.rpartition(":")
         start_http_server(int(mport), addr=host, registry=metrics.REGISTRY)
     await broker.start()
+    if groups is not None:
+        await groups.restore()
     if broker.cluster is not None:
         await broker.cluster.start()
     await server.start()
@@ -212,6 +335,9 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     await server.stop(SHUTDOWN_GRACE_S)
     if broker.cluster is not None:
         await broker.cluster.close()
+    if groups is not None:
+        await groups.close()
+    await router.close()
     await broker.close()
     if isinstance(shard, PySyncObjShard):
         shard.driver.stop()

@@ -6,6 +6,7 @@ apply on every replica sees the same, already-checked values.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -78,6 +79,9 @@ class QueuePolicy:
     @property
     def has_retention(self) -> bool:
         return bool(self.max_age_ms or self.max_messages or self.max_bytes)
+
+
+GROUP_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def validate_name(name: str, field_path: str = "name") -> None:
@@ -163,6 +167,8 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
         raise invalid_argument(
             f"{prefix}.replication.min_in_sync", f"at most {limits.REPLICATION_FACTOR_MAX}"
         )
+    if rep.group and not GROUP_ID_RE.fullmatch(rep.group):
+        raise invalid_argument(f"{prefix}.replication.group", "1-64 of A-Z a-z 0-9 . _ -")
     if rep.mode not in (
         pb.REPLICATION_MODE_UNSPECIFIED,
         pb.REPLICATION_MODE_SYNC,
@@ -298,9 +304,14 @@ def merge_update(
             raise invalid_argument(
                 f"{prefix}.replication.factor", "the replication factor cannot be changed"
             )
+        if patch.replication.group not in ("", current.replication.group):
+            raise invalid_argument(
+                f"{prefix}.replication.group", "a queue cannot move to another group"
+            )
         factor = current.replication.factor
         new.replication.CopyFrom(patch.replication)
         new.replication.factor = factor
+        new.replication.group = current.replication.group
     for sub in ("min_in_sync", "ack_timeout"):
         if f"replication.{sub}" in chosen:
             setattr(new.replication, sub, getattr(patch.replication, sub))

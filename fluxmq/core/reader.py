@@ -24,6 +24,12 @@ from storage.api import Record, Watermarks
 _TOKEN_TAG = b"queues:"  # page tokens are base64url("queues:" + last name of the page)
 
 
+def page_token_after(name: str) -> str:
+    """The ListQueues page token of the page after ``name`` (the same on every node, so pages
+    of several replication groups merge)."""
+    return base64.urlsafe_b64encode(_TOKEN_TAG + name.encode()).decode()
+
+
 @dataclass(frozen=True, slots=True)
 class FetchResult:
     records: list[Record]
@@ -77,9 +83,7 @@ class QueueReader:
                     more = True
                     break
                 out.append(queue)
-        token = ""
-        if more and out:
-            token = base64.urlsafe_b64encode(_TOKEN_TAG + out[-1].config.name.encode()).decode()
+        token = page_token_after(out[-1].config.name) if more and out else ""
         return out, token
 
     def watermarks(self, entry: QueueEntry, partition: int) -> Watermarks:

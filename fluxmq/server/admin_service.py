@@ -17,6 +17,7 @@ from fluxmq._pb.v1 import admin_pb2 as pb
 from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
 from fluxmq.server.broker import Broker
+from fluxmq.server.router import Router
 from raft import Shard, ShardStatus
 
 SHARD_ID_CHARS_MAX = 200
@@ -66,17 +67,19 @@ def _shard_info(status: ShardStatus, digest: str, queues: list[str]) -> pb.Shard
 
 
 class AdminService(pb_grpc.AdminServiceServicer):
-    def __init__(self, broker: Broker, node_id: str) -> None:
-        self._broker = broker
+    def __init__(self, router: Router, node_id: str) -> None:
+        self._router = router
+        self._broker = router.home
         self._node_id = node_id
         # One digest at a time: each reads the whole state, concurrent ones would only compete.
         self._digest_lock = asyncio.Lock()
 
+    def _brokers(self) -> dict[str, Broker]:
+        """Every replication group this node hosts, by shard id (each with its own state)."""
+        return {b.shard.shard_id: b for b in self._router.brokers.values()}
+
     def _shards(self) -> Mapping[str, Shard]:
-        """The shards of this node by id: one for now, the broker's, whose state machine is
-        ``broker.state`` (digest, queues). Several shards will each bring their own."""
-        shard = self._broker.shard
-        return {shard.shard_id: shard}
+        return {sid: b.shard for sid, b in self._brokers().items()}
 
     def _shard(self, shard_id: str) -> Shard:
         shard = self._shards().get(shard_id)
@@ -84,24 +87,24 @@ class AdminService(pb_grpc.AdminServiceServicer):
             raise shard_not_found(shard_id)
         return shard
 
-    def _queues(self) -> list[str]:
-        # A node has a single shard for now: every queue is placed on it.
-        return sorted(self._broker.state.catalog)
+    def _queues(self, shard: Shard) -> list[str]:
+        broker = self._brokers().get(shard.shard_id, self._broker)
+        return sorted(broker.state.catalog)
 
     def _info(self, shard: Shard) -> pb.ShardInfo:
         """Without digest: reading the whole state is left to GetClusterStatus."""
-        return _shard_info(shard.status(), "", self._queues())
+        return _shard_info(shard.status(), "", self._queues(shard))
 
     async def GetClusterStatus(
         self, request: pb.GetClusterStatusRequest, context: Any
     ) -> pb.ClusterStatus:
         out = pb.ClusterStatus(node_id=self._node_id)
-        for _shard_id, shard in sorted(self._shards().items()):
+        for _shard_id, broker in sorted(self._brokers().items()):
             async with self._digest_lock:
-                status = shard.status()
+                status = broker.shard.status()
                 # Reads the whole replicated state: off the event loop.
-                digest = await asyncio.to_thread(self._broker.state.digest)
-            out.shards.append(_shard_info(status, digest, self._queues()))
+                digest = await asyncio.to_thread(broker.state.digest)
+            out.shards.append(_shard_info(status, digest, sorted(broker.state.catalog)))
         view = self._broker.cluster
         if view is not None:
             await view.ensure_directory()  # fresh when the store answers; else the last seen
@@ -139,7 +142,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
         return self._info(shard)
 
 
-def register(server: grpc.aio.Server, broker: Broker, node_id: str) -> None:
+def register(server: grpc.aio.Server, router: Router, node_id: str) -> None:
     pb_grpc.add_AdminServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        AdminService(broker, node_id), server
+        AdminService(router, node_id), server
     )

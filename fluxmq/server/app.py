@@ -11,26 +11,39 @@ from fluxmq._pb.v1 import admin_pb2, queue_pb2
 from fluxmq.server import admin_service, queue_service
 from fluxmq.server.broker import Broker
 from fluxmq.server.interceptors import EdgeInterceptor
+from fluxmq.server.router import Router, RoutingInterceptor
 
 QUEUE_SERVICE = queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
 
 def build_server(
-    broker: Broker, listen: str, *, request_bytes_max: int, node_id: str = "local"
+    broker: Broker,
+    listen: str,
+    *,
+    request_bytes_max: int,
+    node_id: str = "local",
+    router: Router | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """-> (server, health servicer, bound port). The server is not started. ``node_id`` names
-    this node in AdminService answers."""
+    this node in AdminService answers; ``router`` knows the node's replication groups (default:
+    ``broker``'s alone)."""
+    if router is None:
+        router = Router(broker.shard.shard_id, broker, broker.cluster)
     server = grpc.aio.server(
-        interceptors=[EdgeInterceptor(broker.catch_up, broker.leader_address)],
+        # Edge first: it maps the errors of everything inside, routing included.
+        interceptors=[
+            EdgeInterceptor(router.catch_up, router.leader_address),
+            RoutingInterceptor(router),
+        ],
         options=[
             ("grpc.max_receive_message_length", request_bytes_max),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ("grpc.so_reuseport", 0),
         ],
     )
-    queue_service.register(server, broker)
-    admin_service.register(server, broker, node_id)
+    queue_service.register(server, router)
+    admin_service.register(server, router, node_id)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

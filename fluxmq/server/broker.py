@@ -135,6 +135,16 @@ class Broker:
             return False  # could not catch up in time: answer from the local state
         return True
 
+    async def wait_for_leader(self, timeout_s: float) -> bool:
+        """Until the shard knows a leader (bounded); -> whether it does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.shard.leader is None and not self.shard.is_leader:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     def leader_address(self) -> str | None:
         """gRPC address of the shard's leader (None: unknown, or no directory)."""
         return self.cluster.leader_grpc_address() if self.cluster is not None else None
@@ -209,9 +219,6 @@ class Broker:
     async def create_queue(self, config: pb.QueueConfig) -> pb.Queue:
         normalized = normalize_new(config)
         self.check_replication(normalized)
-        if self.cluster is not None:
-            name = normalized.name
-            await self.cluster.place_queue(name, lambda: name in self.state.catalog)
         cmd = cpb.CreateQueueCmd(config=normalized, now_ms=self._clock_ms())
         queue = await self.submit(cmd)
         assert isinstance(queue, pb.Queue)

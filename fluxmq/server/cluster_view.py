@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
+from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.cluster import (
     AlreadyExists,
+    GroupInfo,
     MetadataError,
     MetadataStore,
     MetadataUnavailable,
@@ -23,7 +25,7 @@ from fluxmq.cluster import (
     NodeNotRegistered,
     Placement,
 )
-from fluxmq.core.errors import FluxError, queue_exists
+from fluxmq.core.errors import FieldViolation, FluxError, queue_exists
 from raft import Shard
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,12 @@ log = logging.getLogger(__name__)
 DIRECTORY_POLL_MS = 1000  # re-read the directory this often even without watch events
 LEADER_CHECK_MS = 100
 CLOSE_STEP_TIMEOUT_S = 2.0
+GROUPS_PER_NODE_MAX = 16  # replication groups one node hosts (each is a Raft shard + a store)
+PLACEMENT_CACHE_MAX = 100_000
+GROUP_CREATE_ATTEMPTS = 8
+AUTO_PROVISION_SETTING = "auto_provision_groups"
+
+HostGroup = Callable[[GroupInfo, dict[str, NodeInfo]], Awaitable[bool]]
 
 
 def metadata_unavailable(what: str, err: MetadataError) -> FluxError:
@@ -53,6 +61,8 @@ class ClusterView:
         *,
         node_ttl_ms: int,
         clock_ms: Callable[[], int],
+        peers: tuple[str, ...] = (),
+        auto_provision_groups: bool = False,
     ) -> None:
         self.store = store
         self.node = node
@@ -65,6 +75,15 @@ class ClusterView:
         self._registered = False
         self._published_term = -1
         self._tasks: list[asyncio.Task[None]] = []
+        self._peers = peers  # raft addresses of the home group's other members
+        self._auto_provision = auto_provision_groups
+        self.groups: dict[str, GroupInfo] = {}  # last read of every replication group
+        self.leaders: dict[str, tuple[str, int]] = {}  # group -> (node id, term)
+        self._placements: dict[str, str] = {}  # queue -> group, as read or written
+        self.hosted: set[str] = {shard_id}  # groups this node runs a shard of
+        self._hosting = asyncio.Lock()
+        # Set by the composition root: starts this node's replica of a group (-> started).
+        self.host_group: HostGroup | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -139,6 +158,7 @@ class ClusterView:
         """Re-read on every watch event, and on a timer (the watch is only a hint)."""
         while True:
             await self.ensure_directory()
+            await self.ensure_groups()
             try:
                 watch = self.store.watch()
                 try:
@@ -146,6 +166,13 @@ class ClusterView:
                         event = await asyncio.wait_for(anext(watch), DIRECTORY_POLL_MS / 1000)
                         if event.kind == "node":
                             await self.ensure_directory()
+                        elif event.kind in ("group", "leader"):
+                            await self.ensure_groups()
+                        elif event.kind == "placement":
+                            if event.resync:
+                                self._placements.clear()
+                            else:
+                                self._placements.pop(event.key, None)
                 except (TimeoutError, StopAsyncIteration):
                     pass
                 finally:
@@ -153,6 +180,88 @@ class ClusterView:
             except MetadataError as err:
                 self._failed("directory watch", err)
                 await asyncio.sleep(DIRECTORY_POLL_MS / 1000)
+
+    # -- replication groups -----------------------------------------------------------------
+
+    async def ensure_groups(self) -> None:
+        """Converge: the group records and leaders are fresh, the home group is recorded, and
+        this node runs a replica of every group that lists it."""
+        try:
+            groups = {v.value.group_id: v.value for v in await self.store.list_groups()}
+            self.leaders = await self.store.get_group_leaders()
+        except MetadataError as err:
+            self._failed("replication groups", err)
+            return
+        self.groups = groups
+        if self._shard_id not in groups:
+            await self.maybe_record_home_group()
+        async with self._hosting:  # two passes at once would open a group's store twice
+            for gid, group in sorted(groups.items()):
+                if gid in self.hosted or self.node.node_id not in group.members:
+                    continue
+                if self.host_group is None or len(self.hosted) >= GROUPS_PER_NODE_MAX:
+                    continue
+                if await self.host_group(group, dict(self.nodes)):
+                    self.hosted.add(gid)
+
+    async def maybe_record_home_group(self) -> None:
+        """The static group this node started with goes into the metadata once every member
+        is in the directory (so that it has node ids)."""
+        by_raft = {f"{n.raft_host}:{n.raft_port_base}": n for n in self.nodes.values()}
+        own = f"{self.node.raft_host}:{self.node.raft_port_base}"
+        members = [by_raft.get(a) for a in (own, *self._peers)]
+        if any(m is None for m in members):
+            return  # a member is not registered yet: the next pass tries again
+        known = [m for m in members if m is not None]
+        group = GroupInfo(
+            group_id=self._shard_id,
+            members=tuple(sorted(m.node_id for m in known)),
+            raft_ports={m.node_id: m.raft_port_base for m in known},
+            factor=len(known),
+            created_ms=self._clock_ms(),
+        )
+        try:
+            await self.store.create_group(group)
+        except AlreadyExists:
+            pass
+        except MetadataError as err:
+            self._failed("recording the home group", err)
+            return
+        self.groups[group.group_id] = group
+
+    def address_for_group(self, group_id: str) -> str | None:
+        """A node that serves ``group_id``: its leader when known and alive, else a member."""
+        leader = self.leaders.get(group_id)
+        if leader is not None and leader[0] in self.nodes:
+            return self.nodes[leader[0]].grpc_address
+        group = self.groups.get(group_id)
+        for member in group.members if group is not None else ():
+            if member in self.nodes and member != self.node.node_id:
+                return self.nodes[member].grpc_address
+        return None
+
+    async def group_of(self, queue: str) -> str | None:
+        """The group a queue is placed on (None: placed nowhere)."""
+        cached = self._placements.get(queue)
+        if cached is not None:
+            return cached
+        try:
+            placement = await self.store.get_placement(queue)
+            self._worked()
+        except MetadataUnavailable as err:
+            self._failed("queue placement", err)
+            raise metadata_unavailable(
+                f"a request for queue {queue!r} (not hosted on this node)", err
+            ) from None
+        if placement is None:
+            return None
+        self._remember(queue, placement.group_id)
+        return placement.group_id
+
+    def _remember(self, queue: str, group_id: str) -> None:
+        if len(self._placements) >= PLACEMENT_CACHE_MAX:
+            self._placements.clear()  # crude but bounded; entries are re-read on demand
+        self._placements[queue] = group_id
 
     def grpc_address_of(self, raft_address: str | None) -> str | None:
         """The gRPC address of the node serving ``raft_address`` (None: not in the directory)."""
@@ -189,21 +298,156 @@ class ClusterView:
 
     # -- placement --------------------------------------------------------------------------
 
-    async def place_queue(self, name: str, exists_locally: Callable[[], bool]) -> None:
-        """Record that ``name`` lives on this node's shard: an atomic create-if-absent, so two
-        nodes racing to create a queue cannot both pass (the shard's log orders the rest)."""
+    async def place_queue(
+        self, config: pb.QueueConfig, exists_in: Callable[[str], bool | None]
+    ) -> str:
+        """Choose the queue's group and record it with an atomic create-if-absent, so two
+        nodes racing to create a queue cannot both pass (the group's log orders the rest).
+        ``exists_in(group)``: whether a hosted group's state has the queue (None: not hosted).
+        -> the group id the queue is placed on."""
+        name = config.name
         try:
-            await self.store.create_placement(Placement(name, self._shard_id, self._clock_ms()))
+            existing = await self.store.get_placement(name)
+            if existing is None:
+                group_id = await self._choose_group(config)
+                try:
+                    await self.store.create_placement(Placement(name, group_id, self._clock_ms()))
+                except AlreadyExists:
+                    existing = await self.store.get_placement(name)
+            if existing is not None:
+                group_id = existing.group_id
+                if exists_in(group_id):
+                    raise queue_exists(name)
+                # Placed, but not in the group's state (yet): a create racing with ours, or one
+                # that failed after placing. Go on: the group's log applies exactly one
+                # CreateQueue for the name and refuses the other with QUEUE_EXISTS.
             self._worked()
-        except AlreadyExists:
-            if exists_locally():
-                raise queue_exists(name) from None
-            # Placed, but the queue is not in the shard's state (yet): a create racing with
-            # ours, or one that failed after placing. Propose anyway: the shard applies exactly
-            # one CreateQueue for the name and refuses the other with QUEUE_EXISTS.
         except MetadataUnavailable as err:
             self._failed("queue placement", err)
             raise metadata_unavailable("CreateQueue", err) from None
+        self._remember(name, group_id)
+        return group_id
+
+    async def _choose_group(self, config: pb.QueueConfig) -> str:
+        """Explicit ``replication.group``; else the least loaded group of the right size; else
+        a new group when auto-provisioning is on."""
+        await self.ensure_groups()
+        if not self.groups:
+            return self._shard_id  # the home group is not recorded yet: it is the only one
+        explicit = config.replication.group
+        factor = config.replication.factor
+        if explicit:
+            group = self.groups.get(explicit)
+            if group is None:
+                raise FluxError(
+                    "REPLICATION_GROUP_NOT_FOUND",
+                    f"no replication group {explicit!r} (groups: {', '.join(sorted(self.groups))})",
+                    violations=(
+                        FieldViolation("config.replication.group", "not a replication group"),
+                    ),
+                )
+            if factor and factor != len(group.members):
+                raise FluxError(
+                    "REPLICATION_UNSATISFIABLE",
+                    f"group {explicit!r} has {len(group.members)} replicas, not {factor}",
+                    violations=(
+                        FieldViolation("config.replication.factor", "differs from the group's"),
+                    ),
+                )
+            return explicit
+        size = factor or len(self.groups.get(self._shard_id, self.groups[min(self.groups)]).members)
+        fitting = sorted(g for g, info in self.groups.items() if len(info.members) == size)
+        if fitting:
+            load = {g: 0 for g in fitting}
+            for placed in self._placement_counts().items():
+                if placed[0] in load:
+                    load[placed[0]] = placed[1]
+            return min(fitting, key=lambda g: (load[g], g))
+        if await self._auto_provisioning():
+            return await self._provision_group(size)
+        raise FluxError(
+            "REPLICATION_UNSATISFIABLE",
+            f"no replication group has {size} replicas (sizes: "
+            f"{sorted({len(g.members) for g in self.groups.values()})}); enable the cluster "
+            f"setting {AUTO_PROVISION_SETTING} or pick a factor of an existing group",
+            violations=(FieldViolation("config.replication.factor", "no group of that size"),),
+        )
+
+    def _placement_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for group_id in self._placements.values():
+            counts[group_id] = counts.get(group_id, 0) + 1
+        return counts
+
+    async def _auto_provisioning(self) -> bool:
+        value = await self.store.get_setting(AUTO_PROVISION_SETTING)
+        return self._auto_provision if value is None else value.lower() == "true"
+
+    async def _provision_group(self, size: int) -> str:
+        """A new group of ``size`` live nodes that host the fewest groups, on distinct nodes."""
+        live = sorted(self.nodes.values(), key=lambda n: n.node_id)
+        if len(live) < size:
+            raise FluxError(
+                "REPLICATION_UNSATISFIABLE",
+                f"a group of {size} replicas needs {size} live nodes; {len(live)} are up",
+                retriable=True,
+            )
+        hosting = {n.node_id: 0 for n in live}
+        used_ports: dict[str, set[int]] = {n.node_id: set() for n in live}
+        for g in self.groups.values():
+            for m in g.members:
+                if m in hosting:
+                    hosting[m] += 1
+                    used_ports[m].add(g.raft_ports[m])
+        members = sorted(live, key=lambda n: (hosting[n.node_id], n.node_id))[:size]
+        ports = {}
+        for n in members:
+            port = n.raft_port_base + 1
+            while port in used_ports[n.node_id]:
+                port += 1
+            ports[n.node_id] = port
+        numbers = [int(g[1:]) for g in self.groups if g[:1] == "g" and g[1:].isdigit()]
+        number = max(numbers, default=0) + 1
+        for _ in range(GROUP_CREATE_ATTEMPTS):
+            group = GroupInfo(
+                group_id=f"g{number}",
+                members=tuple(sorted(n.node_id for n in members)),
+                raft_ports=ports,
+                factor=size,
+                created_ms=self._clock_ms(),
+            )
+            try:
+                await self.store.create_group(group)
+            except AlreadyExists:
+                number += 1
+                continue
+            log.info("provisioned replication group %s on %s", group.group_id, group.members)
+            self.groups[group.group_id] = group
+            return group.group_id
+        raise FluxError(
+            "GROUP_UNAVAILABLE", "could not provision a replication group", retriable=True
+        )
+
+    async def place_dead_letter_queue(self, dlq: str, group_id: str) -> None:
+        """A DLQ is created on demand by its origin's group, so it is placed there too."""
+        try:
+            try:
+                await self.store.create_placement(Placement(dlq, group_id, self._clock_ms()))
+            except AlreadyExists:
+                existing = await self.store.get_placement(dlq)
+                if existing is not None and existing.group_id != group_id:
+                    raise FluxError(
+                        "REPLICATION_UNSATISFIABLE",
+                        f"dead_letter_queue {dlq!r} lives on group {existing.group_id!r}; a "
+                        f"queue on {group_id!r} needs its DLQ in the same group",
+                        violations=(
+                            FieldViolation("config.dead_letter_queue", "on another group"),
+                        ),
+                    ) from None
+        except MetadataUnavailable as err:
+            self._failed("queue placement", err)
+            raise metadata_unavailable("CreateQueue", err) from None
+        self._remember(dlq, group_id)
 
     async def ensure_reachable(self, what: str) -> None:
         """Fail a metadata change before touching the shard when the store is away."""

@@ -45,6 +45,9 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     # again, then retry (ABORTED: a concurrency conflict the client resolves, not a bad request).
     "STALE_GENERATION": grpc.StatusCode.ABORTED,
     "METADATA_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "GROUP_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "REPLICATION_GROUP_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "TRANSACTION_SPANS_GROUPS": grpc.StatusCode.FAILED_PRECONDITION,
     "MEMBER_REQUIRED": grpc.StatusCode.FAILED_PRECONDITION,
     "GROUP_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "SHARD_NOT_FOUND": grpc.StatusCode.NOT_FOUND,

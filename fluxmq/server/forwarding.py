@@ -4,15 +4,33 @@ forwarded again, so a stale directory cannot make calls loop)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from fluxmq._pb.v1 import queue_pb2_grpc
+from fluxmq.core.errors import FluxError
 
 FORWARDED_KEY = "x-fluxmq-forwarded"
 FORWARD_TIMEOUT_S = 5.0
 CHANNELS_MAX = 64  # one per peer node; a larger directory reuses the oldest slot
+
+
+def remote_error(err: grpc.aio.AioRpcError) -> FluxError:
+    """The FluxError another node answered with (its ErrorInfo), or one naming the code."""
+    reason, metadata = err.code().name, {}
+    status = rpc_status.from_call(err)
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            reason, metadata = info.reason, dict(info.metadata)
+    retriable = metadata.pop("retriable", "false") == "true"
+    metadata.pop("request_id", None)
+    return FluxError(reason, err.details() or reason, retriable=retriable, metadata=metadata)
 
 
 def was_forwarded(context: Any) -> bool:
@@ -41,6 +59,30 @@ class Forwarder:
             return await call(request, metadata=((FORWARDED_KEY, "1"),), timeout=FORWARD_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
             await context.abort(err.code(), err.details() or "", err.trailing_metadata())
+
+    async def forward_unary(self, address: str, method: str, request: Any) -> Any:
+        """Like ``forward`` for a caller that reports errors itself (a PublishStream answers
+        each request): a failure comes back as the FluxError the other node sent."""
+        call = getattr(self.queue_service(address), method)
+        try:
+            return await call(request, metadata=((FORWARDED_KEY, "1"),), timeout=FORWARD_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            raise remote_error(err) from None
+
+    async def forward_stream(
+        self, address: str, method: str, request: Any, context: Any
+    ) -> AsyncIterator[Any]:
+        """A server stream (Tail, Consume) relayed from ``address`` for as long as it runs."""
+        call = getattr(self.queue_service(address), method)(
+            request, metadata=((FORWARDED_KEY, "1"),)
+        )
+        try:
+            async for item in call:
+                yield item
+        except grpc.aio.AioRpcError as err:
+            await context.abort(err.code(), err.details() or "", err.trailing_metadata())
+        finally:
+            call.cancel()
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -13,11 +13,15 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc as pb_grpc
 from fluxmq.core import validation
 from fluxmq.core.errors import FluxError, invalid_argument
+from fluxmq.core.queue_config import normalize_new
+from fluxmq.core.reader import page_token_after
 from fluxmq.core.state_machine import AppendResult, LeaseResult, SettleResult
 from fluxmq.server.broker import Broker
+from fluxmq.server.consumers import Consumers
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_rpc_status
-from fluxmq.server.forwarding import Forwarder, was_forwarded
+from fluxmq.server.forwarding import was_forwarded
 from fluxmq.server.interceptors import request_id_var
+from fluxmq.server.router import Router, current_broker, group_unreachable
 from storage import Record
 
 PUBLISH_STREAM_IN_FLIGHT_MAX = 64  # requests of one PublishStream being processed at once
@@ -60,13 +64,46 @@ def _publish_response(result: AppendResult) -> pb.PublishResponse:
 
 
 class QueueService(pb_grpc.QueueServiceServicer):
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
-        self._consumers = broker.consumers
-        self._forwarder = Forwarder()
+    """Served for the replication group the router resolved each call to (``current_broker``;
+    the node's own group when there is only one)."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        self._forwarder = router.forwarder
+
+    @property
+    def _broker(self) -> Broker:
+        return current_broker.get() or self._router.home
+
+    @property
+    def _consumers(self) -> Consumers:
+        return self._broker.consumers
 
     async def CreateQueue(self, request: pb.CreateQueueRequest, context: Any) -> pb.Queue:
-        return await self._broker.create_queue(request.config)
+        view = self._router.view
+        if view is None:
+            return await self._router.home.create_queue(request.config)
+        config = normalize_new(request.config)
+        brokers = self._router.brokers
+
+        def exists_in(group_id: str) -> bool | None:
+            broker = brokers.get(group_id)
+            return None if broker is None else config.name in broker.state.catalog
+
+        group_id = await view.place_queue(config, exists_in)
+        if config.dead_letter_queue:
+            await view.place_dead_letter_queue(config.dead_letter_queue, group_id)
+        config.replication.group = group_id
+        broker = await self._router.ensure_hosted(group_id)
+        if broker is not None:
+            return await broker.create_queue(config)
+        address = view.address_for_group(group_id)
+        if address is None or was_forwarded(context):
+            raise group_unreachable(group_id)
+        forwarded = pb.CreateQueueRequest(config=config)
+        queue = await self._forwarder.forward(address, "CreateQueue", forwarded, context)
+        assert isinstance(queue, pb.Queue)
+        return queue
 
     async def UpdateQueue(self, request: pb.UpdateQueueRequest, context: Any) -> pb.Queue:
         return await self._broker.update_queue(request.config, list(request.update_mask.paths))
@@ -78,10 +115,27 @@ class QueueService(pb_grpc.QueueServiceServicer):
         self, request: pb.ListQueuesRequest, context: Any
     ) -> pb.ListQueuesResponse:
         limit = validation.list_limit(request.limit)
-        queues, token = self._broker.reader.list_queues(
-            request.prefix, request.label_selector, request.page_token, limit
-        )
-        return pb.ListQueuesResponse(queues=queues, next_page_token=token)
+        pages = [
+            b.reader.list_queues(request.prefix, request.label_selector, request.page_token, limit)
+            for b in self._router.brokers.values()
+        ]
+        view = self._router.view
+        if view is not None and not was_forwarded(context):
+            # Groups this node does not host: one node of each lists its own.
+            addresses = {
+                a
+                for g in sorted(set(view.groups) - set(self._router.brokers))
+                if (a := view.address_for_group(g)) is not None
+            }
+            for address in sorted(addresses):
+                resp = await self._forwarder.forward(address, "ListQueues", request, context)
+                pages.append((list(resp.queues), resp.next_page_token))
+        merged = {q.config.name: q for queues, _ in pages for q in queues}
+        names = sorted(merged)
+        more = len(names) > limit or any(token for _, token in pages)
+        page = [merged[n] for n in names[:limit]]
+        token = page_token_after(page[-1].config.name) if more and page else ""
+        return pb.ListQueuesResponse(queues=page, next_page_token=token)
 
     async def DeleteQueue(
         self, request: pb.DeleteQueueRequest, context: Any
@@ -136,9 +190,15 @@ class QueueService(pb_grpc.QueueServiceServicer):
                 timeout_ms = validation.request_timeout_ms(
                     req.publish.request_timeout_ms, "publish.request_timeout_ms"
                 )
-                result = await self._broker.publish(
-                    req.publish.queue, req.publish.messages, timeout_ms
+                target = await self._router.locate(
+                    req.publish.queue, forwarded=was_forwarded(context)
                 )
+                if isinstance(target, str):
+                    forwarded = await self._forwarder.forward_unary(target, "Publish", req.publish)
+                    resp = pb.PublishStreamResponse(sequence=req.sequence)
+                    resp.results.extend(forwarded.results)
+                    return resp
+                result = await target.publish(req.publish.queue, req.publish.messages, timeout_ms)
             except Exception as exc:
                 rid = request_id_var.get()
                 err = domain_error(exc) or internal_error(rid)
@@ -363,7 +423,7 @@ def _fill_leased(out: Any, result: LeaseResult) -> None:
         item.receipt.group_id = group_id
 
 
-def register(server: grpc.aio.Server, broker: Broker) -> None:
+def register(server: grpc.aio.Server, router: Router) -> None:
     pb_grpc.add_QueueServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        QueueService(broker), server
+        QueueService(router), server
     )

@@ -121,16 +121,18 @@ class QueueConfig(_message.Message):
     def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., type: _Optional[_Union[QueueType, str]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., dedup_window: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_timeout: _Optional[str] = ..., max_attempts: _Optional[int] = ..., retry_backoff: _Optional[_Union[RetryBackoff, _Mapping]] = ..., message_ttl: _Optional[str] = ..., delivery_delay: _Optional[str] = ..., dead_letter_queue: _Optional[str] = ..., dead_letter_disabled: _Optional[bool] = ..., retain_until_consumed: _Optional[bool] = ..., dead_letter_alert_threshold: _Optional[int] = ..., replication: _Optional[_Union[Replication, _Mapping]] = ...) -> None: ...
 
 class Replication(_message.Message):
-    __slots__ = ("factor", "min_in_sync", "mode", "ack_timeout")
+    __slots__ = ("factor", "min_in_sync", "mode", "ack_timeout", "group")
     FACTOR_FIELD_NUMBER: _ClassVar[int]
     MIN_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ACK_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     factor: int
     min_in_sync: int
     mode: ReplicationMode
     ack_timeout: str
-    def __init__(self, factor: _Optional[int] = ..., min_in_sync: _Optional[int] = ..., mode: _Optional[_Union[ReplicationMode, str]] = ..., ack_timeout: _Optional[str] = ...) -> None: ...
+    group: str
+    def __init__(self, factor: _Optional[int] = ..., min_in_sync: _Optional[int] = ..., mode: _Optional[_Union[ReplicationMode, str]] = ..., ack_timeout: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
 
 class RetryBackoff(_message.Message):
     __slots__ = ("base", "max")

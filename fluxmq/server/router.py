@@ -1,0 +1,212 @@
+"""Which replication group, and which node, serves a request.
+
+Every queue lives in one replication group. A request for a queue is served by this node when
+it hosts the queue's group (the group's Broker goes into ``current_broker`` for the servicer) and
+forwarded, once, to a node that hosts it otherwise (a forwarded call is never forwarded again).
+A node without a metadata store has one group, its own, and serves everything itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core.errors import FluxError
+from fluxmq.server.forwarding import Forwarder, was_forwarded
+
+if TYPE_CHECKING:
+    from fluxmq.server.broker import Broker
+    from fluxmq.server.cluster_view import ClusterView
+
+QUEUE_SERVICE = pb.DESCRIPTOR.services_by_name["QueueService"].full_name
+# The servicer routes these itself: placement picks the group, a listing spans every group, a
+# stream carries requests for any queue.
+SERVICER_ROUTED = frozenset({"CreateQueue", "ListQueues", "PublishStream"})
+CATCH_UP_GROUPS_MAX = 64
+NEW_GROUP_LEADER_WAIT_S = 10.0  # a group started a moment ago elects its first leader
+
+current_broker: ContextVar[Broker | None] = ContextVar("current_broker", default=None)
+
+
+def queue_of(request: Any) -> str | None:
+    """The queue a request is about (None: none, or not one queue)."""
+    if isinstance(request, pb.TransactRequest):
+        names = {a.queue for a in request.acks} | {p.queue for p in request.publishes}
+        return min(names) if names else None
+    fields = request.DESCRIPTOR.fields_by_name
+    if "queue" in fields and fields["queue"].type == fields["queue"].TYPE_STRING:
+        return str(request.queue)
+    if "name" in fields:
+        return str(request.name)
+    if "config" in fields:
+        return str(request.config.name)
+    return None
+
+
+def group_unreachable(group_id: str) -> FluxError:
+    return FluxError(
+        "GROUP_UNAVAILABLE",
+        f"no live node of replication group {group_id!r} is known to this node; retry",
+        retriable=True,
+        retry_after_ms=500,
+        metadata={"group": group_id},
+    )
+
+
+class Router:
+    def __init__(self, home_group: str, home: Broker, view: ClusterView | None) -> None:
+        self.home_group = home_group
+        self.home = home
+        self.view = view
+        self.brokers: dict[str, Broker] = {home_group: home}
+        self.forwarder = Forwarder()
+
+    def add_group(self, group_id: str, broker: Broker) -> None:
+        self.brokers[group_id] = broker
+
+    def local(self, queue: str) -> Broker | None:
+        """The hosted group whose state has ``queue`` (replicas serve reads themselves)."""
+        for broker in self.brokers.values():
+            if queue in broker.state.catalog:
+                return broker
+        return None
+
+    async def locate(self, queue: str, *, forwarded: bool = False) -> Broker | str:
+        """The local Broker that serves ``queue``, or the gRPC address of a node that does."""
+        broker = self.local(queue)
+        if broker is not None or self.view is None:
+            return broker or self.home
+        group_id = await self.view.group_of(queue)
+        if group_id is None:
+            return self.home  # not placed anywhere: the home group answers QUEUE_NOT_FOUND
+        hosted = await self.ensure_hosted(group_id)
+        if hosted is not None:
+            return hosted  # placed here, not applied yet on this replica: it catches up
+        if forwarded:
+            return self.home  # never forward twice
+        address = self.view.address_for_group(group_id)
+        if address is None:
+            raise group_unreachable(group_id)
+        return address
+
+    async def ensure_hosted(self, group_id: str) -> Broker | None:
+        """The local Broker of ``group_id`` if this node is (or just became) one of its members,
+        once its shard has a leader: a group provisioned a moment ago is started here first."""
+        broker = self.brokers.get(group_id)
+        view = self.view
+        if broker is None and view is not None:
+            group = view.groups.get(group_id)
+            if group is None or view.node.node_id in group.members:
+                await view.ensure_groups()
+            broker = self.brokers.get(group_id)
+        if broker is not None:
+            await broker.wait_for_leader(NEW_GROUP_LEADER_WAIT_S)
+        return broker
+
+    async def check_one_group(self, request: pb.TransactRequest) -> None:
+        names = sorted({a.queue for a in request.acks} | {p.queue for p in request.publishes})
+        if self.view is None or len(names) < 2:
+            return
+        groups = {n: await self.view.group_of(n) for n in names}
+        if len({g for g in groups.values() if g is not None}) > 1:
+            raise FluxError(
+                "TRANSACTION_SPANS_GROUPS",
+                "a transaction's queues must share one replication group (placement: "
+                + ", ".join(f"{n} -> {g}" for n, g in groups.items())
+                + "); create them with the same replication.group",
+                metadata={"queues": ",".join(names)},
+            )
+
+    async def catch_up(self) -> bool:
+        """On NOT_FOUND: every hosted group applies what is committed, then the call reruns."""
+        brokers = list(self.brokers.values())[:CATCH_UP_GROUPS_MAX]
+        results = await asyncio.gather(*(b.catch_up() for b in brokers))
+        return any(results)
+
+    def leader_address(self) -> str | None:
+        broker = current_broker.get() or self.home
+        return broker.leader_address()
+
+    async def close(self) -> None:
+        await self.forwarder.close()
+
+
+class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Sits inside EdgeInterceptor (which maps errors): resolves each QueueService call's queue
+    to a local Broker or forwards the call."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        service, _, method = details.method.lstrip("/").rpartition("/")
+        if handler is None or service != QUEUE_SERVICE or method in SERVICER_ROUTED:
+            return handler
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    async def _target(self, request: Any, context: Any) -> Broker | str:
+        if isinstance(request, pb.TransactRequest):
+            await self._router.check_one_group(request)
+        queue = queue_of(request)
+        if not queue:
+            return self._router.home
+        return await self._router.locate(queue, forwarded=was_forwarded(context))
+
+    def _unary(
+        self, method: str, behavior: Callable[..., Awaitable[Any]]
+    ) -> Callable[..., Awaitable[Any]]:
+        async def wrapper(request: Any, context: Any) -> Any:
+            target = await self._target(request, context)
+            if isinstance(target, str):
+                return await self._router.forwarder.forward(target, method, request, context)
+            token = current_broker.set(target)
+            try:
+                return await behavior(request, context)
+            finally:
+                current_broker.reset(token)
+
+        return wrapper
+
+    def _stream(
+        self, method: str, behavior: Callable[..., AsyncIterator[Any]]
+    ) -> Callable[..., AsyncIterator[Any]]:
+        async def wrapper(request: Any, context: Any) -> AsyncIterator[Any]:
+            target = await self._target(request, context)
+            if isinstance(target, str):
+                async for item in self._router.forwarder.forward_stream(
+                    target, method, request, context
+                ):
+                    yield item
+                return
+            token = current_broker.set(target)
+            try:
+                async for item in behavior(request, context):
+                    yield item
+            finally:
+                with contextlib.suppress(ValueError):  # closed from another context
+                    current_broker.reset(token)
+
+        return wrapper
