@@ -35,6 +35,7 @@ LEADER_CHECK_MS = 100
 CLOSE_STEP_TIMEOUT_S = 2.0
 GROUPS_PER_NODE_MAX = 16  # replication groups one node hosts (each is a Raft shard + a store)
 PLACEMENT_CACHE_MAX = 100_000
+PLACEMENT_PAGE = 1000
 GROUP_CREATE_ATTEMPTS = 8
 AUTO_PROVISION_SETTING = "auto_provision_groups"
 
@@ -159,6 +160,7 @@ class ClusterView:
         while True:
             await self.ensure_directory()
             await self.ensure_groups()
+            await self.ensure_placements()
             try:
                 watch = self.store.watch()
                 try:
@@ -170,9 +172,9 @@ class ClusterView:
                             await self.ensure_groups()
                         elif event.kind == "placement":
                             if event.resync:
-                                self._placements.clear()
+                                await self.ensure_placements()
                             else:
-                                self._placements.pop(event.key, None)
+                                await self.maybe_refresh_placement(event.key, event.deleted)
                 except (TimeoutError, StopAsyncIteration):
                     pass
                 finally:
@@ -258,9 +260,38 @@ class ClusterView:
         self._remember(queue, placement.group_id)
         return placement.group_id
 
+    async def ensure_placements(self) -> None:
+        """The whole placement table, read page by page (bounded): routing and the load counts
+        of least-loaded placement use it; watch events keep it fresh."""
+        table: dict[str, str] = {}
+        after = ""
+        try:
+            for _ in range(PLACEMENT_CACHE_MAX // PLACEMENT_PAGE + 1):
+                page = await self.store.list_placements("", after, PLACEMENT_PAGE)
+                table.update((p.queue, p.group_id) for p in page)
+                if len(page) < PLACEMENT_PAGE or len(table) >= PLACEMENT_CACHE_MAX:
+                    break
+                after = page[-1].queue
+        except MetadataError as err:
+            self._failed("queue placements", err)
+            return
+        self._placements = table
+
+    async def maybe_refresh_placement(self, queue: str, deleted: bool) -> None:
+        if deleted:
+            self._placements.pop(queue, None)
+            return
+        try:
+            placement = await self.store.get_placement(queue)
+        except MetadataError:
+            self._placements.pop(queue, None)  # re-read on demand
+            return
+        if placement is not None:
+            self._remember(queue, placement.group_id)
+
     def _remember(self, queue: str, group_id: str) -> None:
-        if len(self._placements) >= PLACEMENT_CACHE_MAX:
-            self._placements.clear()  # crude but bounded; entries are re-read on demand
+        if queue not in self._placements and len(self._placements) >= PLACEMENT_CACHE_MAX:
+            return  # past the bound: looked up in the store on demand
         self._placements[queue] = group_id
 
     def grpc_address_of(self, raft_address: str | None) -> str | None:

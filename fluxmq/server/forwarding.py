@@ -19,15 +19,25 @@ FORWARD_TIMEOUT_S = 5.0
 CHANNELS_MAX = 64  # one per peer node; a larger directory reuses the oldest slot
 
 
-def remote_error(err: grpc.aio.AioRpcError) -> FluxError:
-    """The FluxError another node answered with (its ErrorInfo), or one naming the code."""
-    reason, metadata = err.code().name, {}
+def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
+    """The FluxError the other node answered with (its ErrorInfo), so the caller gets the same
+    status; a call that never reached a broker (connection refused, reset, timeout) is
+    GROUP_UNAVAILABLE, retriable: the group may be electing or its node restarting."""
+    reason, metadata = "", {}
     status = rpc_status.from_call(err)
     for detail in status.details if status is not None else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
             reason, metadata = info.reason, dict(info.metadata)
+    if not reason:
+        return FluxError(
+            "GROUP_UNAVAILABLE",
+            f"the node serving this queue ({address}) did not answer: {err.details()}; retry",
+            retriable=True,
+            retry_after_ms=500,
+            metadata={"node": address},
+        )
     retriable = metadata.pop("retriable", "false") == "true"
     metadata.pop("request_id", None)
     return FluxError(reason, err.details() or reason, retriable=retriable, metadata=metadata)
@@ -58,7 +68,7 @@ class Forwarder:
         try:
             return await call(request, metadata=((FORWARDED_KEY, "1"),), timeout=FORWARD_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
-            await context.abort(err.code(), err.details() or "", err.trailing_metadata())
+            raise remote_error(err, address) from None
 
     async def forward_unary(self, address: str, method: str, request: Any) -> Any:
         """Like ``forward`` for a caller that reports errors itself (a PublishStream answers
@@ -67,7 +77,7 @@ class Forwarder:
         try:
             return await call(request, metadata=((FORWARDED_KEY, "1"),), timeout=FORWARD_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
-            raise remote_error(err) from None
+            raise remote_error(err, address) from None
 
     async def forward_stream(
         self, address: str, method: str, request: Any, context: Any
@@ -80,7 +90,7 @@ class Forwarder:
             async for item in call:
                 yield item
         except grpc.aio.AioRpcError as err:
-            await context.abort(err.code(), err.details() or "", err.trailing_metadata())
+            raise remote_error(err, address) from None
         finally:
             call.cancel()
 

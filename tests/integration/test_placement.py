@@ -155,3 +155,34 @@ def test_without_auto_provisioning_a_factor_no_group_has_is_refused(cluster: Loc
         assert err.code == grpc.StatusCode.FAILED_PRECONDITION
         assert err.reason == "REPLICATION_UNSATISFIABLE"
         assert "auto_provision_groups" in err.message
+
+
+def test_a_group_on_a_killed_node_comes_back_with_its_data(cluster: LocalCluster) -> None:
+    metadata(cluster, "put_setting", "auto_provision_groups", "true")
+    ch, s = stub(cluster.node_addresses[0])
+    with ch:
+        gid = create(s, "single", factor=1).config.replication.group
+        group = metadata(cluster, "get_group", gid)
+        host = group.value.members[0]  # type: ignore[attr-defined]
+        index = int(host.removeprefix("node"))
+        other = cluster.node_addresses[index % 3]  # a node outside the group
+        ch2, s2 = stub(other)
+        with ch2:
+            s2.Publish(
+                pb.PublishRequest(queue="single", messages=[pb.PublishMessage(value=b"kept")]),
+                timeout=30,
+            )
+            cluster.kill9(index)
+            with pytest.raises(grpc.RpcError) as exc:
+                s2.Fetch(pb.FetchRequest(queue="single", partition=0), timeout=30)
+            assert exc.value.code() == grpc.StatusCode.UNAVAILABLE  # retriable, nothing lost
+            cluster.restart(index)
+
+            def fetched() -> bool:
+                try:
+                    r = s2.Fetch(pb.FetchRequest(queue="single", partition=0), timeout=10)
+                except grpc.RpcError:
+                    return False
+                return [x.value for x in r.records] == [b"kept"]
+
+            wait_for("the group to serve again", fetched, timeout_s=30, every_s=0.2)
