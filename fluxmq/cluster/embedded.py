@@ -471,7 +471,7 @@ class EmbeddedMetadataStore:
             if txn.get(key) is not None:
                 raise AlreadyExists(f"queue {placement.queue!r} is already placed")
             self._put(txn, key, encode_placement(placement), self._next_revision(txn))
-        self._publish(MetadataEvent("placement", placement.queue))
+        self._publish(MetadataEvent("placement", placement.queue, group_id=placement.group_id))
 
     async def get_placement(self, queue: str) -> Placement | None:
         check_queue_name(queue)

@@ -171,7 +171,13 @@ class _EtcdWatch(MetadataWatch):
                 async for event in stream:
                     parsed = store.parse_key(bytes(event.kv.key))
                     if parsed is not None:
-                        self.push(MetadataEvent(parsed[0], parsed[1], event.kind == "DELETE"))
+                        deleted = event.kind == "DELETE"
+                        group_id = ""
+                        if parsed[0] == "placement" and not deleted:
+                            with contextlib.suppress(MetadataError, ValueError):
+                                placed = decode_placement(bytes(event.kv.value), parsed[1])
+                                group_id = placed.group_id
+                        self.push(MetadataEvent(parsed[0], parsed[1], deleted, group_id))
             except Exception:  # the stream broke; a consumer must never wait on a dead task
                 await asyncio.sleep(retry_ms / 1000)
                 continue

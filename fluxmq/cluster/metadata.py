@@ -283,6 +283,8 @@ class MetadataEvent:
     kind: EventKind
     key: str
     deleted: bool = False
+    # Placement events that carry the new value: the queue's group ("" = read it yourself).
+    group_id: str = ""
 
     @property
     def resync(self) -> bool:

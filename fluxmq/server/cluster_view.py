@@ -173,6 +173,8 @@ class ClusterView:
                         elif event.kind == "placement":
                             if event.resync:
                                 await self.ensure_placements()
+                            elif event.group_id:
+                                self._remember(event.key, event.group_id)
                             else:
                                 await self.maybe_refresh_placement(event.key, event.deleted)
                 except (TimeoutError, StopAsyncIteration):
@@ -361,11 +363,13 @@ class ClusterView:
 
     async def _choose_group(self, config: pb.QueueConfig) -> str:
         """Explicit ``replication.group``; else the least loaded group of the right size; else
-        a new group when auto-provisioning is on."""
-        await self.ensure_groups()
+        a new group when auto-provisioning is on. The group table is the one the watch keeps
+        fresh; it is re-read only when it does not know what the request names."""
+        explicit = config.replication.group
+        if not self.groups or (explicit and explicit not in self.groups):
+            await self.ensure_groups()
         if not self.groups:
             return self._shard_id  # the home group is not recorded yet: it is the only one
-        explicit = config.replication.group
         factor = config.replication.factor
         if explicit:
             group = self.groups.get(explicit)
@@ -388,6 +392,9 @@ class ClusterView:
             return explicit
         size = factor or len(self.groups.get(self._shard_id, self.groups[min(self.groups)]).members)
         fitting = sorted(g for g, info in self.groups.items() if len(info.members) == size)
+        if not fitting:
+            await self.ensure_groups()  # maybe one was made a moment ago elsewhere
+            fitting = sorted(g for g, info in self.groups.items() if len(info.members) == size)
         if fitting:
             load = {g: 0 for g in fitting}
             for placed in self._placement_counts().items():

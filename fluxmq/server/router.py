@@ -32,6 +32,9 @@ CATCH_UP_GROUPS_MAX = 64
 NEW_GROUP_LEADER_WAIT_S = 10.0  # a group started a moment ago elects its first leader
 
 current_broker: ContextVar[Broker | None] = ContextVar("current_broker", default=None)
+# The gRPC address of the leader of the group a call went to, for the x-fluxmq-leader trailer
+# that EdgeInterceptor adds (set inside the call's task, read after the handler returned).
+call_leader: ContextVar[str | None] = ContextVar("call_leader", default=None)
 
 
 def queue_of(request: Any) -> str | None:
@@ -130,8 +133,7 @@ class Router:
         return any(results)
 
     def leader_address(self) -> str | None:
-        broker = current_broker.get() or self.home
-        return broker.leader_address()
+        return call_leader.get() or (current_broker.get() or self.home).leader_address()
 
     async def close(self) -> None:
         await self.forwarder.close()
@@ -181,7 +183,9 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         async def wrapper(request: Any, context: Any) -> Any:
             target = await self._target(request, context)
             if isinstance(target, str):
+                call_leader.set(target)  # the group's leader when the directory knows it
                 return await self._router.forwarder.forward(target, method, request, context)
+            call_leader.set(target.leader_address())
             token = current_broker.set(target)
             try:
                 return await behavior(request, context)

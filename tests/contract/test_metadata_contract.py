@@ -339,8 +339,9 @@ async def test_watch_opens_with_a_resync_then_reports_each_change(h: Harness) ->
     await h.store.put_setting("k", "v")
     assert await next_event(watch, lambda e: e.kind == "setting") == MetadataEvent("setting", "k")
     await h.store.create_placement(Placement("orders", "g1", 1))
+    # A placement event carries the group, so a watcher needs no read to keep a table.
     assert await next_event(watch, lambda e: e.kind == "placement") == MetadataEvent(
-        "placement", "orders"
+        "placement", "orders", group_id="g1"
     )
     await h.store.delete_placement("orders")
     assert await next_event(watch, lambda e: e.kind == "placement") == MetadataEvent(

@@ -85,12 +85,14 @@ def test_queues_spread_over_groups_and_any_node_serves_any_queue(cluster: LocalC
         ch_o1, o1 = stub(outsiders[0])
         ch_o2, o2 = stub(outsiders[1])
         with ch_o1, ch_o2:
-            o1.Publish(
+            _, call = o1.Publish.with_call(
                 pb.PublishRequest(
                     queue="solo", messages=[pb.PublishMessage(value=b"%d" % i) for i in range(20)]
                 ),
                 timeout=30,
             )
+            # The answer names the group's leader, so a smart client can go there next time.
+            assert dict(call.trailing_metadata())["x-fluxmq-leader"] == host_addr
             r = o2.Fetch(pb.FetchRequest(queue="solo", partition=0, max_messages=100), timeout=30)
             assert [x.value for x in r.records] == [b"%d" % i for i in range(20)]
             o2.CreateGroup(pb.CreateGroupRequest(queue="solo", group="g"))
