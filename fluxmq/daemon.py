@@ -73,25 +73,36 @@ def _dead_letter_rows(broker: Broker) -> Iterator[tuple[str, int, bool]]:
         yield entry.name, depth, entry.name in broker.consumers.dead_letter_alerts
 
 
-def _register_collectors(
-    state: QueueStateMachine, store: LmdbStore, shard: LocalShard | PySyncObjShard, broker: Broker
-) -> None:
+def _register_collectors(router: Router) -> None:
+    """Every metric covers every replication group the node hosts (queue names are unique
+    across groups, so their series never collide)."""
+
+    def brokers() -> list[Broker]:
+        return list(router.brokers.values())
+
     def storage() -> tuple[int, int]:
-        st = store.stat()
-        return st.file_bytes, st.used_bytes
+        stats = [b.state.store.stat() for b in brokers()]
+        return sum(s.file_bytes for s in stats), sum(s.used_bytes for s in stats)
+
+    def applied() -> tuple[int, int]:
+        shards = [b.shard for b in brokers()]
+        return (
+            sum(getattr(s, "batches_applied", 0) for s in shards),
+            sum(getattr(s, "entries_applied", 0) for s in shards),
+        )
 
     metrics.REGISTRY.register(
         metrics.StateCollector(
-            lambda: _partition_rows(state),
+            lambda: (row for b in brokers() for row in _partition_rows(b.state)),
             storage,
-            lambda: (shard.batches_applied, shard.entries_applied),
+            applied,
         )
     )
     metrics.REGISTRY.register(
         metrics.DeliveryCollector(
-            lambda: _group_rows(broker),
-            lambda: _dead_letter_rows(broker),
-            lambda: state.dead_letters_dropped,
+            lambda: (row for b in brokers() for row in _group_rows(b)),
+            lambda: (row for b in brokers() for row in _dead_letter_rows(b)),
+            lambda: sum(b.state.dead_letters_dropped for b in brokers()),
         )
     )
     ProcessCollector(registry=metrics.REGISTRY)
@@ -293,7 +304,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         groups = GroupHost(cfg, shard.driver, router, broker.cluster)
         broker.cluster.host_group = groups.host
     if cfg.metrics_listen:
-        _register_collectors(state, store, shard, broker)
+        _register_collectors(router)
         host, _, mport = cfg.metrics_listen.rpartition(":")
         start_http_server(int(mport), addr=host, registry=metrics.REGISTRY)
     await broker.start()

@@ -108,7 +108,13 @@ class AdminService(pb_grpc.AdminServiceServicer):
         view = self._broker.cluster
         if view is not None:
             await view.ensure_directory()  # fresh when the store answers; else the last seen
+            await view.ensure_groups()
             out.metadata_error = view.metadata_error
+            for group_id, group in sorted(view.groups.items()):
+                leader, term = view.leaders.get(group_id, ("", 0))
+                out.groups.add(
+                    group_id=group_id, members=list(group.members), leader=leader, term=term
+                )
             for node_id, n in sorted(view.nodes.items()):
                 out.nodes.add(
                     node_id=node_id,

@@ -104,6 +104,8 @@ def test_create_on_one_node_publish_on_another_consume_on_a_third(cluster: Clust
     statuses = [status(n) for n in cluster.nodes]
     assert all([x.node_id for x in st.nodes] == ["n0", "n1", "n2"] for st in statuses)
     assert {st.node_id for st in statuses} == {"n0", "n1", "n2"}
+    groups = [[(g.group_id, list(g.members)) for g in st.groups] for st in statuses]
+    assert groups[0] == groups[1] == groups[2] == [("g1", ["n0", "n1", "n2"])]
 
 
 def test_two_nodes_racing_to_create_a_queue_exactly_one_wins(cluster: Cluster) -> None:

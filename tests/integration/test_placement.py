@@ -5,6 +5,7 @@ any node serves any queue, forwarding to a node of the queue's group (real etcd,
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +57,14 @@ def shards_of(address: str) -> set[str]:
     return {s.shard_id for s in st.shards}
 
 
+def groups_seen_by(address: str) -> set[str]:
+    with grpc.insecure_channel(address) as ch:
+        st = admin_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(
+            admin_pb2.GetClusterStatusRequest(), timeout=10
+        )
+    return {g.group_id for g in st.groups}
+
+
 def create(s: queue_pb2_grpc.QueueServiceStub, name: str, **replication: object) -> pb.Queue:
     config = pb.QueueConfig(name=name, replication=pb.Replication(**replication))  # type: ignore[arg-type]
     return s.CreateQueue(pb.CreateQueueRequest(config=config), timeout=30)
@@ -93,6 +102,11 @@ def test_queues_spread_over_groups_and_any_node_serves_any_queue(cluster: LocalC
             )
             # The answer names the group's leader, so a smart client can go there next time.
             assert dict(call.trailing_metadata())["x-fluxmq-leader"] == host_addr
+            # The host's metrics cover the group it was given, not only its own.
+            spec = cluster.specs()[int(host.removeprefix("node")) - 1]
+            with urllib.request.urlopen(f"http://{spec.metrics_address}/metrics", timeout=10) as r:
+                scraped = r.read().decode()
+            assert 'fluxmq_partition_high_watermark{partition="0",queue="solo"} 20.0' in scraped
             r = o2.Fetch(pb.FetchRequest(queue="solo", partition=0, max_messages=100), timeout=30)
             assert [x.value for x in r.records] == [b"%d" % i for i in range(20)]
             o2.CreateGroup(pb.CreateGroupRequest(queue="solo", group="g"))
@@ -117,6 +131,7 @@ def test_queues_spread_over_groups_and_any_node_serves_any_queue(cluster: LocalC
             "create_group",
             GroupInfo("gx", (other,), {other: port}, 1, 0),
         )
+        wait_for("node2 to see the new group", lambda: "gx" in groups_seen_by(a2))
         assert create(s2, "solo2", factor=1).config.replication.group == "gx"
         assert create(s3, "pinned", group=gid).config.replication.group == gid
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66luxmq/v1/admin.proto\x12\tfluxmq.v1\"\x19\n\x17GetClusterStatusRequest\"\x83\x01\n\rClusterStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12$\n\x06shards\x18\x02 \x03(\x0b\x32\x14.fluxmq.v1.ShardInfo\x12#\n\x05nodes\x18\x03 \x03(\x0b\x32\x14.fluxmq.v1.NodeEntry\x12\x16\n\x0emetadata_error\x18\x04 \x01(\t\"\\\n\tNodeEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\x12\x12\n\nstarted_ms\x18\x04 \x01(\x03\"\xc2\x01\n\tShardInfo\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\x12\x15\n\rapplied_index\x18\x05 \x01(\x04\x12\x0f\n\x07members\x18\x06 \x03(\t\x12\x0e\n\x06leader\x18\x07 \x01(\t\x12\x19\n\x11pending_proposals\x18\x08 \x01(\x04\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\x0e\n\x06queues\x18\n \x03(\t\"=\n\x19TransferLeadershipRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"<\n\x1aTransferLeadershipResponse\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\t\"6\n\x11\x41\x64\x64ReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"9\n\x14RemoveReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t2\xcd\x02\n\x0c\x41\x64minService\x12P\n\x10GetClusterStatus\x12\".fluxmq.v1.GetClusterStatusRequest\x1a\x18.fluxmq.v1.ClusterStatus\x12\x61\n\x12TransferLeadership\x12$.fluxmq.v1.TransferLeadershipRequest\x1a%.fluxmq.v1.TransferLeadershipResponse\x12@\n\nAddReplica\x12\x1c.fluxmq.v1.AddReplicaRequest\x1a\x14.fluxmq.v1.ShardInfo\x12\x46\n\rRemoveReplica\x12\x1f.fluxmq.v1.RemoveReplicaRequest\x1a\x14.fluxmq.v1.ShardInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66luxmq/v1/admin.proto\x12\tfluxmq.v1\"\x19\n\x17GetClusterStatusRequest\"\xaa\x01\n\rClusterStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12$\n\x06shards\x18\x02 \x03(\x0b\x32\x14.fluxmq.v1.ShardInfo\x12#\n\x05nodes\x18\x03 \x03(\x0b\x32\x14.fluxmq.v1.NodeEntry\x12\x16\n\x0emetadata_error\x18\x04 \x01(\t\x12%\n\x06groups\x18\x05 \x03(\x0b\x32\x15.fluxmq.v1.GroupEntry\"M\n\nGroupEntry\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07members\x18\x02 \x03(\t\x12\x0e\n\x06leader\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\"\\\n\tNodeEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\x12\x12\n\nstarted_ms\x18\x04 \x01(\x03\"\xc2\x01\n\tShardInfo\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\x12\x15\n\rapplied_index\x18\x05 \x01(\x04\x12\x0f\n\x07members\x18\x06 \x03(\t\x12\x0e\n\x06leader\x18\x07 \x01(\t\x12\x19\n\x11pending_proposals\x18\x08 \x01(\x04\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\x0e\n\x06queues\x18\n \x03(\t\"=\n\x19TransferLeadershipRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"<\n\x1aTransferLeadershipResponse\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\t\"6\n\x11\x41\x64\x64ReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"9\n\x14RemoveReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t2\xcd\x02\n\x0c\x41\x64minService\x12P\n\x10GetClusterStatus\x12\".fluxmq.v1.GetClusterStatusRequest\x1a\x18.fluxmq.v1.ClusterStatus\x12\x61\n\x12TransferLeadership\x12$.fluxmq.v1.TransferLeadershipRequest\x1a%.fluxmq.v1.TransferLeadershipResponse\x12@\n\nAddReplica\x12\x1c.fluxmq.v1.AddReplicaRequest\x1a\x14.fluxmq.v1.ShardInfo\x12\x46\n\rRemoveReplica\x12\x1f.fluxmq.v1.RemoveReplicaRequest\x1a\x14.fluxmq.v1.ShardInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=36
   _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=61
   _globals['_CLUSTERSTATUS']._serialized_start=64
-  _globals['_CLUSTERSTATUS']._serialized_end=195
-  _globals['_NODEENTRY']._serialized_start=197
-  _globals['_NODEENTRY']._serialized_end=289
-  _globals['_SHARDINFO']._serialized_start=292
-  _globals['_SHARDINFO']._serialized_end=486
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=488
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=549
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=551
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=611
-  _globals['_ADDREPLICAREQUEST']._serialized_start=613
-  _globals['_ADDREPLICAREQUEST']._serialized_end=667
-  _globals['_REMOVEREPLICAREQUEST']._serialized_start=669
-  _globals['_REMOVEREPLICAREQUEST']._serialized_end=726
-  _globals['_ADMINSERVICE']._serialized_start=729
-  _globals['_ADMINSERVICE']._serialized_end=1062
+  _globals['_CLUSTERSTATUS']._serialized_end=234
+  _globals['_GROUPENTRY']._serialized_start=236
+  _globals['_GROUPENTRY']._serialized_end=313
+  _globals['_NODEENTRY']._serialized_start=315
+  _globals['_NODEENTRY']._serialized_end=407
+  _globals['_SHARDINFO']._serialized_start=410
+  _globals['_SHARDINFO']._serialized_end=604
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=606
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=667
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=669
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=729
+  _globals['_ADDREPLICAREQUEST']._serialized_start=731
+  _globals['_ADDREPLICAREQUEST']._serialized_end=785
+  _globals['_REMOVEREPLICAREQUEST']._serialized_start=787
+  _globals['_REMOVEREPLICAREQUEST']._serialized_end=844
+  _globals['_ADMINSERVICE']._serialized_start=847
+  _globals['_ADMINSERVICE']._serialized_end=1180
 # @@protoc_insertion_point(module_scope)

@@ -11,16 +11,30 @@ class GetClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("node_id", "shards", "nodes", "metadata_error")
+    __slots__ = ("node_id", "shards", "nodes", "metadata_error", "groups")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     METADATA_ERROR_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     shards: _containers.RepeatedCompositeFieldContainer[ShardInfo]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeEntry]
     metadata_error: str
-    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeEntry, _Mapping]]] = ..., metadata_error: _Optional[str] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GroupEntry]
+    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeEntry, _Mapping]]] = ..., metadata_error: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[GroupEntry, _Mapping]]] = ...) -> None: ...
+
+class GroupEntry(_message.Message):
+    __slots__ = ("group_id", "members", "leader", "term")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    members: _containers.RepeatedScalarFieldContainer[str]
+    leader: str
+    term: int
+    def __init__(self, group_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
 
 class NodeEntry(_message.Message):
     __slots__ = ("node_id", "grpc_address", "raft_address", "started_ms")
