@@ -7,6 +7,7 @@ lines of the call carry it.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import time
@@ -71,7 +72,8 @@ class _Call:
         metrics.RPC_DURATION.labels(self.method, self.code).observe(
             time.perf_counter() - self.started
         )
-        request_id_var.reset(self.token)
+        with contextlib.suppress(ValueError):  # a stream closed from another context
+            request_id_var.reset(self.token)
 
 
 def _is_abort(exc: BaseException) -> bool:

@@ -1,0 +1,149 @@
+"""``fluxmqctl``: parsing, dispatch and exit codes. Every failure ends as one line on stderr and
+an exit code (see EPILOG); ``FLUXMQCTL_DEBUG=1`` lets unexpected exceptions through with their
+traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from fluxmq.cli import cluster, consume, dlq, group, offsets, publish, queue
+from fluxmq.cli.conn import (
+    DEFAULT_PROFILE,
+    DEFAULT_SERVER,
+    DEFAULT_TIMEOUT_S,
+    EXIT_INTERRUPTED,
+    EXIT_REFUSED,
+    PROFILE_ENV,
+    CliError,
+    Connection,
+    Context,
+    load_profile,
+    resolve_servers,
+)
+from fluxmq.cli.output import FORMATS, Printer
+from fluxmq.cli.values import positive_float
+
+DEBUG_ENV = "FLUXMQCTL_DEBUG"
+
+EPILOG = f"""\
+server address: --server, else $FLUXMQ_ADDR, else "server" in the profile file
+(${PROFILE_ENV}, default {DEFAULT_PROFILE}; TOML keys: server, timeout,
+output), else {DEFAULT_SERVER}. Several addresses (a:7070,b:7070): the first that
+accepts a connection is used.
+
+output: human tables by default; -o json prints one JSON document per command (the protobuf
+JSON mapping with proto field names: 64-bit integers are strings, bytes are base64).
+
+exit codes:
+  0    ok
+  1    the broker refused the request: "error: REASON: message (request id X)" on stderr
+  2    bad usage (unknown flag, bad value, a destructive command without --yes off a terminal)
+  3    the broker could not be reached or did not answer in time (UNAVAILABLE, DEADLINE_EXCEEDED)
+  130  interrupted (Ctrl-C)
+Errors are one line, never a traceback; {DEBUG_ENV}=1 shows the traceback of an unexpected one.
+"""
+
+
+def _common() -> argparse.ArgumentParser:
+    """Global options, accepted before or after the command (defaults applied after parsing)."""
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("global options")
+    g.add_argument(
+        "--server",
+        "-s",
+        metavar="HOST:PORT",
+        default=argparse.SUPPRESS,
+        help="broker address(es), comma-separated "
+        f"(default $FLUXMQ_ADDR, the profile, {DEFAULT_SERVER})",
+    )
+    g.add_argument(
+        "-o",
+        "--output",
+        choices=FORMATS,
+        default=argparse.SUPPRESS,
+        help="output format (default table)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        default=argparse.SUPPRESS,
+        help=f"deadline of each call, s (default {DEFAULT_TIMEOUT_S:g}; long polls add their wait)",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="fluxmqctl",
+        description="Administer and use a FluxMQ broker or cluster over its gRPC API.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    queue.register(sub, common)
+    publish.register(sub, common)
+    consume.register(sub, common)
+    group.register(sub, common)
+    offsets.register(sub, common)
+    dlq.register(sub, common)
+    cluster.register(sub, common)
+    return parser
+
+
+def _context(args: argparse.Namespace) -> Context:
+    env = dict(os.environ)
+    profile = load_profile(env)
+    servers = resolve_servers(getattr(args, "server", None), env, profile)
+    timeout = getattr(args, "timeout", None) or profile.timeout or DEFAULT_TIMEOUT_S
+    fmt = getattr(args, "output", None) or profile.output or "table"
+    return Context(Connection(servers, timeout), Printer(fmt), servers, timeout)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # SystemExit(2) on bad usage
+    ctx = _context(args)
+    try:
+        return int(args.handler(args, ctx))
+    finally:
+        ctx.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    try:
+        return run(argv)
+    except CliError as err:
+        _stderr(err.line)
+        return err.exit_code
+    except KeyboardInterrupt:
+        _stderr("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, without a flush error at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Exception as err:
+        if debug:
+            raise
+        detail = " ".join(str(err).split())
+        _stderr(f"error: {type(err).__name__}: {detail} (a bug? {DEBUG_ENV}=1 shows the traceback)")
+        return EXIT_REFUSED
+
+
+def _stderr(line: str) -> None:
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    print(line, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Channels to the broker nodes, per-call deadlines, retries and failover, the leader cache.
+
+One :class:`Transport` per client. It keeps one ``grpc.aio`` channel per node address (opened
+on first use) and sends each unary call:
+
+- to the cached leader of the call's queue, if a previous answer named one (successful
+  responses carry the gRPC address of the queue's group leader in the trailing metadata
+  ``x-fluxmq-leader``; any node also works, it forwards), else to the current seed;
+- with a deadline (``timeout_s`` per attempt);
+- again, after an exponential backoff with full jitter (at least the broker's ``RetryInfo``
+  delay), only when the error is retriable *and* repeating the call cannot change the outcome:
+  the broker marked it retriable (``ErrorInfo`` metadata ``retriable=true``; for calls that are
+  not idempotent, not when the outcome is unknown), or the node could not be reached
+  (UNAVAILABLE without a status; a call that is not idempotent only when the connection was
+  refused, so nothing was sent), or the client's deadline passed on an idempotent call;
+- to the next address after UNAVAILABLE or a passed deadline (failover), forgetting a cached
+  leader that failed.
+
+Idempotent ("safe") calls: reads, acks, nacks, lease extensions, membership calls, and
+publishes whose messages all have idempotency keys (the SDK sets them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import grpc
+
+from fluxmq._pb.v1 import admin_pb2_grpc, queue_pb2_grpc
+from fluxmq.client.errors import FluxMQError, from_rpc_error
+
+log = logging.getLogger("fluxmq.client")
+
+LEADER_KEY = "x-fluxmq-leader"
+# Outcome unknown: the request may have been applied; only idempotent calls repeat it.
+MAYBE_APPLIED = frozenset({"OUTCOME_UNKNOWN", "REPLICATION_TIMEOUT"})
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # A restarted node is found again within a second (gRPC's default backoff grows to 2 min).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+Service = Literal["queue", "admin"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Attempts per call (the first included) and the backoff between them: attempt ``n``
+    (from 1) waits a uniformly random time in ``[0, min(max_backoff_s, initial_backoff_s *
+    multiplier ** (n - 1))]`` ("full jitter"), or the broker's RetryInfo delay if longer.
+    The defaults ride out a node restart or a leader election (~5 s of retries)."""
+
+    max_attempts: int = 10
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.multiplier < 1:
+            raise ValueError("backoffs must be >= 0 and multiplier >= 1")
+
+    def backoff_s(self, retry: int) -> float:
+        """The wait before retry number ``retry`` (1 = the first retry)."""
+        cap = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (retry - 1))
+        return random.uniform(0, cap)
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+def should_retry(err: FluxMQError, safe: bool) -> bool:
+    """Whether repeating the call can help and cannot do harm."""
+    if err.from_broker:
+        return err.retriable and (safe or err.reason not in MAYBE_APPLIED)
+    if err.code == grpc.StatusCode.UNAVAILABLE:
+        # Connection refused: the request never left this process.
+        return safe or "failed to connect" in err.message.lower()
+    if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return safe
+    return err.retriable and safe
+
+
+def fails_over(err: FluxMQError) -> bool:
+    """Whether the next attempt should go to another node."""
+    return err.code == grpc.StatusCode.UNAVAILABLE or (
+        err.code == grpc.StatusCode.DEADLINE_EXCEEDED and not err.from_broker
+    )
+
+
+class _Node:
+    __slots__ = ("address", "admin", "channel", "queue")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.queue = queue_pb2_grpc.QueueServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)  # type: ignore[no-untyped-call]
+
+
+class Transport:
+    def __init__(
+        self, addresses: str | Iterable[str], *, timeout_s: float, retry: RetryPolicy
+    ) -> None:
+        seeds = [addresses] if isinstance(addresses, str) else list(addresses)
+        seeds = [a.strip() for s in seeds for a in s.split(",") if a.strip()]
+        if not seeds:
+            raise ValueError("at least one broker address is needed")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.addresses: list[str] = list(dict.fromkeys(seeds))
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self._current = 0  # index into addresses: where calls without a known leader go
+        self._leaders: dict[str, str] = {}  # queue -> gRPC address of its group's leader
+        self._nodes: dict[str, _Node] = {}
+        self.closed = False
+        self.retries = 0  # attempts after a failure, over the client's life (for monitoring)
+
+    @property
+    def current(self) -> str:
+        return self.addresses[self._current]
+
+    def leader_of(self, queue: str) -> str | None:
+        return self._leaders.get(queue)
+
+    def add_addresses(self, addresses: Iterable[str]) -> None:
+        for a in addresses:
+            if a and a not in self.addresses:
+                self.addresses.append(a)
+
+    def _node(self, address: str) -> _Node:
+        node = self._nodes.get(address)
+        if node is None:
+            if self.closed:
+                raise RuntimeError("the client is closed")
+            node = self._nodes[address] = _Node(address)
+        return node
+
+    def _target(self, queue: str | None) -> str:
+        if queue is not None:
+            leader = self._leaders.get(queue)
+            if leader is not None:
+                return leader
+        return self.addresses[self._current]
+
+    def _failover(self, failed: str, queue: str | None) -> str:
+        if queue is not None and self._leaders.get(queue) == failed:
+            del self._leaders[queue]
+        else:
+            for q in [q for q, a in self._leaders.items() if a == failed]:
+                del self._leaders[q]
+        if self.addresses[self._current] == failed and len(self.addresses) > 1:
+            self._current = (self._current + 1) % len(self.addresses)
+            log.info("fluxmq: %s failed, trying %s", failed, self.addresses[self._current])
+        return self._target(queue)
+
+    def _remember_leader(self, queue: str, trailers: Any) -> None:
+        for key, value in trailers or ():
+            if key == LEADER_KEY:
+                leader = value if isinstance(value, str) else value.decode()
+                if leader and self._leaders.get(queue) != leader:
+                    self._leaders[queue] = leader
+                    self.add_addresses([leader])
+                return
+
+    async def unary(
+        self,
+        service: Service,
+        method: str,
+        request: Any,
+        *,
+        safe: bool,
+        queue: str | None = None,
+        timeout_s: float | None = None,
+        retry: RetryPolicy | None = None,
+        address: str | None = None,
+    ) -> Any:
+        """Sends one unary call (see the module docstring); raises FluxMQError.
+
+        ``queue``: the queue the call is about (leader cache); ``address``: this node only (no
+        failover); ``timeout_s``: the deadline of each attempt (default the client's)."""
+        policy = retry or self.retry
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        target = address or self._target(queue)
+        attempt = 0
+        while True:
+            attempt += 1
+            stub = getattr(self._node(target), service)
+            call = getattr(stub, method)(request, timeout=timeout)
+            try:
+                response = await call
+            except grpc.aio.AioRpcError as rpc_err:
+                err = from_rpc_error(rpc_err)
+                if attempt >= policy.max_attempts or self.closed or not should_retry(err, safe):
+                    raise err from None
+                if address is None and fails_over(err):
+                    target = self._failover(target, queue)
+                delay = policy.backoff_s(attempt)
+                if err.retry_after_ms:
+                    delay = max(delay, err.retry_after_ms / 1000)
+                log.debug("fluxmq: %s failed (%s), retry %d in %.3fs", method, err, attempt, delay)
+                self.retries += 1
+                await asyncio.sleep(delay)
+                continue
+            if queue is not None:
+                self._remember_leader(queue, await call.trailing_metadata())
+            return response
+
+    async def close(self) -> None:
+        self.closed = True
+        nodes, self._nodes = list(self._nodes.values()), {}
+        for node in nodes:
+            await node.channel.close()

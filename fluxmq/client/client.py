@@ -1,0 +1,454 @@
+"""The entry points: :class:`AsyncClient` (asyncio) and :class:`Client` (blocking)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from fluxmq._pb.v1 import admin_pb2
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.client._sync import LoopThread, SyncAdmin, SyncConsumer, SyncMessage, SyncProducer
+from fluxmq.client._transport import RetryPolicy, Transport
+from fluxmq.client.admin import Admin
+from fluxmq.client.codecs import Codec, get_codec
+from fluxmq.client.consumer import (
+    DEFAULT_BATCH,
+    DEFAULT_WAIT_MS,
+    Consumer,
+    ConsumerStats,
+    Handler,
+    Message,
+)
+from fluxmq.client.producer import (
+    MAX_BATCH,
+    BufferedProducer,
+    Headers,
+    IdempotencyKeys,
+    Key,
+    OutgoingMessage,
+    PublishResult,
+    fill,
+    publish_batch,
+    send_request,
+)
+
+log = logging.getLogger("fluxmq.client")
+
+DEFAULT_ADDRESS = "127.0.0.1:7070"
+_T = TypeVar("_T")
+
+
+def default_addresses() -> str:
+    return os.environ.get("FLUXMQ_ADDR", DEFAULT_ADDRESS)
+
+
+class AsyncClient:
+    """A FluxMQ client for asyncio.
+
+    ``addresses``: one ``host:port``, a comma-separated list or a list of seed nodes (default
+    ``$FLUXMQ_ADDR`` or 127.0.0.1:7070); ``timeout_s``: the deadline of each attempt of a call;
+    ``retry``: attempts and backoff of retriable failures; ``codec``: how values are encoded
+    and decoded by default (``"auto"``: bytes as they are, str as UTF-8, other values as JSON;
+    messages' ``data`` are then bytes).
+
+    ``async with AsyncClient(...) as client`` also asks the first reachable node for the
+    cluster's other nodes (GetClusterStatus) and adds them to the seeds; ``close()`` flushes
+    open producers, stops open consumers gracefully, then closes the channels.
+    """
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str] | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retry: RetryPolicy | None = None,
+        codec: str | Codec = "auto",
+    ) -> None:
+        self._transport = Transport(
+            addresses or default_addresses(), timeout_s=timeout_s, retry=retry or RetryPolicy()
+        )
+        self.codec = get_codec(codec)
+        self.admin = Admin(self._transport)
+        self._keys = IdempotencyKeys()
+        self._producers: set[BufferedProducer] = set()
+        self._consumers: set[Consumer] = set()
+        self.closed = False
+
+    @property
+    def addresses(self) -> list[str]:
+        """The known nodes (seeds, discovered nodes, leaders named by the broker)."""
+        return list(self._transport.addresses)
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    async def connect(self, *, timeout_s: float = 2.0) -> None:
+        """Adds the cluster's nodes (GetClusterStatus of the first reachable seed) to the
+        known addresses. Best effort: a failure leaves the seeds as they are."""
+        try:
+            status: admin_pb2.ClusterStatus = await self._transport.unary(
+                "admin",
+                "GetClusterStatus",
+                admin_pb2.GetClusterStatusRequest(),
+                safe=True,
+                timeout_s=timeout_s,
+                retry=RetryPolicy(max_attempts=len(self._transport.addresses)),
+            )
+        except Exception as err:  # discovery is optional
+            log.debug("fluxmq: discovery failed: %s", err)
+            return
+        self._transport.add_addresses(n.grpc_address for n in status.nodes)
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Flushes producers, stops consumers (graceful), closes the channels. Raises the
+        first producer error, if any, after everything is closed."""
+        if self.closed:
+            return
+        self.closed = True
+        errors: list[BaseException] = []
+        for p in list(self._producers):
+            try:
+                await p.close()
+            except Exception as err:  # raised after the rest is closed
+                errors.append(err)
+        for c in list(self._consumers):
+            with contextlib.suppress(Exception):
+                await c.close()
+        await self._transport.close()
+        if errors:
+            raise errors[0]
+
+    def _codec(self, codec: str | Codec | None) -> Codec:
+        return self.codec if codec is None else get_codec(codec)
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        queue: str,
+        value: Any,
+        *,
+        key: Key | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        idempotency_key: str | None = None,
+        codec: str | Codec | None = None,
+    ) -> PublishResult:
+        """Publishes one message; returns once it is durable. Without ``idempotency_key`` one
+        is generated, so the SDK's retries never store it twice."""
+        request = pb.PublishRequest(queue=queue)
+        fill(
+            request.messages.add(), self._codec(codec), self._keys, value, key, headers,
+            partition, delay_ms, deliver_at_ms, idempotency_key,
+        )  # fmt: skip
+        return (await send_request(self._transport, request))[0]
+
+    async def publish_batch(
+        self,
+        queue: str,
+        messages: Iterable[OutgoingMessage | Any],
+        *,
+        codec: str | Codec | None = None,
+    ) -> list[PublishResult]:
+        """Publishes values (or :class:`OutgoingMessage`) in requests of up to 1000, in order;
+        one result per message."""
+        return await publish_batch(self._transport, self._keys, self._codec(codec), queue, messages)
+
+    def producer(
+        self,
+        queue: str,
+        *,
+        max_messages: int = MAX_BATCH,
+        max_bytes: int = 1024 * 1024,
+        linger_ms: float = 5.0,
+        max_in_flight: int = 1,
+        max_buffered: int | None = None,
+        idempotent: bool = True,
+        codec: str | Codec | None = None,
+    ) -> BufferedProducer:
+        """A :class:`BufferedProducer` for ``queue`` (use it with ``async with``)."""
+        p = BufferedProducer(
+            self._transport,
+            queue,
+            self._codec(codec),
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            linger_ms=linger_ms,
+            max_in_flight=max_in_flight,
+            max_buffered=max_buffered,
+            idempotent=idempotent,
+        )
+        self._producers.add(p)
+        return p
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        queue: str,
+        partition: int = 0,
+        offset: int = 0,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 0,
+        wait_ms: int = 0,
+    ) -> pb.FetchResponse:
+        """Reads a partition from ``offset`` (records, next_offset, watermarks); ``wait_ms``
+        long-polls at the end of the log."""
+        resp: pb.FetchResponse = await self._transport.unary(
+            "queue",
+            "Fetch",
+            pb.FetchRequest(
+                queue=queue,
+                partition=partition,
+                offset=offset,
+                max_messages=max_messages,
+                max_bytes=max_bytes,
+                wait_ms=wait_ms,
+            ),
+            safe=True,
+            queue=queue,
+            timeout_s=self._transport.timeout_s + wait_ms / 1000,
+        )
+        return resp
+
+    # -- consuming -------------------------------------------------------------------------------
+
+    def consumer(
+        self,
+        queue: str,
+        group: str,
+        *,
+        consumer_id: str | None = None,
+        batch: int = DEFAULT_BATCH,
+        prefetch: int | None = None,
+        lease_ms: int | None = None,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        auto_ack: bool = True,
+        create_group: bool = False,
+        session_timeout_ms: int = 0,
+        strategy: str = "",
+        stop: asyncio.Event | None = None,
+        codec: str | Codec | None = None,
+    ) -> Consumer:
+        """A :class:`Consumer` (``async for msg in client.consumer(q, g)``; better inside
+        ``async with`` so that leaving the loop closes it)."""
+        c = Consumer(
+            self._transport,
+            queue,
+            group,
+            codec=self._codec(codec),
+            consumer_id=consumer_id,
+            batch=batch,
+            prefetch=prefetch,
+            lease_ms=lease_ms,
+            wait_ms=wait_ms,
+            auto_ack=auto_ack,
+            create_group=create_group,
+            session_timeout_ms=session_timeout_ms,
+            strategy=strategy,
+            stop=stop,
+            on_close=self._consumers.discard,
+        )
+        self._consumers.add(c)
+        return c
+
+    async def consume(
+        self,
+        queue: str,
+        group: str,
+        handler: Handler,
+        *,
+        concurrency: int = 1,
+        batch: int = DEFAULT_BATCH,
+        auto_ack: bool = True,
+        stop: asyncio.Event | None = None,
+        stop_signals: Sequence[signal.Signals] = (),
+        nack_delay_ms: int | None = None,
+        consumer_id: str | None = None,
+        lease_ms: int | None = None,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        create_group: bool = False,
+        session_timeout_ms: int = 0,
+        strategy: str = "",
+        codec: str | Codec | None = None,
+    ) -> ConsumerStats:
+        """Runs ``handler(msg)`` on every message until ``stop`` is set (or one of
+        ``stop_signals`` arrives, e.g. ``(signal.SIGINT, signal.SIGTERM)``), then stops
+        gracefully and returns the consumer's counters; see :meth:`Consumer.run`. The handler
+        is a coroutine function, or a plain function, which then runs on the event loop (keep
+        it short; the blocking :class:`Client` runs plain handlers in threads)."""
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in stop_signals:
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            c = self.consumer(
+                queue,
+                group,
+                consumer_id=consumer_id,
+                batch=batch,
+                lease_ms=lease_ms,
+                wait_ms=wait_ms,
+                auto_ack=auto_ack,
+                create_group=create_group,
+                session_timeout_ms=session_timeout_ms,
+                strategy=strategy,
+                codec=codec,
+            )
+            return await c.run(handler, concurrency=concurrency, nack_delay_ms=nack_delay_ms,
+                               stop=stop)  # fmt: skip
+        finally:
+            for sig in stop_signals:
+                loop.remove_signal_handler(sig)
+
+
+class Client:
+    """The blocking twin of :class:`AsyncClient`: the same methods, run on an event loop in a
+    background thread. ``consumer()`` is a blocking iterator; ``consume()`` runs a plain
+    function handler in worker threads; ``admin`` listings return lists (every page). Use it
+    as a context manager, or call ``close()``."""
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str] | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retry: RetryPolicy | None = None,
+        codec: str | Codec = "auto",
+    ) -> None:
+        self._loop = LoopThread()
+        try:
+            self._client: AsyncClient = self._loop.run(
+                self._make(addresses, timeout_s, retry, codec)
+            )
+            self.admin = SyncAdmin(self._client.admin, self._loop)
+        except BaseException:
+            self._loop.close()
+            raise
+
+    @staticmethod
+    async def _make(
+        addresses: str | Sequence[str] | None,
+        timeout_s: float,
+        retry: RetryPolicy | None,
+        codec: str | Codec,
+    ) -> AsyncClient:
+        client = AsyncClient(addresses, timeout_s=timeout_s, retry=retry, codec=codec)
+        await client.connect()
+        return client
+
+    @property
+    def addresses(self) -> list[str]:
+        return self._client.addresses
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.closed:
+            return
+        try:
+            self._loop.run(self._client.close())
+        finally:
+            self._loop.close()
+
+    def publish(self, queue: str, value: Any, **kwargs: Any) -> PublishResult:
+        """See :meth:`AsyncClient.publish`."""
+        return self._loop.run(self._client.publish(queue, value, **kwargs))
+
+    def publish_batch(
+        self,
+        queue: str,
+        messages: Iterable[OutgoingMessage | Any],
+        *,
+        codec: str | Codec | None = None,
+    ) -> list[PublishResult]:
+        return self._loop.run(self._client.publish_batch(queue, list(messages), codec=codec))
+
+    def fetch(
+        self, queue: str, partition: int = 0, offset: int = 0, **kwargs: Any
+    ) -> pb.FetchResponse:
+        return self._loop.run(self._client.fetch(queue, partition, offset, **kwargs))
+
+    def producer(self, queue: str, **kwargs: Any) -> SyncProducer:
+        """A buffering producer: ``send()`` returns a ``concurrent.futures.Future``."""
+        producer = self._loop.run(_in_loop(self._client.producer, queue, **kwargs))
+        return SyncProducer(producer, self._loop)
+
+    def consumer(self, queue: str, group: str, **kwargs: Any) -> SyncConsumer:
+        """A blocking iterator of messages (``ack()`` / ``nack()`` block); use ``with``."""
+        consumer = self._loop.run(_in_loop(self._client.consumer, queue, group, **kwargs))
+        return SyncConsumer(consumer, self._loop)
+
+    def consume(
+        self,
+        queue: str,
+        group: str,
+        handler: Callable[[SyncMessage], Any],
+        *,
+        stop: threading.Event | None = None,
+        **kwargs: Any,
+    ) -> ConsumerStats:
+        """Runs ``handler(msg)`` — a plain function, called in worker threads, ``concurrency``
+        at a time — until ``stop`` (a ``threading.Event``) is set; graceful like
+        :meth:`AsyncClient.consume` (same keyword arguments)."""
+        loop = self._loop
+
+        async def call(m: Message) -> None:
+            await asyncio.to_thread(handler, SyncMessage(m, loop))
+
+        async def run() -> ConsumerStats:
+            event = asyncio.Event()
+            ended = threading.Event()
+            if stop is not None:
+                aloop = asyncio.get_running_loop()
+
+                def watch() -> None:
+                    while not ended.is_set():
+                        if stop.wait(0.1):
+                            aloop.call_soon_threadsafe(event.set)
+                            return
+
+                threading.Thread(target=watch, name="fluxmq-stop-watch", daemon=True).start()
+            try:
+                return await self._client.consume(queue, group, call, stop=event, **kwargs)
+            finally:
+                ended.set()
+
+        return self._loop.run(run())
+
+
+async def _in_loop(factory: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """Builds an object on the client's loop (asyncio primitives belong to a loop)."""
+    return factory(*args, **kwargs)

@@ -1,0 +1,163 @@
+"""``fluxmqctl publish``, ``consume`` and ``tail`` against one broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from .conftest import Ctl
+from .test_queues import table
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_publish_and_tail(ctl: Ctl, tmp_path: Path) -> None:
+    ctl.ok("queue", "create", "events", "--partitions", "2")
+
+    # arguments: one result per value
+    rows = table(
+        ctl.ok("publish", "events", "hello", "world", "--key", "user-7", "--header", "src=cli")
+    )
+    assert len(rows) == 2 and rows[0]["DUPLICATE"] == "no"
+    assert rows[0]["PARTITION"] == rows[1]["PARTITION"]  # one key, one partition
+    keyed = int(rows[0]["PARTITION"])
+    doc = ctl.json("publish", "events", "once", "--partition", "0", "--idempotency-key", "k-1")
+    assert doc["published"] == 1 and doc["duplicates"] == 0
+    again = ctl.json("publish", "events", "once", "--partition", "0", "--idempotency-key", "k-1")
+    assert again["duplicates"] == 1
+    assert again["results"][0]["offset"] == doc["results"][0]["offset"]
+
+    # a JSON lines file, with progress forced on (stderr is not a terminal here)
+    lines = [
+        {"value": "from-file", "key": "f1", "headers": {"h": "v"}, "partition": 1},
+        {"value": {"n": 1}, "partition": 1},
+        {"value": "delayed", "partition": 1, "delay_ms": 1},
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    proc = ctl.run("publish", "events", "--file", str(src), "--progress")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("published 3 messages to events")
+    assert "100%" in proc.stderr and "3 msgs" in proc.stderr
+
+    # stdin: 2500 plain lines in batches of 1000, and JSON lines via "-"
+    piped = ctl.json(
+        "publish",
+        "events",
+        "--file",
+        "-",
+        "--lines",
+        "--partition",
+        "0",
+        input="".join(f"m{i}\n" for i in range(2500)),
+    )
+    assert piped["published"] == 2500 and "results" not in piped
+    assert (
+        ctl.json("publish", "events", "-", input='{"value": "x", "partition": 0}\n')["published"]
+        == 1
+    )
+
+    # bad input lines: usage errors naming the line, and what was published before
+    err = ctl.fails(2, "publish", "events", "-", input='{"value": "ok"}\nnot json\n')
+    assert err.startswith("error: input line 2: not JSON")  # the batch was not sent
+    assert "published before" not in err
+    err = ctl.fails(2, "publish", "events", "-", "--batch", "1", input="{}\n{}\n[1]\n")
+    assert err.startswith("error: input line 3: expected an object")
+    assert "(2 messages were published before this" in err
+    err = ctl.fails(2, "publish", "events", "-", input='{"valeu": "typo"}\n')
+    assert "unknown field(s) valeu" in err
+    ctl.fails(2, "publish", "events")  # nothing to publish
+    ctl.fails(2, "publish", "events", "a", "--file", str(src))
+
+    # tail partition 1 from the start: the JSON document, values as base64
+    tailed = ctl.json("tail", "events", "--partition", "1", "--from", "earliest", "--count", "3")
+    recs = tailed["records"]
+    if keyed == 1:
+        assert [r["value"] for r in recs] == [b64("hello"), b64("world"), b64("from-file")]
+        assert recs[0]["key"] == b64("user-7") and recs[0]["headers"] == {"src": b64("cli")}
+    else:
+        assert [r["value"] for r in recs] == [b64("from-file"), b64('{"n":1}'), b64("delayed")]
+        assert recs[0]["key"] == b64("f1") and recs[0]["headers"] == {"h": b64("v")}
+    # the table, from an offset of partition 0
+    rows = table(ctl.ok("tail", "events", "-p", "0", "--from", "offset:1", "-n", "2"))
+    assert [r["PARTITION"] for r in rows] == ["0", "0"]
+    assert [r["OFFSET"] for r in rows] == ["1", "2"]
+    # from a timestamp (0: everything)
+    later = ctl.json("tail", "events", "--from", "time:0", "-n", "1")
+    assert len(later["records"]) == 1
+
+
+def test_tail_follows_and_stops_on_ctrl_c(ctl: Ctl) -> None:
+    ctl.ok("queue", "create", "live")
+    proc = subprocess.Popen(
+        [ctl.exe, "tail", "live", "--count", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ctl.env(),
+    )
+    try:
+        time.sleep(0.5)  # "latest": only what is published from now on
+        ctl.ok("publish", "live", "one", "two")
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert [r["VALUE"] for r in table(out)[:2]] == ["one", "two"]
+
+    proc = subprocess.Popen(
+        [ctl.exe, "-o", "json", "tail", "live", "--from", "earliest"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ctl.env(),
+    )
+    try:
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "Traceback" not in err and err.strip() == "interrupted"
+    assert len(json.loads(out)["records"]) == 2  # what was read is still one document
+
+
+def test_consume(ctl: Ctl) -> None:
+    ctl.ok("queue", "create", "tasks", "--type", "work")
+    ctl.ok("group", "create", "tasks", "workers")
+    ctl.ok("publish", "tasks", "t1", "t2", "t3", "t4", "t5", "--header", "kind=test")
+
+    rows = table(ctl.ok("consume", "tasks", "--group", "workers", "--count", "2"))
+    assert [(r["OFFSET"], r["ATTEMPT"], r["VALUE"]) for r in rows] == [
+        ("0", "1", "t1"),
+        ("1", "1", "t2"),
+    ]
+    assert rows[0]["HEADERS"] == "kind=test"
+
+    # --no-ack: leased, not acked; they come back after their (short) lease
+    doc = ctl.json("consume", "tasks", "-g", "workers", "-n", "1", "--no-ack", "--lease-ms", "200")
+    assert doc["acked"] is False
+    assert [m["record"]["value"] for m in doc["messages"]] == [b64("t3")]
+    offsets = ctl.json("offsets", "get", "tasks", "workers")["partitions"][0]
+    assert offsets["committed"] == "2"
+
+    # the rest, until an empty poll; t3 again (attempt 2) once its lease ended
+    time.sleep(0.5)
+    doc = ctl.json("consume", "tasks", "-g", "workers", "-n", "10", "--wait-ms", "300")
+    got = sorted(
+        (base64.b64decode(m["record"]["value"]).decode(), m["receipt"]["attempt"])
+        for m in doc["messages"]
+    )
+    assert got == [("t3", 2), ("t4", 1), ("t5", 1)]
+    assert ctl.json("offsets", "get", "tasks", "workers")["partitions"][0]["committed"] == "5"
+    # nothing left: an empty poll ends the command with exit 0
+    assert ctl.json("consume", "tasks", "-g", "workers", "--wait-ms", "100")["messages"] == []
+    err = ctl.fails(1, "consume", "tasks", "-g", "nobody", "--wait-ms", "100")
+    assert err.startswith("error: GROUP_NOT_FOUND: ")
