@@ -250,19 +250,51 @@ class Connection:
             raise rpc_failure(err, self.address, timeout) from None
 
     def stream(self, method: Callable[..., Any], request: Any) -> Generator[Any, None, None]:
-        """A server stream without deadline (it ends with the command); cancelled on exit."""
+        """A server stream without deadline (it ends with the command); cancelled on exit.
+
+        Ctrl-C while it runs cancels the call and surfaces as KeyboardInterrupt from here: a
+        KeyboardInterrupt raised inside gRPC's own waiting can be swallowed by its C core, which
+        would leave the command running."""
         call = method(request)
+        INTERRUPT.streaming(call)
         try:
             yield from call
         except grpc.RpcError as err:
+            if INTERRUPT.fired:
+                raise KeyboardInterrupt from None
             raise rpc_failure(err, self.address, None) from None
         finally:
+            INTERRUPT.streaming(None)
             call.cancel()
+        if INTERRUPT.fired:
+            raise KeyboardInterrupt
 
     def close(self) -> None:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+
+
+class Interrupt:
+    """The SIGINT handler of fluxmqctl: a plain KeyboardInterrupt, except while a server stream
+    runs, when it cancels the stream (the stream then raises KeyboardInterrupt itself)."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._call: Any = None
+
+    def streaming(self, call: Any) -> None:
+        self._call = call
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.fired = True
+        call = self._call
+        if call is None:
+            raise KeyboardInterrupt
+        call.cancel()
+
+
+INTERRUPT = Interrupt()
 
 
 @dataclass

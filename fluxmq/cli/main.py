@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ from fluxmq.cli.conn import (
     DEFAULT_TIMEOUT_S,
     EXIT_INTERRUPTED,
     EXIT_REFUSED,
+    INTERRUPT,
     PROFILE_ENV,
     CliError,
     Connection,
@@ -116,6 +118,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    signal.signal(signal.SIGINT, INTERRUPT.handle)
     try:
         return run(argv)
     except CliError as err:

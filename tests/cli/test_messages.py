@@ -119,7 +119,7 @@ def test_tail_follows_and_stops_on_ctrl_c(ctl: Ctl) -> None:
         env=ctl.env(),
     )
     try:
-        time.sleep(1.0)
+        time.sleep(2.5)  # started and tailing (a loaded machine takes a while to import grpc)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     finally:
