@@ -96,14 +96,14 @@ def test_publish_and_tail(ctl: Ctl, tmp_path: Path) -> None:
 def test_tail_follows_and_stops_on_ctrl_c(ctl: Ctl) -> None:
     ctl.ok("queue", "create", "live")
     proc = subprocess.Popen(
-        [ctl.exe, "tail", "live", "--count", "2"],
+        [ctl.exe, "tail", "live", "--count", "2", "--from", "offset:0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=ctl.env(),
     )
     try:
-        time.sleep(0.5)  # "latest": only what is published from now on
+        time.sleep(0.5)  # published while it follows, or just before it started: both arrive
         ctl.ok("publish", "live", "one", "two")
         out, err = proc.communicate(timeout=20)
     finally:
@@ -149,7 +149,7 @@ def test_consume(ctl: Ctl) -> None:
     assert offsets["committed"] == "2"
 
     # the rest, until an empty poll; t3 again (attempt 2) once its lease ended
-    time.sleep(0.5)
+    time.sleep(1.0)
     doc = ctl.json("consume", "tasks", "-g", "workers", "-n", "10", "--wait-ms", "300")
     got = sorted(
         (base64.b64decode(m["record"]["value"]).decode(), m["receipt"]["attempt"])
