@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,7 +94,6 @@ def _free_port_range(span: int = 30) -> int:
     raise AssertionError("no free port range")
 
 
-@pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed")
 def test_etcd_cluster_is_found_from_one_node(tmp_path: Path) -> None:
     """With etcd every node lists the others: one address is enough."""
     base = _free_port_range()
