@@ -73,6 +73,11 @@ class PartState:
     filtered: int = 0
     skipped: int = 0  # removed by retention (or gone) before this group was done with them
     purged: int = 0
+    # The accounting origin: ``next - base`` offsets are done or pending for this group, so
+    # ``next - base == acked + dead + filtered + skipped + purged + len(slots)`` always holds
+    # (``check``; the audit checks it on disk). It starts at the group's start offset and moves
+    # by what a reset skips (up) or rewinds (down), so it may go below 0.
+    base: int = 0
     slots: dict[int, Slot] = field(default_factory=dict)
     ready: list[tuple[int, int]] = field(default_factory=list)  # heap (due_ms, offset), lazy
     leased: int = 0
@@ -87,6 +92,18 @@ class PartState:
             self.filtered,
             self.skipped,
             self.purged,
+            self.base,
+        )
+
+    def check(self) -> None:
+        """The partition row's invariants: what is done or pending is exactly [base, next)."""
+        assert self.committed <= self.next, (self.committed, self.next)
+        done = self.acked + self.dead + self.filtered + self.skipped + self.purged
+        assert self.next - self.base == done + len(self.slots), (
+            self.next,
+            self.base,
+            done,
+            len(self.slots),
         )
 
 
@@ -216,12 +233,12 @@ class DeliveryState:
         for key, value in txn.scan(keys.GROUP_PARTITION):
             group_id = keys.U64.unpack_from(key, len(keys.GROUP_PARTITION))[0]
             partition = keys.U32.unpack_from(key, len(keys.GROUP_PARTITION) + 8)[0]
-            committed, nxt, acked, dead, filtered, skipped, purged = keys.PARTITION_VALUE.unpack(
-                value
+            committed, nxt, acked, dead, filtered, skipped, purged, base = (
+                keys.PARTITION_VALUE.unpack(value)
             )
             assert committed <= nxt, (group_id, partition, committed, nxt)
             state._by_id[group_id].parts[partition] = PartState(
-                committed, nxt, acked, dead, filtered, skipped, purged
+                committed, nxt, acked, dead, filtered, skipped, purged, base
             )
         for key, value in txn.scan(keys.SLOT):
             group_id, partition, offset = keys.split_slot_key(key)
@@ -240,6 +257,7 @@ class DeliveryState:
         for g in state._by_id.values():
             heapq.heapify(g.expiry)
             for part in g.parts.values():
+                part.check()
                 heapq.heapify(part.ready)
         return state
 
@@ -261,7 +279,7 @@ class DeliveryState:
             if g is None:
                 continue
             part = g.parts[partition]
-            assert part.committed <= part.next
+            part.check()
             txn.put(keys.group_partition_key(group_id, partition), part.pack())
         self._dirty.clear()
 
@@ -315,7 +333,7 @@ class DeliveryState:
         self._by_id[g.group_id] = g
         txn.put(keys.group_key(queue_id, g.name), meta.SerializeToString())
         for p, offset in start_offsets.items():
-            g.parts[p] = PartState(offset, offset)
+            g.parts[p] = PartState(offset, offset, base=offset)
             self._touch(g, p)
         return g
 
@@ -769,6 +787,7 @@ class DeliveryState:
     def reset(self, txn: WriteTxn, g: GroupState, p: int, offset: int) -> None:
         """Delivery of partition ``p`` starts again at ``offset``; leases and retries go."""
         part = self._part(g, p)
+        part.base += offset - part.next + len(part.slots)
         for o, s in list(part.slots.items()):
             self._release(g, part, s)
             txn.delete(keys.slot_key(g.group_id, p, o))

@@ -24,8 +24,9 @@ MEMBERSHIP = b"G/"  # + group_id u64 -> fluxmq.internal.MembershipState (groups 
 
 U64 = struct.Struct(">Q")
 DEDUP_VALUE = struct.Struct(">IQq")
-# committed, next (delivery frontier), acked, dead, filtered, skipped_by_retention, purged
-PARTITION_VALUE = struct.Struct(">QQQQQQQ")
+# committed, next (delivery frontier), acked, dead, filtered, skipped_by_retention, purged,
+# base (signed; see delivery.PartState.base)
+PARTITION_VALUE = struct.Struct(">QQQQQQQq")
 SLOT_VALUE = struct.Struct(">BIqQ")  # kind, attempt, due_ms (deadline or ready time), lease_id
 U32 = struct.Struct(">I")
 PARTITION_BITS = 20  # log_id = queue_id << 20 | partition; partitions are < 1024

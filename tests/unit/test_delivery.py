@@ -693,6 +693,36 @@ def test_reset_revokes_outstanding_leases(store: Store) -> None:
     assert values(q.lease(now=T0 + LEASE_MS)) == [b"b"]
 
 
+def _stored_row(q: Q, group: str = "g", partition: int = 0) -> tuple[int, ...]:
+    with q.sm.store.read() as txn:
+        raw = txn.get(keys.group_partition_key(q.group_ids[group], partition))
+    assert raw is not None
+    return tuple(keys.PARTITION_VALUE.unpack(raw))
+
+
+def test_stored_group_row_accounts_for_every_offset_across_resets(store: Store) -> None:
+    """next - base == acked + dead + filtered + skipped + purged + pending, on disk, whatever
+    resets skipped or rewound (the audit's totals rule reads exactly this row)."""
+    q = make(store)
+    q.group(start=pb.StartPosition(offset=0))
+    q.publish(*[msg(b"m%d" % i) for i in range(6)])
+    rc = q.receipts(q.lease(n=3))
+    q.ack(rc[:2])  # one lease stays out
+    for to in (5, 1, 6, 0):  # skip ahead, rewind, skip to the end, rewind to the start
+        q.d.one(
+            cpb.ResetOffsetsCmd(
+                queue="q", queue_id=q.q.queue_id, group="g", to=pb.StartPosition(offset=to)
+            )
+        )
+        committed, nxt, acked, dead, filtered, skipped, purged, base = _stored_row(q)
+        assert (committed, nxt) == (to, to)
+        assert nxt - base == acked + dead + filtered + skipped + purged
+    q.ack(q.receipts(q.lease(n=2)))
+    committed, nxt, acked, dead, filtered, skipped, purged, base = _stored_row(q)
+    assert (committed, nxt, acked) == (2, 2, 4)
+    assert nxt - base == acked + dead + filtered + skipped + purged
+
+
 def test_ordered_mode_holds_a_partition_until_its_batch_is_settled(store: Store) -> None:
     q = make(store)
     q.group(mode=pb.DELIVERY_MODE_ORDERED)
