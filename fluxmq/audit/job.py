@@ -1,0 +1,249 @@
+"""The audit and export jobs: Spark session, tables, rules, report.
+
+Both run wherever Spark runs. Alone (``fluxmq-audit``), the job starts its own session on
+``local[*]`` unless ``--master`` says otherwise; under ``spark-submit`` it joins the session
+spark-submit made (its master, its memory settings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fluxmq.audit import report, rules, tables
+from fluxmq.audit.layout import AuditUsageError, StoreRef, discover
+
+ARCHIVE_MANIFEST = "manifest.json"
+ARCHIVE_FORMAT = "fluxmq-audit-archive"
+ARCHIVE_VERSION = 1
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    master: str | None = None  # None: spark-submit's, else local[*]
+    shuffle_partitions: int = 8
+    driver_memory: str = "4g"
+    split_records: int = 1_000_000
+
+
+def under_spark_submit() -> bool:
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def session(settings: SparkSettings) -> Any:
+    """The SparkSession, with the FluxMQ data source registered."""
+    # Workers must run this interpreter: it is the one with fluxmq, lmdb and pyarrow.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from fluxmq.audit.source import FluxDataSource
+
+    builder = SparkSession.builder.appName("fluxmq-audit")
+    if settings.master or not under_spark_submit():
+        builder = builder.master(settings.master or "local[*]")
+    if not under_spark_submit():
+        builder = builder.config("spark.driver.memory", settings.driver_memory)
+    spark = (
+        builder.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.sql.adaptive.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(FluxDataSource)
+    return spark
+
+
+def _read(spark: Any, paths: list[str], table: str, columns: list[str], split: int) -> Any:
+    types = dict(tables.TABLES[table])
+    ddl = tables.spark_ddl([(c, types[c]) for c in columns])
+    return (
+        spark.read.format("fluxmq")
+        .schema(ddl)
+        .option("paths", json.dumps(paths))
+        .option("table", table)
+        .option("split_records", str(split))
+        .load()
+    )
+
+
+def read_manifest(archive: str) -> dict[str, Any]:
+    path = os.path.join(archive, ARCHIVE_MANIFEST)
+    if not os.path.isdir(archive):
+        raise AuditUsageError(f"--archive {archive!r}: no such directory")
+    try:
+        with open(path) as f:
+            manifest: dict[str, Any] = json.load(f)
+    except (OSError, ValueError) as err:
+        raise AuditUsageError(
+            f"--archive {archive!r} is not a FluxMQ audit archive (no readable "
+            f"{ARCHIVE_MANIFEST}: {err}); make one with `fluxmq-audit export`"
+        ) from None
+    if manifest.get("format") != ARCHIVE_FORMAT or manifest.get("version") != ARCHIVE_VERSION:
+        raise AuditUsageError(
+            f"--archive {archive!r}: {ARCHIVE_MANIFEST} is not a version {ARCHIVE_VERSION} "
+            f"{ARCHIVE_FORMAT}"
+        )
+    return manifest
+
+
+def prepare_out(out: str, overwrite: bool) -> None:
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        if not overwrite:
+            raise AuditUsageError(f"--out {out!r} exists and is not empty (add --overwrite)")
+        shutil.rmtree(out) if os.path.isdir(out) else os.remove(out)
+    os.makedirs(out, exist_ok=True)
+
+
+def _store_rows(stores: list[StoreRef]) -> list[dict[str, str]]:
+    return [
+        {"node": s.node, "replication_group": s.replication_group, "path": s.path} for s in stores
+    ]
+
+
+def export(
+    data_dirs: list[str], out: str, settings: SparkSettings, progress: Progress, overwrite: bool
+) -> dict[str, Any]:
+    """Write the three tables of ``data_dirs`` as Parquet under ``out`` (an archive the audit
+    reads with ``--archive``)."""
+    stores = discover(data_dirs)
+    prepare_out(out, overwrite)
+    spark = session(settings)
+    counts: dict[str, int] = {}
+    started = time.monotonic()
+    for table, columns in tables.TABLES.items():
+        t0 = time.monotonic()
+        df = _read(spark, data_dirs, table, [c for c, _ in columns], settings.split_records)
+        df.write.parquet(os.path.join(out, table))
+        counts[table] = spark.read.parquet(os.path.join(out, table)).count()
+        progress(f"exported {table}: {counts[table]:,} rows ({time.monotonic() - t0:.1f} s)")
+    manifest = {
+        "format": ARCHIVE_FORMAT,
+        "version": ARCHIVE_VERSION,
+        "created_ms": int(time.time() * 1000),
+        "stores": _store_rows(stores),
+        "rows": counts,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    with open(os.path.join(out, ARCHIVE_MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+    return manifest
+
+
+def audit(
+    out: str,
+    settings: SparkSettings,
+    progress: Progress,
+    *,
+    data_dirs: list[str] | None = None,
+    archive: str | None = None,
+    sample_rows: int = report.SAMPLE_ROWS_DEFAULT,
+    overwrite: bool = False,
+) -> report.Summary:
+    """Run every rule and write the report under ``out``; the summary says whether it is
+    clean."""
+    if (data_dirs is None) == (archive is None):
+        raise AuditUsageError("give --data-dir (one or more) or --archive, not both")
+    if archive is not None:
+        manifest = read_manifest(archive)
+        inputs: list[dict[str, str]] = list(manifest["stores"])
+    else:
+        assert data_dirs is not None
+        inputs = _store_rows(discover(data_dirs))
+    prepare_out(out, overwrite)
+    started = time.monotonic()
+    spark = session(settings)
+    from pyspark import StorageLevel
+
+    columns = list(tables.AUDIT_RECORD_COLUMNS)
+    if archive is not None:
+        records = spark.read.parquet(os.path.join(archive, "records")).select(*columns)
+        logs = spark.read.parquet(os.path.join(archive, "logs"))
+        groups = spark.read.parquet(os.path.join(archive, "groups"))
+    else:
+        assert data_dirs is not None
+        split = settings.split_records
+        records = _read(spark, data_dirs, "records", columns, split)
+        logs = _read(spark, data_dirs, "logs", [c for c, _ in tables.LOGS], split)
+        groups = _read(spark, data_dirs, "groups", [c for c, _ in tables.GROUPS], split)
+    progress(f"reading {len(inputs)} stores ({'archive' if archive else 'data dirs'})")
+    records = records.persist(StorageLevel.MEMORY_AND_DISK)
+    logs = logs.cache()
+    groups = groups.cache()
+    n_records = records.count()
+    n_logs = logs.count()
+    n_groups = groups.count()
+    progress(
+        f"read {n_records:,} records, {n_logs:,} logs, {n_groups:,} group partitions "
+        f"({time.monotonic() - started:.1f} s)"
+    )
+    t = rules.Tables(records, logs, groups)
+    results: list[report.RuleResult] = []
+    for i, rule in enumerate(rules.RULES, 1):
+        t0 = time.monotonic()
+        violations = rule.check(t).persist(StorageLevel.MEMORY_AND_DISK)
+        count = violations.count()
+        sample = [
+            r.asDict()
+            for r in violations.orderBy("node", "queue", "partition", "offset")
+            .limit(sample_rows)
+            .collect()
+        ]
+        violations.write.parquet(os.path.join(out, "violations", rule.name))
+        violations.unpersist()
+        seconds = time.monotonic() - t0
+        results.append(report.RuleResult(rule.name, rule.title, count, round(seconds, 3), sample))
+        progress(
+            f"[{i}/{len(rules.RULES)}] {rule.name}: "
+            f"{'ok' if count == 0 else f'{count:,} VIOLATIONS'} ({seconds:.1f} s)"
+        )
+    group_rows = [r.asDict() for r in rules.group_totals(t).collect()]
+    partitions = _partition_rows(logs, groups)
+    records.unpersist()
+    summary = report.Summary(
+        clean=all(r.ok for r in results),
+        source="archive" if archive else "data-dirs",
+        inputs=inputs,
+        records=n_records,
+        logs=n_logs,
+        group_partitions=n_groups,
+        rules=results,
+        groups=group_rows,
+        partitions=partitions,
+        seconds=round(time.monotonic() - started, 3),
+        spark={"version": spark.version, "master": spark.sparkContext.master},
+    )
+    report.write(out, summary)
+    progress(f"report written to {out} ({summary.seconds:.1f} s)")
+    return summary
+
+
+def _partition_rows(logs: Any, groups: Any) -> list[dict[str, Any]]:
+    """Per (node, queue, partition): records stored, and each group's lag there."""
+    out: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in logs.select("node", "queue", "partition", "low", "high").collect():
+        key = (r["node"], r["queue"] or "?", r["partition"])
+        out[key] = {
+            "node": key[0],
+            "queue": key[1],
+            "partition": key[2],
+            "records": r["high"] - r["low"],
+            "lag": {},
+        }
+    for r in groups.select("node", "queue", "partition", "group", "committed", "high").collect():
+        key = (r["node"], r["queue"] or "?", r["partition"])
+        if key in out and r["high"] is not None:
+            out[key]["lag"][r["group"] or "?"] = max(0, r["high"] - r["committed"])
+    return [out[k] for k in sorted(out)]

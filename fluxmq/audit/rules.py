@@ -1,0 +1,438 @@
+"""The audit rules: each a named check over the three tables that returns its violations.
+
+A violation is one row of ``VIOLATION_COLUMNS``: the rule, where (node, replication group,
+queue, partition, offset; null where it does not apply) and a readable detail. Each rule looks
+at one kind of damage, so that one injected fault is reported by one rule:
+
+==================  =====================================================================
+crc_valid           a stored record fails its crc32c (bit rot, a torn write): per replica
+offset_contiguity   a log's stored offsets are not exactly [low, high) (a lost record, a
+                    record outside the watermarks, damaged log metadata)
+replica_agreement   replicas of one group hold different records (by their stored crc32c)
+                    at the same offset; only offsets stored on two or more replicas count
+dedup_window        two records of a queue carry the same idempotency key less than the
+                    queue's dedup window apart (the window in force now)
+key_order           within a partition, a key's records do not have non-decreasing
+                    timestamps in offset order
+group_consistency   a group partition's row contradicts its log: committed > next,
+                    next > high watermark, a pending slot outside [committed, next), a
+                    group partition the queue does not have
+dlq_conservation    a dead letter's origin does not exist: unknown queue or partition,
+                    offset at or past the origin's high watermark, or never handed out to
+                    the group it names (an origin below the low watermark was removed by
+                    retention, which is fine)
+totals              a group partition's counts do not add up: next - base must equal
+                    acked + dead + filtered + skipped + purged + leased + scheduled
+==================  =====================================================================
+
+Records that fail their crc are reported by ``crc_valid`` only: their fields are null, so the
+other record rules do not see them (``replica_agreement`` compares stored checksums, which a
+flipped payload byte does not change).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+VIOLATION_COLUMNS = (
+    "rule",
+    "node",
+    "replication_group",
+    "queue",
+    "partition",
+    "offset",
+    "detail",
+)
+_LOG = ["node", "replication_group", "queue_id", "partition"]
+
+
+@dataclass(frozen=True)
+class Tables:
+    records: DataFrame  # at least tables.AUDIT_RECORD_COLUMNS
+    logs: DataFrame
+    groups: DataFrame
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    title: str
+    check: Callable[[Tables], DataFrame]
+
+
+def _violations(df: DataFrame, rule: str, offset: Column, detail: Column) -> DataFrame:
+    return df.select(
+        F.lit(rule).alias("rule"),
+        F.col("node"),
+        F.col("replication_group"),
+        F.col("queue"),
+        F.col("partition").cast("int").alias("partition"),
+        offset.cast("bigint").alias("offset"),
+        detail.alias("detail"),
+    )
+
+
+def crc_valid(t: Tables) -> DataFrame:
+    bad = t.records.where(~F.col("crc_ok"))
+    return _violations(bad, "crc_valid", F.col("offset"), F.col("error"))
+
+
+def offset_contiguity(t: Tables) -> DataFrame:
+    logs = t.logs.select(*_LOG, "queue", "low", "high", "meta_error")
+    damaged = _violations(
+        logs.where(F.col("meta_error").isNotNull()),
+        "offset_contiguity",
+        F.lit(None),
+        F.concat(F.lit("log metadata is damaged: "), F.col("meta_error")),
+    )
+    good = logs.where(F.col("meta_error").isNull())
+    recs = t.records.select(*_LOG, "offset").join(F.broadcast(good.drop("queue")), _LOG)
+    inside = (F.col("offset") >= F.col("low")) & (F.col("offset") < F.col("high"))
+    outside = _violations(
+        recs.where(~inside).join(F.broadcast(good.select(*_LOG, "queue")), _LOG),
+        "offset_contiguity",
+        F.col("offset"),
+        F.format_string("record stored outside the watermarks [%d, %d)", "low", "high"),
+    )
+    counts = recs.where(inside).groupBy(*_LOG).agg(F.count(F.lit(1)).alias("n"))
+    short = (
+        good.join(counts, _LOG, "left")
+        .fillna(0, ["n"])
+        .where(F.col("n") != F.col("high") - F.col("low"))
+    )
+    # Only logs that are short are walked offset by offset, to name the missing ranges.
+    walk = (
+        recs.where(inside)
+        .join(short.select(*_LOG), _LOG, "left_semi")
+        .select(*_LOG, "offset", "low", "high")
+    )
+    w = Window.partitionBy(*_LOG).orderBy("offset")
+    inner = (
+        walk.withColumn("prev", F.lag("offset").over(w))
+        .withColumn("from", F.coalesce(F.col("prev") + 1, F.col("low")))
+        .where(F.col("offset") > F.col("from"))
+        .select(*_LOG, "from", (F.col("offset") - 1).alias("to"))
+    )
+    tail = (
+        short.join(
+            walk.groupBy(*_LOG).agg(F.max("offset").alias("last")),
+            _LOG,
+            "left",
+        )
+        .withColumn("from", F.coalesce(F.col("last") + 1, F.col("low")))
+        .where(F.col("from") < F.col("high"))
+        .select(*_LOG, "from", (F.col("high") - 1).alias("to"))
+    )
+    gaps = inner.unionByName(tail).join(F.broadcast(good.select(*_LOG, "queue")), _LOG)
+    missing = _violations(
+        gaps,
+        "offset_contiguity",
+        F.col("from"),
+        F.when(
+            F.col("from") == F.col("to"),
+            F.format_string("offset %d is missing", "from"),
+        ).otherwise(
+            F.format_string(
+                "offsets %d..%d are missing (%d records)",
+                "from",
+                "to",
+                F.col("to") - F.col("from") + 1,
+            )
+        ),
+    )
+    return damaged.unionByName(outside).unionByName(missing)
+
+
+def replica_agreement(t: Tables) -> DataFrame:
+    key = ["replication_group", "queue_id", "partition", "offset"]
+    recs = t.records.where(F.col("crc_ok")).select(*key, "node", "queue", "crc")
+    split = (
+        recs.groupBy(*key)
+        .agg(F.min("crc").alias("lo"), F.max("crc").alias("hi"))
+        .where(F.col("lo") != F.col("hi"))
+        .select(*key)
+    )
+    rows = recs.join(split, key, "left_semi")
+    by_crc = rows.groupBy(*key, "crc").agg(
+        F.count(F.lit(1)).alias("copies"), F.sort_array(F.collect_list("node")).alias("nodes")
+    )
+    # The majority (ties: the lowest crc) is taken as right; every other copy is a violation.
+    rank = Window.partitionBy(*key).orderBy(F.desc("copies"), F.asc("crc"))
+    ranked = by_crc.withColumn("rank", F.row_number().over(rank))
+    majority = ranked.where(F.col("rank") == 1).select(
+        *key, F.col("crc").alias("majority_crc"), F.col("nodes").alias("majority_nodes")
+    )
+    odd = rows.join(majority, key).where(F.col("crc") != F.col("majority_crc"))
+    return _violations(
+        odd,
+        "replica_agreement",
+        F.col("offset"),
+        F.format_string(
+            "crc32c %08x here, %08x on %s",
+            F.col("crc"),
+            F.col("majority_crc"),
+            F.array_join(F.col("majority_nodes"), ","),
+        ),
+    )
+
+
+def dedup_window(t: Tables) -> DataFrame:
+    who = ["node", "replication_group", "queue_id", "idempotency_key"]
+    recs = t.records.where(F.col("idempotency_key").isNotNull()).select(
+        *who, "queue", "partition", "offset", "timestamp_ms"
+    )
+    repeated = recs.groupBy(*who).count().where(F.col("count") > 1).select(*who)
+    windows = t.logs.select("node", "replication_group", "queue_id", "dedup_window_ms").distinct()
+    w = Window.partitionBy(*who).orderBy("timestamp_ms", "partition", "offset")
+    dup = (
+        recs.join(repeated, who, "left_semi")
+        .join(F.broadcast(windows), ["node", "replication_group", "queue_id"])
+        .withColumn("prev_ts", F.lag("timestamp_ms").over(w))
+        .withColumn("prev_partition", F.lag("partition").over(w))
+        .withColumn("prev_offset", F.lag("offset").over(w))
+        .where(F.col("timestamp_ms") - F.col("prev_ts") < F.col("dedup_window_ms"))
+    )
+    return _violations(
+        dup,
+        "dedup_window",
+        F.col("offset"),
+        F.format_string(
+            "idempotency key %s was already stored at partition %d offset %d, %d ms earlier "
+            "(window %d ms)",
+            "idempotency_key",
+            "prev_partition",
+            "prev_offset",
+            F.col("timestamp_ms") - F.col("prev_ts"),
+            "dedup_window_ms",
+        ),
+    )
+
+
+def key_order(t: Tables) -> DataFrame:
+    who = [*_LOG, "key"]
+    recs = t.records.where(F.col("key").isNotNull() & F.col("crc_ok")).select(
+        *who, "queue", "offset", "timestamp_ms"
+    )
+    w = Window.partitionBy(*who).orderBy("offset")
+    back = (
+        recs.withColumn("prev_ts", F.lag("timestamp_ms").over(w))
+        .withColumn("prev_offset", F.lag("offset").over(w))
+        .where(F.col("timestamp_ms") < F.col("prev_ts"))
+    )
+    return _violations(
+        back,
+        "key_order",
+        F.col("offset"),
+        F.format_string(
+            "key %s: timestamp %d is before %d of offset %d",
+            F.hex("key"),
+            "timestamp_ms",
+            "prev_ts",
+            "prev_offset",
+        ),
+    )
+
+
+def group_consistency(t: Tables) -> DataFrame:
+    g = t.groups.join(F.broadcast(t.logs.select(*_LOG, "partitions")), _LOG, "left")
+    problems = F.concat_ws(
+        "; ",
+        F.when(
+            F.col("committed") > F.col("next"),
+            F.format_string("committed %d is past the delivery frontier %d", "committed", "next"),
+        ),
+        F.when(
+            F.col("high").isNotNull() & (F.col("committed") > F.col("high")),
+            F.format_string("committed %d is past the high watermark %d", "committed", "high"),
+        ),
+        F.when(
+            F.col("high").isNotNull() & (F.col("next") > F.col("high")),
+            F.format_string("delivery frontier %d is past the high watermark %d", "next", "high"),
+        ),
+        F.when(
+            F.col("slots_outside") > 0,
+            F.format_string("%d pending offsets outside [committed, next)", "slots_outside"),
+        ),
+        F.when(
+            F.col("queue").isNull() | F.col("group").isNull(),
+            F.lit("the row belongs to no known queue and group"),
+        ),
+        F.when(
+            F.col("partitions").isNotNull() & (F.col("partition") >= F.col("partitions")),
+            F.format_string("partition %d of a queue with %d", "partition", "partitions"),
+        ),
+    )
+    bad = g.withColumn("problems", problems).where(F.col("problems") != "")
+    return _violations(
+        bad,
+        "group_consistency",
+        F.col("committed"),
+        F.concat(F.lit("group "), F.coalesce(F.col("group"), F.lit("?")), F.lit(": "), "problems"),
+    )
+
+
+def dlq_conservation(t: Tables) -> DataFrame:
+    dead = t.records.where(F.col("origin_queue").isNotNull() & F.col("crc_ok")).select(
+        "node",
+        "replication_group",
+        "queue",
+        "partition",
+        "offset",
+        "origin_queue",
+        "origin_partition",
+        "origin_offset",
+        "dead_group",
+    )
+    logs = t.logs.select(
+        "node",
+        "replication_group",
+        F.col("queue").alias("origin_queue"),
+        F.col("partition").alias("origin_partition"),
+        F.col("low").alias("origin_low"),
+        F.col("high").alias("origin_high"),
+    )
+    groups = t.groups.select(
+        "node",
+        "replication_group",
+        F.col("queue").alias("origin_queue"),
+        F.col("group").alias("dead_group"),
+        F.col("partition").alias("origin_partition"),
+        F.col("next").alias("group_next"),
+    )
+    where = ["node", "replication_group", "origin_queue", "origin_partition"]
+    joined = dead.join(F.broadcast(logs), where, "left").join(
+        F.broadcast(groups), [*where, "dead_group"], "left"
+    )
+    origin = F.format_string(
+        "%s partition %s offset %s",
+        "origin_queue",
+        F.coalesce(F.col("origin_partition").cast("string"), F.lit("?")),
+        F.coalesce(F.col("origin_offset").cast("string"), F.lit("?")),
+    )
+    detail = (
+        F.when(
+            F.col("origin_partition").isNull() | F.col("origin_offset").isNull(),
+            F.concat(F.lit("dead letter without a readable origin: "), origin),
+        )
+        .when(
+            F.col("origin_high").isNull(),
+            F.concat(F.lit("origin queue or partition does not exist: "), origin),
+        )
+        .when(
+            F.col("origin_offset") >= F.col("origin_high"),
+            F.concat(
+                F.lit("origin was never written: "),
+                origin,
+                F.format_string(" is at or past the high watermark %d", "origin_high"),
+            ),
+        )
+        .when(
+            F.col("group_next").isNotNull() & (F.col("origin_offset") >= F.col("group_next")),
+            F.concat(
+                F.lit("origin was never handed out to group "),
+                F.col("dead_group"),
+                F.lit(": "),
+                origin,
+            ),
+        )
+    )
+    bad = joined.withColumn("problem", detail).where(F.col("problem").isNotNull())
+    return _violations(bad, "dlq_conservation", F.col("offset"), F.col("problem"))
+
+
+def totals(t: Tables) -> DataFrame:
+    accounted = (
+        F.col("acked")
+        + F.col("dead")
+        + F.col("filtered")
+        + F.col("skipped")
+        + F.col("purged")
+        + F.col("leased")
+        + F.col("scheduled")
+    )
+    bad = t.groups.where(F.col("next") - F.col("base") != accounted)
+    return _violations(
+        bad,
+        "totals",
+        F.lit(None),
+        F.format_string(
+            "group %s: %d offsets in [base %d, next %d) but acked %d + dead %d + filtered %d "
+            "+ skipped %d + purged %d + leased %d + scheduled %d = %d",
+            F.coalesce(F.col("group"), F.lit("?")),
+            F.col("next") - F.col("base"),
+            "base",
+            "next",
+            "acked",
+            "dead",
+            "filtered",
+            "skipped",
+            "purged",
+            "leased",
+            "scheduled",
+            accounted,
+        ),
+    )
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("crc_valid", "every stored record passes its crc32c", crc_valid),
+    Rule(
+        "offset_contiguity",
+        "every log stores exactly the offsets [low, high)",
+        offset_contiguity,
+    ),
+    Rule(
+        "replica_agreement",
+        "replicas hold the same record at the same offset",
+        replica_agreement,
+    ),
+    Rule(
+        "dedup_window",
+        "no idempotency key is stored twice within the dedup window",
+        dedup_window,
+    ),
+    Rule("key_order", "a key's records have non-decreasing timestamps", key_order),
+    Rule(
+        "group_consistency",
+        "group offsets lie within their logs (committed <= next <= high)",
+        group_consistency,
+    ),
+    Rule(
+        "dlq_conservation",
+        "every dead letter points to an origin that exists or was removed by retention",
+        dlq_conservation,
+    ),
+    Rule(
+        "totals",
+        "per group: published = acked + ready + leased + scheduled + dead + removed",
+        totals,
+    ),
+)
+
+
+def group_totals(t: Tables) -> DataFrame:
+    """Per (node, replication group, queue, group): the totals the report shows.
+
+    ``published`` counts the offsets in the group's scope, [base, high); it splits into
+    ``acked + ready + leased + scheduled + dead + removed`` where ``ready`` = high - next (never
+    handed out) and ``removed`` = skipped by retention + purged + filtered out.
+    """
+    g = t.groups.where(F.col("high").isNotNull())
+    return (
+        g.groupBy("node", "replication_group", "queue", "group")
+        .agg(
+            F.sum(F.col("high") - F.col("base")).alias("published"),
+            F.sum("acked").alias("acked"),
+            F.sum(F.col("high") - F.col("next")).alias("ready"),
+            F.sum("leased").alias("leased"),
+            F.sum("scheduled").alias("scheduled"),
+            F.sum("dead").alias("dead"),
+            F.sum(F.col("skipped") + F.col("purged") + F.col("filtered")).alias("removed"),
+            F.sum(F.col("high") - F.col("committed")).alias("lag"),
+        )
+        .orderBy("queue", "group", "node")
+    )

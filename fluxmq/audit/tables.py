@@ -1,0 +1,401 @@
+"""The audit's three tables, read straight from a store (pyarrow, no Spark).
+
+``records``: one row per stored record
+    node, replication_group, queue (null for a log no queue owns), queue_id, partition, offset,
+    timestamp_ms, key, value, headers (name -> bytes), idempotency_key, crc (the stored crc32c),
+    crc_ok (the record passed its checksum and decodes), size_bytes, error (why not), and, for a
+    dead letter, origin_queue, origin_partition, origin_offset and dead_group (from its
+    ``fluxmq-original-*`` and ``fluxmq-group`` headers). A record that fails its check has null
+    fields but for its position, crc and size: nothing it says can be believed.
+``logs``: one row per partition log
+    its watermarks (low: first stored offset, high: next to be written), size, the metadata
+    check's error, and the owning queue's partition count, dedup window and type.
+``groups``: one row per (consumer group, partition)
+    the stored row (committed, next, acked, dead, filtered, skipped, purged, base), the pending
+    slots (leased, scheduled, their lowest and highest offset, how many lie outside
+    [committed, next)), and the partition's watermarks read in the same transaction.
+
+Logs of deleted queues waiting to be dropped (the ``T/`` rows) are left out: they are being
+removed in chunks and belong to no queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.audit.layout import StoreRef
+from fluxmq.core import keys
+from fluxmq.core.delivery import LEASED, SCHEDULED
+from fluxmq.core.queue_config import policy_of
+from storage.api import CorruptRecordError
+from storage.codec import decode_at
+from storage.lmdb_inspect import InspectView
+
+OFFSET_END = 2**64 - 1  # the last split of a log reads to here, so stray records are seen too
+BATCH_ROWS = 8192  # rows per Arrow batch handed to Spark
+SPLITS_PER_LOG_MAX = 4096
+
+_STR, _I32, _I64, _BIN, _BOOL = pa.string(), pa.int32(), pa.int64(), pa.binary(), pa.bool_()
+_HEADERS = pa.map_(pa.string(), pa.binary())
+_SPARK = {
+    _STR: "string",
+    _I32: "int",
+    _I64: "bigint",
+    _BIN: "binary",
+    _BOOL: "boolean",
+    _HEADERS: "map<string,binary>",
+}
+
+RECORDS: list[tuple[str, pa.DataType]] = [
+    ("node", _STR),
+    ("replication_group", _STR),
+    ("queue", _STR),
+    ("queue_id", _I64),
+    ("partition", _I32),
+    ("offset", _I64),
+    ("timestamp_ms", _I64),
+    ("key", _BIN),
+    ("value", _BIN),
+    ("headers", _HEADERS),
+    ("idempotency_key", _STR),
+    ("crc", _I64),
+    ("crc_ok", _BOOL),
+    ("size_bytes", _I32),
+    ("error", _STR),
+    ("origin_queue", _STR),
+    ("origin_partition", _I32),
+    ("origin_offset", _I64),
+    ("dead_group", _STR),
+]
+# What the audit rules read: everything but the payload (value, headers), which is most of the
+# bytes and which the stored checksum already stands for.
+AUDIT_RECORD_COLUMNS = tuple(n for n, _ in RECORDS if n not in ("value", "headers"))
+
+LOGS: list[tuple[str, pa.DataType]] = [
+    ("node", _STR),
+    ("replication_group", _STR),
+    ("queue", _STR),
+    ("queue_id", _I64),
+    ("partition", _I32),
+    ("log_id", _I64),
+    ("low", _I64),
+    ("high", _I64),
+    ("size_bytes", _I64),
+    ("meta_error", _STR),
+    ("partitions", _I32),
+    ("dedup_window_ms", _I64),
+    ("queue_type", _STR),
+]
+
+GROUPS: list[tuple[str, pa.DataType]] = [
+    ("node", _STR),
+    ("replication_group", _STR),
+    ("queue", _STR),
+    ("queue_id", _I64),
+    ("group", _STR),
+    ("group_id", _I64),
+    ("mode", _STR),
+    ("partition", _I32),
+    ("committed", _I64),
+    ("next", _I64),
+    ("acked", _I64),
+    ("dead", _I64),
+    ("filtered", _I64),
+    ("skipped", _I64),
+    ("purged", _I64),
+    ("base", _I64),
+    ("leased", _I64),
+    ("scheduled", _I64),
+    ("slot_min", _I64),
+    ("slot_max", _I64),
+    ("slots_outside", _I64),
+    ("low", _I64),
+    ("high", _I64),
+]
+
+TABLES = {"records": RECORDS, "logs": LOGS, "groups": GROUPS}
+
+
+def spark_ddl(columns: list[tuple[str, pa.DataType]]) -> str:
+    """The Spark schema of a table, as DDL: ``node string, ...``."""
+    return ", ".join(f"`{name}` {_SPARK[t]}" for name, t in columns)
+
+
+def arrow_schema(columns: list[tuple[str, pa.DataType]], names: list[str]) -> pa.Schema:
+    types = dict(columns)
+    return pa.schema([(n, types[n]) for n in names])
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    name: str
+    queue_id: int
+    partitions: int
+    dedup_window_ms: int
+    queue_type: str
+
+
+def catalog(view: InspectView) -> dict[int, QueueInfo]:
+    """queue_id -> the queue, from the store's catalog rows."""
+    out: dict[int, QueueInfo] = {}
+    for _key, value in view.scan(keys.QUEUE):
+        q = pb.Queue.FromString(value)
+        try:
+            window_ms = policy_of(q.config).dedup_window_ms
+        except Exception:  # a config this version cannot parse: no dedup check for it
+            window_ms = 0
+        qtype = "stream" if q.config.type == pb.QUEUE_TYPE_STREAM else "work"
+        out[int(q.queue_id)] = QueueInfo(
+            q.config.name, int(q.queue_id), q.config.partitions or 1, window_ms, qtype
+        )
+    return out
+
+
+def trash(view: InspectView) -> set[int]:
+    return {keys.U64.unpack_from(k, len(keys.TRASH))[0] for k, _ in view.scan(keys.TRASH)}
+
+
+def split_log_id(log_id: int) -> tuple[int, int]:
+    """log_id -> (queue_id, partition)."""
+    return log_id >> keys.PARTITION_BITS, log_id & ((1 << keys.PARTITION_BITS) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """One Spark partition of the records table: records of one log at offsets [start, end)."""
+
+    store: StoreRef
+    queue: str | None
+    log_id: int
+    start: int
+    end: int
+
+
+def splits(store: StoreRef, view: InspectView, split_records: int) -> list[Split]:
+    """The record splits of one store: each log's [low, high) cut in ``split_records`` pieces,
+    the first reaching down to 0 and the last up to the end of the offset space (records stored
+    outside the watermarks are damage the audit must see)."""
+    queues = catalog(view)
+    gone = trash(view)
+    out: list[Split] = []
+    for meta in view.logs():
+        if meta.log_id in gone:
+            continue
+        queue_id, _ = split_log_id(meta.log_id)
+        q = queues.get(queue_id)
+        name = q.name if q else None
+        # A log spanning more than SPLITS_PER_LOG_MAX splits gets wider ones (the offsets of a
+        # damaged watermark may span the whole u64 space).
+        step = max(split_records, -(-(meta.high - meta.low) // SPLITS_PER_LOG_MAX))
+        bounds = [0, *range(meta.low + step, meta.high, step), OFFSET_END]
+        out.extend(Split(store, name, meta.log_id, a, b) for a, b in itertools.pairwise(bounds))
+    return out
+
+
+def _header(headers: tuple[tuple[str, bytes], ...], name: str) -> bytes | None:
+    for k, v in headers:
+        if k == name:
+            return v
+    return None
+
+
+def _int_or_none(raw: bytes | None) -> int | None:
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def read_split(split: Split, view: InspectView, names: list[str]) -> Iterator[pa.RecordBatch]:
+    """The records of ``split`` as Arrow batches holding the columns ``names``."""
+    schema = arrow_schema(RECORDS, names)
+    queue_id, partition = split_log_id(split.log_id)
+    constant: dict[str, Any] = {
+        "node": split.store.node,
+        "replication_group": split.store.replication_group,
+        "queue": split.queue,
+        "queue_id": queue_id,
+        "partition": partition,
+    }
+    cols = _RecordColumns()
+    for offset, pos, buf in view.records(split.log_id, split.start, split.end):
+        cols.add(split.log_id, offset, pos, buf)
+        if cols.rows == BATCH_ROWS:
+            yield cols.batch(schema, names, constant)
+            cols = _RecordColumns()
+    if cols.rows:
+        yield cols.batch(schema, names, constant)
+
+
+class _RecordColumns:
+    """Column lists of up to BATCH_ROWS decoded records (one list per field: appending to lists
+    and building each Arrow array once is several times faster than a dict per row)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.c: dict[str, list[Any]] = {n: [] for n, _ in RECORDS}
+
+    def add(self, log_id: int, offset: int, pos: bytes, buf: bytes) -> None:
+        c = self.c
+        self.rows += 1
+        c["offset"].append(offset)
+        c["crc"].append(int.from_bytes(buf[:4], "big") if len(buf) >= 4 else None)
+        c["size_bytes"].append(len(buf))
+        try:
+            record = decode_at(pos, log_id, offset, buf)
+        except CorruptRecordError as err:
+            c["crc_ok"].append(False)
+            c["error"].append(str(err))
+            for n in _RECORD_FIELDS:
+                c[n].append(None)
+            return
+        c["crc_ok"].append(True)
+        c["error"].append(None)
+        c["timestamp_ms"].append(record.timestamp_ms)
+        c["key"].append(record.key)
+        c["value"].append(record.value)
+        c["idempotency_key"].append(record.idempotency_key)
+        headers = record.headers
+        c["headers"].append(headers)
+        origin = _header(headers, "fluxmq-original-queue") if headers else None
+        if origin is None:
+            for n in _ORIGIN_FIELDS:
+                c[n].append(None)
+            return
+        group = _header(headers, "fluxmq-group")
+        c["origin_queue"].append(origin.decode(errors="replace"))
+        c["origin_partition"].append(_int_or_none(_header(headers, "fluxmq-original-partition")))
+        c["origin_offset"].append(_int_or_none(_header(headers, "fluxmq-original-offset")))
+        c["dead_group"].append(group.decode(errors="replace") if group else None)
+
+    def batch(
+        self, schema: pa.Schema, names: list[str], constant: dict[str, Any]
+    ) -> pa.RecordBatch:
+        arrays = []
+        for n in names:
+            t = schema.field(n).type
+            if n in constant:
+                arrays.append(pa.array([constant[n]] * self.rows, t))
+            else:
+                arrays.append(pa.array(self.c[n], t))
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+_ORIGIN_FIELDS = ("origin_queue", "origin_partition", "origin_offset", "dead_group")
+_RECORD_FIELDS = (
+    "timestamp_ms",
+    "key",
+    "value",
+    "idempotency_key",
+    "headers",
+    *_ORIGIN_FIELDS,
+)
+
+
+def read_logs(store: StoreRef, view: InspectView, names: list[str]) -> Iterator[pa.RecordBatch]:
+    queues = catalog(view)
+    gone = trash(view)
+    rows: list[dict[str, Any]] = []
+    for meta in view.logs():
+        if meta.log_id in gone:
+            continue
+        queue_id, partition = split_log_id(meta.log_id)
+        q = queues.get(queue_id)
+        rows.append(
+            {
+                "node": store.node,
+                "replication_group": store.replication_group,
+                "queue": q.name if q else None,
+                "queue_id": queue_id,
+                "partition": partition,
+                "log_id": meta.log_id,
+                "low": meta.low,
+                "high": meta.high,
+                "size_bytes": meta.size_bytes,
+                "meta_error": meta.error,
+                "partitions": q.partitions if q else None,
+                "dedup_window_ms": q.dedup_window_ms if q else None,
+                "queue_type": q.queue_type if q else None,
+            }
+        )
+    yield from _batches(LOGS, names, rows)
+
+
+def read_groups(store: StoreRef, view: InspectView, names: list[str]) -> Iterator[pa.RecordBatch]:
+    queues = catalog(view)
+    metas: dict[int, tuple[int, pb.Group]] = {}
+    for key, value in view.scan(keys.GROUP):
+        queue_id = keys.U64.unpack_from(key, len(keys.GROUP))[0]
+        g = pb.Group.FromString(value)
+        metas[int(g.group_id)] = (queue_id, g)
+    slots: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for key, value in view.scan(keys.SLOT):
+        group_id, partition, offset = keys.split_slot_key(key)
+        kind = keys.SLOT_VALUE.unpack_from(value)[0]
+        slots.setdefault((group_id, partition), []).append((offset, kind))
+    lows_highs = {m.log_id: (m.low, m.high) for m in view.logs() if m.error is None}
+    rows: list[dict[str, Any]] = []
+    for key, value in view.scan(keys.GROUP_PARTITION):
+        group_id = keys.U64.unpack_from(key, len(keys.GROUP_PARTITION))[0]
+        partition = keys.U32.unpack_from(key, len(keys.GROUP_PARTITION) + 8)[0]
+        committed, nxt, acked, dead, filtered, skipped, purged, base = keys.PARTITION_VALUE.unpack(
+            value
+        )
+        queue_id, meta = metas.get(group_id, (None, None))
+        q = queues.get(queue_id) if queue_id is not None else None
+        pending = slots.get((group_id, partition), [])
+        offsets = [o for o, _ in pending]
+        low_high = (
+            lows_highs.get(keys.log_id(queue_id, partition)) if queue_id is not None else None
+        )
+        rows.append(
+            {
+                "node": store.node,
+                "replication_group": store.replication_group,
+                "queue": q.name if q else None,
+                "queue_id": queue_id,
+                "group": meta.name if meta else None,
+                "group_id": group_id,
+                "mode": (
+                    None
+                    if meta is None
+                    else "ordered"
+                    if meta.mode == pb.DELIVERY_MODE_ORDERED
+                    else "shared"
+                ),
+                "partition": partition,
+                "committed": committed,
+                "next": nxt,
+                "acked": acked,
+                "dead": dead,
+                "filtered": filtered,
+                "skipped": skipped,
+                "purged": purged,
+                "base": base,
+                "leased": sum(1 for _, k in pending if k == LEASED),
+                "scheduled": sum(1 for _, k in pending if k == SCHEDULED),
+                "slot_min": min(offsets, default=None),
+                "slot_max": max(offsets, default=None),
+                "slots_outside": sum(1 for o in offsets if not committed <= o < nxt),
+                "low": low_high[0] if low_high else None,
+                "high": low_high[1] if low_high else None,
+            }
+        )
+    yield from _batches(GROUPS, names, rows)
+
+
+def _batches(
+    columns: list[tuple[str, pa.DataType]], names: list[str], rows: list[dict[str, Any]]
+) -> Iterator[pa.RecordBatch]:
+    schema = arrow_schema(columns, names)
+    for at in range(0, len(rows), BATCH_ROWS):
+        chunk = rows[at : at + BATCH_ROWS]
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([r[n] for r in chunk], schema.field(n).type) for n in names], schema=schema
+        )

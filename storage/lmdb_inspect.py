@@ -1,0 +1,137 @@
+"""A read-only look at an ``LmdbStore``'s files, for tools that audit a store (``fluxmq/audit``).
+
+``LmdbStore`` opens its environment for writing and refuses a damaged record or log entry by
+raising. An auditor needs the opposite: never write, and report every damaged record with what
+can be said of it (its position and stored checksum) instead of stopping at the first. So this
+module reads the same three databases raw and leaves the judgement to its caller.
+
+Each ``LmdbInspector.view()`` is one LMDB read transaction: a consistent view of the whole
+store as of one commit, however long it stays open. Opening with ``lock=True`` registers the
+reader in ``lock.mdb``, which makes it safe on a live store (the writer keeps the pages the view
+sees); the directory must therefore be writable, as for any LMDB reader.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+
+from storage.api import StorageError
+from storage.codec import position
+from storage.lmdb_store import _META_KEY, _unpack_meta
+
+DATA_FILE = "data.mdb"
+
+
+@dataclass(frozen=True, slots=True)
+class LogMeta:
+    """One log's metadata entry: ``error`` is None when it passed its checks, else why not (the
+    numbers are then 0)."""
+
+    log_id: int
+    low: int
+    high: int
+    size_bytes: int
+    error: str | None
+
+
+class InspectView:
+    """One read transaction of an inspected store."""
+
+    __slots__ = ("_dbs", "_txn")
+
+    def __init__(self, txn: Any, dbs: tuple[Any, Any, Any]) -> None:
+        self._txn = txn
+        self._dbs = dbs
+
+    def logs(self) -> Iterator[LogMeta]:
+        """Every log's metadata entry, by log_id."""
+        with self._txn.cursor(db=self._dbs[1]) as cursor:
+            for key, value in cursor:
+                if len(key) != _META_KEY.size:
+                    continue  # not a log entry; nothing of this store writes such keys
+                log_id = _META_KEY.unpack(key)[0]
+                try:
+                    low, high, size = _unpack_meta(log_id, key, value)
+                except StorageError as err:
+                    yield LogMeta(log_id, 0, 0, 0, str(err))
+                else:
+                    yield LogMeta(log_id, low, high, size, None)
+
+    def records(self, log_id: int, start: int, end: int) -> Iterator[tuple[int, bytes, bytes]]:
+        """(offset, position, stored bytes) of every record of ``log_id`` stored at an offset in
+        [start, end), in offset order, unchecked (see ``storage.codec.decode_at``)."""
+        if start >= end:
+            return
+        first = position(log_id, start)
+        last = position(log_id, end - 1)
+        with self._txn.cursor(db=self._dbs[0]) as cursor:
+            if not cursor.set_range(first):
+                return
+            for key, value in cursor:
+                if key > last:
+                    return
+                yield int.from_bytes(key[8:], "big"), key, value
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._txn.get(key, db=self._dbs[2])
+        return None if value is None else bytes(value)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Key/value table pairs whose key starts with ``prefix``, in key order."""
+        with self._txn.cursor(db=self._dbs[2]) as cursor:
+            if not cursor.set_range(prefix):
+                return
+            for key, value in cursor:
+                if not key.startswith(prefix):
+                    return
+                yield key, value
+
+
+class LmdbInspector:
+    """Read-only access to the store in directory ``path`` (as ``LmdbStore`` wrote it)."""
+
+    __slots__ = ("_dbs", "_env", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        if not os.path.isfile(os.path.join(path, DATA_FILE)):
+            raise StorageError(f"{path!r} holds no LMDB store (no {DATA_FILE})")
+        try:
+            env = lmdb.open(path, readonly=True, subdir=True, max_dbs=8, lock=True, create=False)
+        except lmdb.Error as e:
+            raise StorageError(f"cannot open the LMDB environment at {path!r}: {e}") from e
+        try:
+            # Without a transaction py-lmdb opens each handle in one of its own and commits it:
+            # handles opened in a transaction that is aborted would be invalid afterwards.
+            dbs = tuple(env.open_db(name, create=False) for name in _NAMES)
+        except lmdb.Error as e:
+            env.close()
+            raise StorageError(f"{path!r} is not a FluxMQ store: {e}") from e
+        self._env = env
+        self._dbs: tuple[Any, Any, Any] = (dbs[0], dbs[1], dbs[2])
+
+    @contextmanager
+    def view(self) -> Iterator[InspectView]:
+        txn = self._env.begin(buffers=False)
+        try:
+            yield InspectView(txn, self._dbs)
+        finally:
+            txn.abort()
+
+    def close(self) -> None:
+        self._env.close()
+
+    def __enter__(self) -> LmdbInspector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_NAMES = (b"log", b"logmeta", b"kv")

@@ -1,0 +1,107 @@
+"""Broker data for the audit tests, made by real `fluxmq serve` processes over gRPC.
+
+The same workload runs on a single node and on three Raft replicas: a keyed work queue with two
+consumer groups (acks, dead letters, leases still out), a queue whose retention removed records
+that had been dead-lettered, and a stream queue with committed offsets. The nodes are stopped
+before their directories are used, so every store is complete and at rest.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq._pb.v1 import queue_pb2_grpc
+from tests.integration.cluster import Cluster
+from tests.integration.conftest import Node
+from tests.integration.delivery_helpers import (
+    ack,
+    group,
+    lease_all,
+    nack,
+    publish,
+    receipts,
+    work_queue,
+)
+
+Stub = queue_pb2_grpc.QueueServiceStub
+ORDERS = "orders"  # work queue, 3 partitions, keyed, idempotency keys, groups billing + late
+SHORT = "short"  # work queue whose retention removed dead-lettered records
+EVENTS = "events"  # stream queue with a group that committed offsets
+ORDERS_PARTITIONS = 3
+
+
+def workload(stub: Stub) -> None:
+    work_queue(stub, ORDERS, partitions=ORDERS_PARTITIONS)
+    group(stub, ORDERS, "billing")
+    for i in range(60):
+        publish(stub, ORDERS, b"order-%03d" % i, key=b"k%d" % (i % 6), idempotency_key=f"o-{i}")
+    dup = publish(stub, ORDERS, b"order-007", key=b"k1", idempotency_key="o-7")
+    assert dup[0].duplicate  # the broker's dedup: nothing stored
+    got = lease_all(stub, ORDERS, "billing", count=30)
+    ack(stub, ORDERS, "billing", receipts(got[:20]))
+    nack(stub, ORDERS, "billing", receipts(got[20:25]), dead=True, reason="audit test")
+    # got[25:] stays leased.
+    group(stub, ORDERS, "late", start=pb.StartPosition(latest=True))
+    for i in range(60, 80):
+        publish(stub, ORDERS, b"order-%03d" % i, key=b"k%d" % (i % 6), idempotency_key=f"o-{i}")
+    late = lease_all(stub, ORDERS, "late", count=10)
+    ack(stub, ORDERS, "late", receipts(late))
+
+    work_queue(stub, SHORT, retention=pb.Retention(max_messages=5))
+    group(stub, SHORT, "g")
+    for i in range(3):
+        publish(stub, SHORT, b"short-%d" % i)
+    doomed = lease_all(stub, SHORT, "g", count=3)
+    nack(stub, SHORT, "g", receipts(doomed), dead=True, reason="to be removed by retention")
+    for i in range(3, 20):
+        publish(stub, SHORT, b"short-%d" % i)
+    _wait_low(stub, SHORT, 15)
+
+    stub.CreateQueue(
+        pb.CreateQueueRequest(
+            config=pb.QueueConfig(name=EVENTS, partitions=2, type=pb.QUEUE_TYPE_STREAM)
+        )
+    )
+    group(stub, EVENTS, "reader")
+    for i in range(40):
+        publish(stub, EVENTS, b"event-%d" % i, key=b"e%d" % (i % 4))
+    stub.CommitOffsets(pb.CommitOffsetsRequest(queue=EVENTS, group="reader", offsets={0: 5, 1: 7}))
+
+
+def _wait_low(stub: Stub, queue: str, low: int, timeout_s: float = 20.0) -> None:
+    """Retention runs on the leader's timer: wait until it removed up to ``low``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        # Fetch at the target: an offset below the low watermark would be refused.
+        r = stub.Fetch(pb.FetchRequest(queue=queue, partition=0, offset=low, max_messages=1))
+        if r.low_watermark >= low:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"retention did not cut {queue} to {low}")
+
+
+def build_single(root: Path) -> list[Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    node = Node(root / "solo", "--retention-interval-ms", "100")
+    node.start()
+    try:
+        with node.channel() as ch:
+            workload(queue_pb2_grpc.QueueServiceStub(ch))
+    finally:
+        assert node.stop() == 0
+    return [node.data_dir]
+
+
+def build_cluster(root: Path) -> list[Path]:
+    cluster = Cluster(root, 3, "--retention-interval-ms", "100")
+    cluster.start()
+    try:
+        leader = cluster.wait_leader()
+        with leader.channel() as ch:
+            workload(queue_pb2_grpc.QueueServiceStub(ch))
+        cluster.wait_converged()
+    finally:
+        cluster.stop()
+    return [n.data_dir for n in cluster.nodes]

@@ -1,0 +1,98 @@
+"""The audit's readers without Spark: layout discovery and what one store's tables hold."""
+
+from __future__ import annotations
+
+import doctest
+from pathlib import Path
+
+import pytest
+
+from fluxmq.audit import layout, tables
+from fluxmq.audit.layout import AuditUsageError, StoreRef
+from fluxmq.core import keys
+from storage.api import NewRecord
+from storage.codec import encode, position
+from storage.lmdb_inspect import LmdbInspector
+from tests.audit import inject
+from tests.audit.conftest import Copier
+from tests.audit.data import ORDERS
+
+
+def test_layout_doctests() -> None:
+    assert doctest.testmod(layout).failed == 0
+
+
+def test_node_names_are_unique_and_a_repeated_explicit_name_is_refused() -> None:
+    assert layout.node_names(["a/n1", "b/n1", "b/n1"]) == [
+        ("n1", "a/n1"),
+        ("n1-2", "b/n1"),
+        ("n1-3", "b/n1"),
+    ]
+    with pytest.raises(AuditUsageError, match="given twice"):
+        layout.node_names(["x=a", "x=b"])
+
+
+def test_replicas_share_their_group_and_single_nodes_never_do(
+    single_pristine: list[Path], cluster_pristine: list[Path]
+) -> None:
+    stores = layout.discover([str(p) for p in [*single_pristine, *cluster_pristine]])
+    groups = {s.node: s.replication_group for s in stores}
+    assert groups["solo"] == "single:solo"
+    assert groups["n0"] == groups["n1"] == groups["n2"] != groups["solo"]
+
+
+def test_a_mode_file_of_another_program_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "data.mdb").write_bytes(b"")
+    (tmp_path / "d" / "MODE").write_text("postgres\n")
+    with pytest.raises(AuditUsageError, match="not a FluxMQ data directory"):
+        layout.discover([str(tmp_path / "d")])
+
+
+def _records(store: StoreRef, names: list[str]) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    with LmdbInspector(store.path) as ins, ins.view() as view:
+        for split in tables.splits(store, view, split_records=7):
+            for batch in tables.read_split(split, view, names):
+                rows.extend(batch.to_pylist())
+    return rows
+
+
+def test_every_record_is_read_once_and_a_damaged_one_is_flagged_not_dropped(
+    single_copy: Copier,
+) -> None:
+    (d,) = single_copy("read")
+    inject.flip_value_byte(d, ORDERS, 0, 2)
+    (store,) = [s for s in layout.discover([str(d)])]
+    rows = _records(store, [n for n, _ in tables.RECORDS])
+    orders = [r for r in rows if r["queue"] == ORDERS]
+    keys = [(r["partition"], r["offset"]) for r in orders]
+    assert len(keys) == len(set(keys)) == 80  # small splits, none read twice
+    (bad,) = [r for r in orders if not r["crc_ok"]]
+    assert (bad["partition"], bad["offset"]) == (0, 2)
+    assert bad["value"] is None and bad["crc"] is not None and "crc32c" in str(bad["error"])
+    good = [r for r in orders if r["crc_ok"]]
+    assert all(r["value"] and r["idempotency_key"] for r in good)
+    dead = [r for r in rows if r["queue"] == f"{ORDERS}.dlq"]
+    assert len(dead) == 5 and all(r["origin_queue"] == ORDERS for r in dead)
+    assert all(r["dead_group"] == "billing" and r["origin_offset"] is not None for r in dead)
+
+
+def test_a_narrow_schema_decodes_only_its_columns(single_pristine: list[Path]) -> None:
+    (store,) = layout.discover([str(single_pristine[0])])
+    rows = _records(store, ["offset", "crc_ok"])
+    assert rows and set(rows[0]) == {"offset", "crc_ok"}
+
+
+def test_records_stored_outside_the_watermarks_are_read(single_copy: Copier) -> None:
+    (d,) = single_copy("stray")
+    high = inject.high(d, ORDERS, 0)
+    last = inject.read(d, ORDERS, 0, high - 1)
+    log_id = keys.log_id(inject.queue_id(d, ORDERS), 0)
+    with inject._env(d) as (txn, log, _kv):  # a copy of the last record, past the watermark
+        record = NewRecord(last.timestamp_ms, last.value, last.key, last.headers, None)
+        txn.put(position(log_id, high + 5), encode(log_id, high + 5, record), db=log)
+    (store,) = layout.discover([str(d)])
+    rows = _records(store, ["queue", "partition", "offset"])
+    offsets = [r["offset"] for r in rows if r["queue"] == ORDERS and r["partition"] == 0]
+    assert offsets == [*range(high), high + 5]
