@@ -42,13 +42,12 @@ from bench.fluxmq_driver import (
     lease_ack_workload,
     publish_workload,
 )
+from bench.results_md import write_section
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client import AsyncClient, Message
 
 HERE = Path(__file__).resolve().parent
 GOAL = 0.8
-SECTION_START = "<!-- sdk -->"
-SECTION_END = "<!-- /sdk -->"
 
 
 @dataclass
@@ -216,17 +215,7 @@ def markdown(
 
 
 def write_results(md: str) -> None:
-    path = HERE / "RESULTS.md"
-    body = path.read_text()
-    block = f"{SECTION_START}\n{md}{SECTION_END}\n\n"
-    if SECTION_START in body and SECTION_END in body:
-        before, rest = body.split(SECTION_START, 1)
-        after = rest.split(SECTION_END, 1)[1].lstrip("\n")
-        path.write_text(before + block + after)
-    else:
-        marker = "<!-- generated -->"
-        before, sep, after = body.partition(marker)
-        path.write_text(before + block + sep + after)
+    write_section("sdk", md)
 
 
 async def run(args: argparse.Namespace) -> int:

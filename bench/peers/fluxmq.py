@@ -1,0 +1,133 @@
+"""FluxMQ as a peer of the comparison: the same `fluxmq serve` processes as the rest of bench/
+(one node, or three Raft replicas of one shard), driven through its gRPC API."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+import grpc
+
+from bench.cluster import FluxCluster
+from bench.fluxmq_driver import FluxNode
+from bench.peers.api import Delivered
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq._pb.v1 import queue_pb2_grpc
+
+DURABILITY = (
+    "Publish answers OK after the records are fsync'd to LMDB (1 node), or appended to the Raft "
+    "journal and fsync'd on a majority and applied on the leader (3 nodes); acks and leases are "
+    "replicated commands with the same rule"
+)
+
+
+class FluxAdapter:
+    name = "fluxmq"
+    durability = DURABILITY
+
+    def __init__(self, address: str, nodes: int, pids: list[int]) -> None:
+        self.address = address
+        self.nodes = nodes
+        self._pids = pids
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: queue_pb2_grpc.QueueServiceStub | None = None
+
+    async def connect(self) -> None:
+        self._channel = grpc.aio.insecure_channel(self.address)
+        self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+    @property
+    def stub(self) -> queue_pb2_grpc.QueueServiceStub:
+        assert self._stub is not None, "connect() first"
+        return self._stub
+
+    async def create_queue(self, queue: str, groups: Sequence[str]) -> None:
+        config = pb.QueueConfig(name=queue, partitions=1, type=pb.QUEUE_TYPE_WORK)
+        await self.stub.CreateQueue(pb.CreateQueueRequest(config=config), timeout=10)
+        for group in groups:
+            await self.stub.CreateGroup(pb.CreateGroupRequest(queue=queue, group=group), timeout=10)
+
+    async def publish(self, queue: str, payloads: Sequence[bytes]) -> None:
+        messages = [pb.PublishMessage(value=p) for p in payloads]
+        await self.stub.Publish(pb.PublishRequest(queue=queue, messages=messages), timeout=30)
+
+    async def receive(
+        self, queue: str, group: str, max_messages: int, wait_ms: int
+    ) -> list[Delivered]:
+        resp = await self.stub.Lease(
+            pb.LeaseRequest(
+                queue=queue,
+                group=group,
+                consumer_id=f"bench-{id(asyncio.current_task())}",
+                max_messages=max_messages,
+                wait_ms=wait_ms,
+            ),
+            timeout=wait_ms / 1000 + 30,
+        )
+        return [Delivered(m.record.value, m.receipt) for m in resp.messages]
+
+    async def ack(self, queue: str, group: str, messages: Sequence[Delivered]) -> None:
+        if messages:
+            await self.stub.Ack(
+                pb.AckRequest(queue=queue, group=group, receipts=[m.handle for m in messages]),
+                timeout=30,
+            )
+
+    def server_pids(self) -> list[int]:
+        return list(self._pids)
+
+
+class FluxPeerCluster:
+    """One `fluxmq serve` node, or three replicas; clients talk to the (first) leader."""
+
+    name = "fluxmq"
+
+    def __init__(self, root: Path, nodes: int) -> None:
+        assert nodes in (1, 3), nodes
+        self.nodes = nodes
+        self._single = FluxNode(root / "n0") if nodes == 1 else None
+        self._cluster = FluxCluster(root, nodes) if nodes > 1 else None
+        self._leader: FluxNode | None = None
+
+    def start(self) -> None:
+        if self._single is not None:
+            self._single.start()
+            self._leader = self._single
+            return
+        assert self._cluster is not None
+        self._cluster.start()
+        self._leader = asyncio.run(self._cluster.wait_leader())
+
+    def stop(self) -> None:
+        if self._single is not None:
+            self._single.stop()
+        if self._cluster is not None:
+            self._cluster.stop()
+
+    def _all(self) -> list[FluxNode]:
+        return [self._single] if self._single is not None else list(self._cluster.nodes)  # type: ignore[union-attr]
+
+    def adapter(self) -> FluxAdapter:
+        assert self._leader is not None, "start() first"
+        pids = [n.proc.pid for n in self._all() if n.proc is not None]
+        return FluxAdapter(self._leader.address, self.nodes, pids)
+
+    def leader_pid(self) -> int:
+        assert self._leader is not None and self._leader.proc is not None
+        return self._leader.proc.pid
+
+    def versions(self) -> dict[str, str]:
+        return {"fluxmq": metadata.version("fluxmq"), "grpcio": grpc.__version__}
+
+    def __enter__(self) -> FluxPeerCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

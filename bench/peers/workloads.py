@@ -1,0 +1,269 @@
+"""The comparison's workloads, written once against ``bench.peers.api.Adapter``.
+
+- ``publish``: ``concurrency`` publishers, each a closed loop of publish calls of ``batch``
+  messages of ``size`` bytes, for ``duration_s`` or ``messages_max`` messages; latency per call.
+- ``consume``: a queue prefilled with ``prefill`` messages is drained by ``concurrency``
+  consumers of one group, each looping receive(batch) + ack; latency per receive+ack cycle.
+- ``end_to_end``: publishers paced to ``rate`` messages/s (one message per call) while
+  ``consumers`` of one group receive and ack; latency = delivered - sent, per message.
+- ``fanout``: one queue, three groups; publishers paced to ``rate`` while every group consumes;
+  throughput counts deliveries (3 per message), latency as in end_to_end.
+
+All loops are bounded by time and by count. Client CPU (this process) and broker CPU (the
+adapter's server processes) are recorded beside every number: on a 2-core machine the client
+competes with the brokers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from bench.fluxmq_driver import RunResult
+from bench.peers.api import Adapter, Delivered
+
+_STAMP = struct.Struct(">Q")
+RECEIVE_WAIT_MS = 200
+DRAIN_GRACE_S = 10.0  # after publishing stops, how long consumers may take to catch up
+
+
+def payload(size: int) -> bytes:
+    """A message of ``size`` bytes whose first 8 are the send time."""
+    return _STAMP.pack(time.perf_counter_ns()) + os.urandom(max(0, size - _STAMP.size))
+
+
+def sent_at_ns(body: bytes) -> int:
+    return int(_STAMP.unpack_from(body)[0])
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            total += (int(parts[11]) + int(parts[12])) / tick
+        except OSError:
+            continue
+    return total
+
+
+class _Meter:
+    """Client and server CPU over a run."""
+
+    def __init__(self, adapter: Adapter) -> None:
+        self.pids = adapter.server_pids()
+        self.client0 = time.process_time()
+        self.server0 = cpu_seconds(self.pids)
+
+    def apply(self, result: RunResult) -> RunResult:
+        result.client_cpu_s = time.process_time() - self.client0
+        result.server_cpu_s = cpu_seconds(self.pids) - self.server0
+        return result
+
+
+async def _loops(
+    step: Callable[[], Awaitable[None]],
+    more: Callable[[], bool],
+    stop_at: float,
+    concurrency: int,
+    interval_s: float | None,
+) -> None:
+    """``concurrency`` loops calling ``step`` until ``stop_at`` or ``more()`` is false; each
+    paced to one call per ``interval_s`` (staggered) when given, else closed."""
+    start = time.perf_counter()
+
+    async def loop(k: int) -> None:
+        next_at = start + (interval_s or 0) * k / concurrency
+        while time.perf_counter() < stop_at and more():
+            if interval_s is not None:
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                next_at += interval_s
+            await step()
+
+    await asyncio.gather(*(loop(k) for k in range(concurrency)))
+
+
+async def publish(
+    adapter: Adapter,
+    queue: str,
+    *,
+    size: int,
+    batch: int,
+    concurrency: int,
+    duration_s: float,
+    messages_max: int,
+) -> RunResult:
+    await adapter.publish(queue, [payload(size) for _ in range(batch)])  # warm-up
+    latencies: list[float] = []
+    sent = 0
+
+    async def once() -> None:
+        nonlocal sent
+        bodies = [payload(size) for _ in range(batch)]
+        t0 = time.perf_counter()
+        await adapter.publish(queue, bodies)
+        latencies.append((time.perf_counter() - t0) * 1000)
+        sent += batch
+
+    meter = _Meter(adapter)
+    start = time.perf_counter()
+    await _loops(once, lambda: sent < messages_max, start + duration_s, concurrency, None)
+    elapsed = time.perf_counter() - start
+    return meter.apply(
+        RunResult(
+            "publish",
+            sent,
+            elapsed,
+            latencies,
+            params={"size": size, "batch": batch, "concurrency": concurrency},
+        )
+    )
+
+
+async def consume(
+    adapter: Adapter,
+    queue: str,
+    group: str,
+    *,
+    size: int,
+    batch: int,
+    concurrency: int,
+    prefill: int,
+    duration_s: float,
+) -> RunResult:
+    fill_batch = 100
+    for at in range(0, prefill, fill_batch):
+        await adapter.publish(queue, [payload(size) for _ in range(min(fill_batch, prefill - at))])
+    latencies: list[float] = []
+    acked = 0
+
+    async def once() -> None:
+        nonlocal acked
+        t0 = time.perf_counter()
+        got = await adapter.receive(queue, group, batch, RECEIVE_WAIT_MS)
+        await adapter.ack(queue, group, got)
+        if got:
+            latencies.append((time.perf_counter() - t0) * 1000)
+        acked += len(got)
+
+    meter = _Meter(adapter)
+    start = time.perf_counter()
+    await _loops(once, lambda: acked < prefill, start + duration_s, concurrency, None)
+    elapsed = time.perf_counter() - start
+    return meter.apply(
+        RunResult(
+            "consume",
+            acked,
+            elapsed,
+            latencies,
+            params={"size": size, "batch": batch, "concurrency": concurrency},
+            detail={"prefilled": prefill, "drained": acked >= prefill},
+        )
+    )
+
+
+async def _paced_with_consumers(
+    adapter: Adapter,
+    queue: str,
+    groups: Sequence[str],
+    *,
+    name: str,
+    size: int,
+    rate: float,
+    duration_s: float,
+    publishers: int,
+    consumers_per_group: int,
+    batch: int,
+) -> RunResult:
+    latencies: list[float] = []
+    published = 0
+    delivered = 0
+    done_publishing = False
+
+    async def publish_once() -> None:
+        nonlocal published
+        await adapter.publish(queue, [payload(size)])
+        published += 1
+
+    async def consumer(group: str) -> None:
+        nonlocal delivered
+        deadline = time.perf_counter() + duration_s + DRAIN_GRACE_S
+        mine = 0
+        while time.perf_counter() < deadline:
+            if done_publishing and delivered >= published * len(groups):
+                return
+            got: list[Delivered] = await adapter.receive(queue, group, batch, RECEIVE_WAIT_MS)
+            now = time.perf_counter_ns()
+            latencies.extend((now - sent_at_ns(m.payload)) / 1e6 for m in got)
+            await adapter.ack(queue, group, got)
+            delivered += len(got)
+            mine += len(got)
+
+    meter = _Meter(adapter)
+    start = time.perf_counter()
+    tasks = [asyncio.create_task(consumer(g)) for g in groups for _ in range(consumers_per_group)]
+    await _loops(publish_once, lambda: True, start + duration_s, publishers, publishers / rate)
+    done_publishing = True
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    return meter.apply(
+        RunResult(
+            name,
+            delivered,
+            elapsed,
+            latencies,
+            params={"size": size, "rate": rate, "groups": len(groups), "batch": batch},
+            detail={
+                "published": published,
+                "delivered": delivered,
+                "complete": delivered == published * len(groups),
+            },
+        )
+    )
+
+
+async def end_to_end(
+    adapter: Adapter, queue: str, group: str, *, size: int, rate: float, duration_s: float
+) -> RunResult:
+    return await _paced_with_consumers(
+        adapter,
+        queue,
+        [group],
+        name="end_to_end",
+        size=size,
+        rate=rate,
+        duration_s=duration_s,
+        publishers=4,
+        consumers_per_group=2,
+        batch=100,
+    )
+
+
+async def fanout(
+    adapter: Adapter,
+    queue: str,
+    groups: Sequence[str],
+    *,
+    size: int,
+    rate: float,
+    duration_s: float,
+) -> RunResult:
+    return await _paced_with_consumers(
+        adapter,
+        queue,
+        groups,
+        name="fanout",
+        size=size,
+        rate=rate,
+        duration_s=duration_s,
+        publishers=4,
+        consumers_per_group=1,
+        batch=100,
+    )
