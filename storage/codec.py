@@ -307,6 +307,46 @@ def decode_at(pos: bytes, log_id: int, offset: int, buf: bytes) -> Record:
     return _make_record(offset, timestamp_ms, value, key, headers, idempotency_key, size)
 
 
+def decode_lean_at(
+    pos: bytes, log_id: int, offset: int, buf: bytes
+) -> tuple[int, bytes | None, str | None] | None:
+    """(timestamp_ms, key, idempotency_key) of a stored record without headers, checked exactly
+    as :func:`decode_at` checks it but without copying out the value: for readers that scan
+    many records and need only these fields (the audit). Returns None for a record that has
+    headers (call :func:`decode_at` for it); raises ``CorruptRecordError`` like it."""
+    size = len(buf)
+    if size < _HEAD_SIZE:
+        raise CorruptRecordError(log_id, offset, f"{size} bytes, shorter than a record head")
+    crc, fmt, timestamp_ms, key_len, value_len, header_count, idem_len = _unpack_head(buf)
+    if crc32c(memoryview(buf)[4:], crc32c(pos)) != crc:
+        raise CorruptRecordError(log_id, offset, "crc32c mismatch")
+    if header_count:
+        return None
+    if fmt != FORMAT_V1:
+        raise CorruptRecordError(log_id, offset, f"unknown record format {fmt}")
+    at = _HEAD_SIZE
+    if key_len == _NO_KEY:
+        key = None
+    elif key_len > RECORD_KEY_BYTES_MAX:
+        raise CorruptRecordError(log_id, offset, f"key length {key_len} over the limit")
+    else:
+        key = buf[at : at + key_len]
+        at += key_len
+    at += value_len
+    if idem_len == _NO_IDEMPOTENCY_KEY:
+        idempotency_key = None
+    elif idem_len > IDEMPOTENCY_KEY_BYTES_MAX:
+        raise CorruptRecordError(
+            log_id, offset, f"idempotency key length {idem_len} over the limit"
+        )
+    else:
+        idempotency_key = _text(buf[at : at + idem_len], log_id, offset)
+        at += idem_len
+    if at != size:
+        raise CorruptRecordError(log_id, offset, f"lengths add up to {at} bytes, record has {size}")
+    return timestamp_ms, key, idempotency_key
+
+
 def _decode_headers(
     buf: bytes, at: int, count: int, log_id: int, offset: int
 ) -> tuple[_Headers, int]:

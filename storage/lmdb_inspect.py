@@ -78,6 +78,26 @@ class InspectView:
                     return
                 yield int.from_bytes(key[8:], "big"), key, value
 
+    def records_before(self, log_id: int, offset: int) -> Iterator[tuple[int, bytes, bytes]]:
+        """(offset, position, stored bytes) of the records of ``log_id`` below ``offset``,
+        nearest first (unchecked)."""
+        if offset == 0:
+            return
+        first = position(log_id, 0)
+        with self._txn.cursor(db=self._dbs[0]) as cursor:
+            if cursor.set_range(position(log_id, offset)):
+                if not cursor.prev():
+                    return
+            elif not cursor.last():
+                return
+            while True:
+                key = cursor.key()
+                if key < first:
+                    return
+                yield int.from_bytes(key[8:], "big"), key, cursor.value()
+                if not cursor.prev():
+                    return
+
     def get(self, key: bytes) -> bytes | None:
         value = self._txn.get(key, db=self._dbs[2])
         return None if value is None else bytes(value)

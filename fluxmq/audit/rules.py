@@ -98,16 +98,23 @@ def offset_contiguity(t: Tables) -> DataFrame:
         F.col("offset"),
         F.format_string("record stored outside the watermarks [%d, %d)", "low", "high"),
     )
+    # One pass counts every log's stored offsets inside its watermarks; only logs that come out
+    # short are walked offset by offset, to name the missing ranges.
     counts = recs.where(inside).groupBy(*_LOG).agg(F.count(F.lit(1)).alias("n"))
     short = (
         good.join(counts, _LOG, "left")
         .fillna(0, ["n"])
         .where(F.col("n") != F.col("high") - F.col("low"))
     )
-    # Only logs that are short are walked offset by offset, to name the missing ranges.
+    short_logs = short.select(*_LOG).collect()
+    if not short_logs:
+        return damaged.unionByName(outside)
+    short = short.join(
+        F.broadcast(t.records.sparkSession.createDataFrame(short_logs)), _LOG, "left_semi"
+    )
     walk = (
         recs.where(inside)
-        .join(short.select(*_LOG), _LOG, "left_semi")
+        .join(F.broadcast(short.select(*_LOG)), _LOG, "left_semi")
         .select(*_LOG, "offset", "low", "high")
     )
     w = Window.partitionBy(*_LOG).orderBy("offset")
@@ -147,16 +154,42 @@ def offset_contiguity(t: Tables) -> DataFrame:
     return damaged.unionByName(outside).unionByName(missing)
 
 
+AGREEMENT_BLOCK_OFFSETS = 4096
+
+
 def replica_agreement(t: Tables) -> DataFrame:
     key = ["replication_group", "queue_id", "partition", "offset"]
-    recs = t.records.where(F.col("crc_ok")).select(*key, "node", "queue", "crc")
+    block = ["replication_group", "queue_id", "partition", "block"]
+    recs = (
+        t.records.where(F.col("crc_ok"))
+        .select(*key, "node", "queue", "crc")
+        .withColumn("block", F.floor(F.col("offset") / AGREEMENT_BLOCK_OFFSETS))
+    )
+    # Replicas are compared by block digests first (an xor of per-record hashes: the shuffle
+    # moves one row per block and node, not one per record); only blocks whose digests differ
+    # are compared offset by offset. A block that differs only because a replica lacks a
+    # record has no disagreeing offset (offset_contiguity reports the loss).
+    digests = recs.groupBy(*block, "node").agg(
+        F.bit_xor(F.xxhash64("offset", "crc")).alias("digest")
+    )
+    differing = (
+        digests.groupBy(*block)
+        .agg(F.min("digest").alias("lo"), F.max("digest").alias("hi"))
+        .where(F.col("lo") != F.col("hi"))
+        .select(*block)
+        .collect()
+    )
+    if not differing:
+        return _violations(recs.limit(0), "replica_agreement", F.col("offset"), F.lit(""))
+    blocks = t.records.sparkSession.createDataFrame(differing)
+    suspects = recs.join(F.broadcast(blocks), block, "left_semi")
     split = (
-        recs.groupBy(*key)
+        suspects.groupBy(*key)
         .agg(F.min("crc").alias("lo"), F.max("crc").alias("hi"))
         .where(F.col("lo") != F.col("hi"))
         .select(*key)
     )
-    rows = recs.join(split, key, "left_semi")
+    rows = suspects.join(split, key, "left_semi")
     by_crc = rows.groupBy(*key, "crc").agg(
         F.count(F.lit(1)).alias("copies"), F.sort_array(F.collect_list("node")).alias("nodes")
     )
@@ -214,12 +247,21 @@ def dedup_window(t: Tables) -> DataFrame:
 
 def key_order(t: Tables) -> DataFrame:
     who = [*_LOG, "key"]
+    # A log whose timestamps never go down (ts >= ts_prev, the previous good record's) has every
+    # key in order: only logs where they do go down are sorted per key.
+    unordered = (
+        t.records.where(F.col("timestamp_ms") < F.col("ts_prev")).select(*_LOG).distinct()
+    ).collect()
     recs = t.records.where(F.col("key").isNotNull() & F.col("crc_ok")).select(
         *who, "queue", "offset", "timestamp_ms"
     )
+    if not unordered:
+        return _violations(recs.limit(0), "key_order", F.col("offset"), F.lit(""))
+    logs = t.records.sparkSession.createDataFrame(unordered)
     w = Window.partitionBy(*who).orderBy("offset")
     back = (
-        recs.withColumn("prev_ts", F.lag("timestamp_ms").over(w))
+        recs.join(F.broadcast(logs), _LOG, "left_semi")
+        .withColumn("prev_ts", F.lag("timestamp_ms").over(w))
         .withColumn("prev_offset", F.lag("offset").over(w))
         .where(F.col("timestamp_ms") < F.col("prev_ts"))
     )

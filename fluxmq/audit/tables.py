@@ -2,7 +2,9 @@
 
 ``records``: one row per stored record
     node, replication_group, queue (null for a log no queue owns), queue_id, partition, offset,
-    timestamp_ms, key, value, headers (name -> bytes), idempotency_key, crc (the stored crc32c),
+    timestamp_ms, ts_prev (the timestamp of the nearest earlier record of the log that passed
+    its check: a timestamp below it means the log is out of time order), key, value, headers
+    (name -> bytes), idempotency_key, crc (the stored crc32c),
     crc_ok (the record passed its checksum and decodes), size_bytes, error (why not), and, for a
     dead letter, origin_queue, origin_partition, origin_offset and dead_group (from its
     ``fluxmq-original-*`` and ``fluxmq-group`` headers). A record that fails its check has null
@@ -34,7 +36,7 @@ from fluxmq.core import keys
 from fluxmq.core.delivery import LEASED, SCHEDULED
 from fluxmq.core.queue_config import policy_of
 from storage.api import CorruptRecordError
-from storage.codec import decode_at
+from storage.codec import decode_at, decode_lean_at
 from storage.lmdb_inspect import InspectView
 
 OFFSET_END = 2**64 - 1  # the last split of a log reads to here, so stray records are seen too
@@ -60,6 +62,7 @@ RECORDS: list[tuple[str, pa.DataType]] = [
     ("partition", _I32),
     ("offset", _I64),
     ("timestamp_ms", _I64),
+    ("ts_prev", _I64),
     ("key", _BIN),
     ("value", _BIN),
     ("headers", _HEADERS),
@@ -223,22 +226,44 @@ def read_split(split: Split, view: InspectView, names: list[str]) -> Iterator[pa
         "queue_id": queue_id,
         "partition": partition,
     }
-    cols = _RecordColumns()
+    lean = not ({"value", "headers"} & set(names))
+    last_ts = _timestamp_before(view, split.log_id, split.start)
+    cols = _RecordColumns(lean, last_ts)
     for offset, pos, buf in view.records(split.log_id, split.start, split.end):
         cols.add(split.log_id, offset, pos, buf)
         if cols.rows == BATCH_ROWS:
             yield cols.batch(schema, names, constant)
-            cols = _RecordColumns()
+            cols = _RecordColumns(lean, cols.last_ts)
     if cols.rows:
         yield cols.batch(schema, names, constant)
 
 
+PREVIOUS_LOOKBACK_MAX = 64  # damaged records skipped looking for the previous good timestamp
+
+
+def _timestamp_before(view: InspectView, log_id: int, offset: int) -> int | None:
+    """The timestamp of the nearest record below ``offset`` that passes its check (the split
+    before this one read it), so ``ts_prev`` is right across split boundaries."""
+    for n, (off, pos, buf) in enumerate(view.records_before(log_id, offset)):
+        if n >= PREVIOUS_LOOKBACK_MAX:
+            return None
+        try:
+            return decode_at(pos, log_id, off, buf).timestamp_ms
+        except CorruptRecordError:
+            continue
+    return None
+
+
 class _RecordColumns:
     """Column lists of up to BATCH_ROWS decoded records (one list per field: appending to lists
-    and building each Arrow array once is several times faster than a dict per row)."""
+    and building each Arrow array once is several times faster than a dict per row). ``lean``:
+    the value and headers are not wanted, so records without headers are checked without
+    copying their value out."""
 
-    def __init__(self) -> None:
+    def __init__(self, lean: bool, last_ts: int | None) -> None:
         self.rows = 0
+        self.lean = lean
+        self.last_ts = last_ts
         self.c: dict[str, list[Any]] = {n: [] for n, _ in RECORDS}
 
     def add(self, log_id: int, offset: int, pos: bytes, buf: bytes) -> None:
@@ -248,7 +273,8 @@ class _RecordColumns:
         c["crc"].append(int.from_bytes(buf[:4], "big") if len(buf) >= 4 else None)
         c["size_bytes"].append(len(buf))
         try:
-            record = decode_at(pos, log_id, offset, buf)
+            lean = decode_lean_at(pos, log_id, offset, buf) if self.lean else None
+            record = None if lean is not None else decode_at(pos, log_id, offset, buf)
         except CorruptRecordError as err:
             c["crc_ok"].append(False)
             c["error"].append(str(err))
@@ -257,6 +283,20 @@ class _RecordColumns:
             return
         c["crc_ok"].append(True)
         c["error"].append(None)
+        c["ts_prev"].append(self.last_ts)
+        if lean is not None:
+            timestamp_ms, key, idempotency_key = lean
+            self.last_ts = timestamp_ms
+            c["timestamp_ms"].append(timestamp_ms)
+            c["key"].append(key)
+            c["idempotency_key"].append(idempotency_key)
+            c["value"].append(None)
+            c["headers"].append(())
+            for n in _ORIGIN_FIELDS:
+                c[n].append(None)
+            return
+        assert record is not None
+        self.last_ts = record.timestamp_ms
         c["timestamp_ms"].append(record.timestamp_ms)
         c["key"].append(record.key)
         c["value"].append(record.value)
@@ -290,6 +330,7 @@ class _RecordColumns:
 _ORIGIN_FIELDS = ("origin_queue", "origin_partition", "origin_offset", "dead_group")
 _RECORD_FIELDS = (
     "timestamp_ms",
+    "ts_prev",
     "key",
     "value",
     "idempotency_key",

@@ -96,3 +96,24 @@ def test_records_stored_outside_the_watermarks_are_read(single_copy: Copier) -> 
     rows = _records(store, ["queue", "partition", "offset"])
     offsets = [r["offset"] for r in rows if r["queue"] == ORDERS and r["partition"] == 0]
     assert offsets == [*range(high), high + 5]
+
+
+def test_ts_prev_is_the_previous_good_timestamp_across_splits_and_damage(
+    single_copy: Copier,
+) -> None:
+    (d,) = single_copy("tsprev")
+    inject.flip_value_byte(d, ORDERS, 0, 3)
+    (store,) = layout.discover([str(d)])
+    rows = [
+        r
+        for r in _records(store, ["queue", "partition", "offset", "timestamp_ms", "ts_prev"])
+        if r["queue"] == ORDERS and r["partition"] == 0
+    ]
+    previous = None
+    for r in rows:  # splits of 7 offsets: several boundaries, one damaged record at offset 3
+        if r["offset"] == 3:
+            assert r["timestamp_ms"] is None and r["ts_prev"] is None
+            continue
+        assert r["ts_prev"] == previous, r
+        previous = r["timestamp_ms"]
+    assert len(rows) > 14
