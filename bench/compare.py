@@ -65,6 +65,62 @@ def _queue(prefix: str) -> str:
     return f"{prefix}-{next(QUEUE_COUNTER)}"
 
 
+async def profile_fluxmq(
+    cluster: Cluster, adapter: Adapter, args: argparse.Namespace, stamp: str
+) -> dict[str, str]:
+    """py-spy on the FluxMQ leader (per thread) while it serves a publish run (batch API) and a
+    consume run; flame graphs and raw samples go to ``--out``. -> name: top costs (text)."""
+    from bench.flux_suite import profile
+    from bench.peers.fluxmq import FluxPeerCluster
+
+    assert isinstance(cluster, FluxPeerCluster)
+    out = Path(args.out)
+    seconds = max(2, int(args.duration))
+    texts: dict[str, str] = {}
+    await adapter.connect()
+    try:
+        q = _queue("profile-pub")
+        await adapter.create_queue(q, ["g"])
+        name = f"compare-{stamp}-profile-publish-x{cluster.nodes}"
+        spy = asyncio.create_task(
+            asyncio.to_thread(profile, cluster.leader_node(), seconds, out / name, threads=True)
+        )
+        await workloads.publish(
+            adapter,
+            q,
+            size=args.size,
+            batch=args.flux_batch,
+            concurrency=4,
+            duration_s=seconds + 1,
+            messages_max=args.messages_max,
+        )
+        texts[f"publish, batches of {args.flux_batch}, 4 clients ({name}.svg)"] = await spy
+        q = _queue("profile-consume")
+        await adapter.create_queue(q, ["g"])
+        prefill = args.consume_prefill * 2
+        for _ in range(0, prefill, 100):
+            await adapter.publish(q, [workloads.payload(args.size) for _ in range(100)])
+        name = f"compare-{stamp}-profile-consume-x{cluster.nodes}"
+        spy = asyncio.create_task(
+            asyncio.to_thread(profile, cluster.leader_node(), seconds, out / name, threads=True)
+        )
+        await workloads.consume(
+            adapter,
+            q,
+            "g",
+            size=args.size,
+            batch=args.consume_batch,
+            concurrency=args.consume_concurrency,
+            prefill=prefill,
+            duration_s=seconds + 1,
+            filled=True,
+        )
+        texts[f"consume, receive {args.consume_batch} + ack, 4 consumers ({name}.svg)"] = await spy
+    finally:
+        await adapter.close()
+    return texts
+
+
 async def run_workloads(
     adapter: Adapter, args: argparse.Namespace, on_result: Callable[[RunResult], None]
 ) -> None:
@@ -164,9 +220,12 @@ def running(cluster: Cluster) -> Iterator[Cluster]:
         cluster.stop()
 
 
-def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run(
+    args: argparse.Namespace, stamp: str
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str]]:
     rows: list[dict[str, Any]] = []
     versions: dict[str, Any] = {}
+    profiles: dict[str, str] = {}
     for nodes in args.nodes:
         for broker in args.brokers:
             root = Path(tempfile.mkdtemp(prefix=f"fluxmq-compare-{broker}{nodes}-"))
@@ -179,7 +238,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
                 print(f"{broker} x{nodes}: started in {started_s:.1f} s", file=sys.stderr)
 
                 asyncio.run(run_workloads(adapter, args, _collector(rows, broker, nodes, adapter)))
-    return rows, versions
+                if args.profile and broker == "fluxmq" and nodes == max(args.nodes):
+                    found = asyncio.run(profile_fluxmq(cluster, cluster.adapter(), args, stamp))
+                    profiles.update({f"{k}, {nodes} node(s)": v for k, v in found.items()})
+    return rows, versions, profiles
 
 
 def _by(rows: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, dict[str, Any]]]:
@@ -379,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--consume-batch", type=int, default=100)
     p.add_argument("--consume-concurrency", type=int, default=4)
     p.add_argument("--e2e-rate", type=float, default=500.0, help="msg/s offered in e2e/fanout")
+    p.add_argument("--profile", action="store_true", help="py-spy FluxMQ's leader (largest size)")
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--write-results", action="store_true", help="update bench/RESULTS.md")
     args = p.parse_args(argv)
@@ -388,12 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    rows, versions = run(args)
+    rows, versions, profiles = run(args, stamp)
     info = {
         **machine(),
         "stamp": stamp,
         "argv": " ".join(sys.argv[1:] if argv is None else argv),
         "versions": versions,
+        "profiles": profiles,
     }
     info["plots"] = plots(rows, out, stamp)
     (out / f"compare-{stamp}.json").write_text(

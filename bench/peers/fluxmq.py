@@ -118,9 +118,9 @@ class FluxPeerCluster:
         pids = [n.proc.pid for n in self._all() if n.proc is not None]
         return FluxAdapter(self._leader.address, self.nodes, pids)
 
-    def leader_pid(self) -> int:
-        assert self._leader is not None and self._leader.proc is not None
-        return self._leader.proc.pid
+    def leader_node(self) -> FluxNode:
+        assert self._leader is not None, "start() first"
+        return self._leader
 
     def versions(self) -> dict[str, str]:
         return {"fluxmq": metadata.version("fluxmq"), "grpcio": grpc.__version__}

@@ -137,9 +137,11 @@ async def consume(
     concurrency: int,
     prefill: int,
     duration_s: float,
+    filled: bool = False,
 ) -> RunResult:
+    """``filled``: the queue already holds ``prefill`` messages (the caller published them)."""
     fill_batch = 100
-    for at in range(0, prefill, fill_batch):
+    for at in range(0, 0 if filled else prefill, fill_batch):
         await adapter.publish(queue, [payload(size) for _ in range(min(fill_batch, prefill - at))])
     latencies: list[float] = []
     acked = 0
