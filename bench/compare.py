@@ -3,8 +3,9 @@
 For each broker (``--brokers``) and cluster size (``--nodes``), a fresh cluster on loopback runs
 the same workloads (``bench.peers.workloads``) through its adapter (``bench.peers``):
 
-- ``publish``: one message per call (the peers' pattern) at each ``--concurrency``, and FluxMQ
-  also with its batch API (``--flux-batch`` messages per call);
+- ``publish``: one message per call at each ``--concurrency``, and batches of ``--batch``
+  messages per call (FluxMQ's Publish of many messages; for the peers that many publishes in
+  flight, every confirm awaited);
 - ``consume``: a prefilled queue drained by receive(batch) + ack;
 - ``end_to_end``: publish -> delivered latency at ``--e2e-rate`` msg/s (the same offered load
   for every broker);
@@ -25,6 +26,7 @@ import contextlib
 import json
 import math
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -89,12 +91,12 @@ async def profile_fluxmq(
             adapter,
             q,
             size=args.size,
-            batch=args.flux_batch,
+            batch=args.batch,
             concurrency=4,
             duration_s=seconds + 1,
             messages_max=args.messages_max,
         )
-        texts[f"publish, batches of {args.flux_batch}, 4 clients ({name}.svg)"] = await spy
+        texts[f"publish, batches of {args.batch}, 4 clients ({name}.svg)"] = await spy
         q = _queue("profile-consume")
         await adapter.create_queue(q, ["g"])
         prefill = args.consume_prefill * 2
@@ -126,7 +128,10 @@ async def run_workloads(
 ) -> None:
     await adapter.connect()
     try:
-        batches = [1] + ([args.flux_batch] if adapter.name == "fluxmq" else [])
+        # One message per call (what a plain client does), and batches: FluxMQ's Publish of
+        # many messages, RabbitMQ's confirms of that many messages in flight on one channel,
+        # NATS's that many async PubAcks in flight.
+        batches = [1, args.batch]
         for batch in batches:
             for concurrency in args.concurrency:
                 q = _queue("pub")
@@ -231,7 +236,9 @@ def run(
             root = Path(tempfile.mkdtemp(prefix=f"fluxmq-compare-{broker}{nodes}-"))
             t0 = time.monotonic()
             cluster = make_cluster(broker, root, nodes)
-            with running(cluster):
+            with contextlib.ExitStack() as cleanup:
+                cleanup.callback(shutil.rmtree, root, ignore_errors=True)
+                cleanup.enter_context(running(cluster))
                 started_s = time.monotonic() - t0
                 versions[broker] = cluster.versions()
                 adapter = cluster.adapter()
@@ -256,26 +263,26 @@ def _ratio(a: float, b: float) -> str:
 
 
 def goals(rows: list[dict[str, Any]]) -> list[str]:
-    """The issue's goals, measured: 3 nodes, the best one-message-per-call publish of each
-    broker, and FluxMQ's batch API; e2e p99 at the same offered load."""
+    """The issue's goals, measured: 3 nodes, each broker's best publish rate at the same batch
+    size (one message per call, and batches); e2e p99 at the same offered load."""
     best: dict[tuple[str, int], float] = {}
     for r in rows:
         if r["workload"] == "publish" and r["nodes"] == 3:
             key = (r["broker"], r["batch"])
             best[key] = max(best.get(key, 0.0), float(r["msg_per_s"]))
     lines = []
-    for batch in sorted({b for (_, b) in best if _ == "fluxmq"}):
-        flux = best.get(("fluxmq", batch))
+    for batch in sorted({b for (broker, b) in best if broker == "fluxmq"}):
+        flux = best[("fluxmq", batch)]
+        how = "one message per call" if batch == 1 else f"batches of {batch}"
         for peer, goal in (("rabbitmq", GOAL_RABBIT_RATIO), ("nats", GOAL_NATS_RATIO)):
-            other = best.get((peer, 1))
-            if flux is None or other is None:
+            other = best.get((peer, batch))
+            if other is None:
                 continue
             ratio = flux / other
-            how = "one message per call" if batch == 1 else f"batches of {batch}"
             lines.append(
-                f"- 3-node publish, FluxMQ {how} {flux:,.0f} msg/s vs {peer} "
-                f"{other:,.0f} msg/s (one per call): "
-                f"**{ratio:.2f}x** (goal >= {goal:g}x: {'met' if ratio >= goal else 'NOT met'})"
+                f"- 3-node publish, {how}, best of the concurrencies: FluxMQ {flux:,.0f} msg/s "
+                f"vs {peer} {other:,.0f} msg/s: **{ratio:.2f}x** "
+                f"(goal >= {goal:g}x: {'met' if ratio >= goal else 'NOT met'})"
             )
     e2e = {r["broker"]: r for r in rows if r["workload"] == "end_to_end" and r["nodes"] == 3}
     if "fluxmq" in e2e:
@@ -434,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=_csv(int), default=[1, 3], help="cluster sizes: 1,3")
     p.add_argument("--size", type=int, default=256, help="message bytes (default 256)")
     p.add_argument("--concurrency", type=_csv(int), default=[1, 4, 16], help="publishers")
-    p.add_argument("--flux-batch", type=int, default=100, help="FluxMQ's batch publish rows")
+    p.add_argument("--batch", type=int, default=100, help="messages per call in batch rows")
     p.add_argument("--duration", type=float, default=5.0, help="seconds per run")
     p.add_argument("--messages-max", type=int, default=1_000_000, help="bound per run")
     p.add_argument("--consume-prefill", type=int, default=20_000)

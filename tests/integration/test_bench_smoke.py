@@ -65,3 +65,21 @@ def test_comparison_harness_runs_fluxmq_through_every_workload(tmp_path: Path) -
         assert png.read_bytes().startswith(b"\x89PNG")
     assert len(list(tmp_path.glob("compare-*.png"))) == 2
     assert "| publish b=100 c=1 |" in next(tmp_path.glob("compare-*.md")).read_text()
+    assert _leftovers("fluxmq-compare-") == []  # every node stopped, data dirs removed
+
+
+def _leftovers(marker: str) -> list[str]:
+    """Processes whose command line mentions ``marker`` (the harness's data directories)."""
+    import glob
+    import os
+
+    found = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            cmdline = Path(path).read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and str(os.getpid()) not in path:
+            found.append(cmdline)
+    leftover_dirs = glob.glob(f"/tmp/{marker}*")
+    return found + leftover_dirs
