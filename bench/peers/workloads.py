@@ -28,6 +28,9 @@ from bench.peers.api import Adapter, Delivered
 _STAMP = struct.Struct(">Q")
 RECEIVE_WAIT_MS = 200
 DRAIN_GRACE_S = 10.0  # after publishing stops, how long consumers may take to catch up
+# Paced publishers of end_to_end and fanout (one message per call each): enough that every
+# broker reaches the offered rate, so that latencies are compared at the same load.
+E2E_PUBLISHERS = 8
 
 
 def payload(size: int) -> bytes:
@@ -226,6 +229,8 @@ async def _paced_with_consumers(
                 "published": published,
                 "delivered": delivered,
                 "complete": delivered == published * len(groups),
+                # What the publishers achieved of ``rate``: latencies compare only at equal load.
+                "published_per_s": round(published / duration_s),
             },
         )
     )
@@ -242,7 +247,7 @@ async def end_to_end(
         size=size,
         rate=rate,
         duration_s=duration_s,
-        publishers=4,
+        publishers=E2E_PUBLISHERS,
         consumers_per_group=2,
         batch=100,
     )
@@ -265,7 +270,7 @@ async def fanout(
         size=size,
         rate=rate,
         duration_s=duration_s,
-        publishers=4,
+        publishers=E2E_PUBLISHERS,
         consumers_per_group=1,
         batch=100,
     )
