@@ -320,6 +320,16 @@ def markdown(runs: list[dict[str, Any]], info: dict[str, str]) -> str:
             f"| {r['records_per_s']:,.0f} | {r['wall_s'] / base['wall_s']:.2f} "
             f"| {r['records'] / base['records']:.2f} |"
         )
+    if len(runs) >= 2:
+        a, b = linear_fit([r["records"] / 1e6 for r in runs], [r["wall_s"] for r in runs])
+        worst = max(abs(r["wall_s"] - (a + b * r["records"] / 1e6)) / r["wall_s"] for r in runs)
+        lines += [
+            "",
+            f"Least-squares line: wall = {a:.1f} s + {b:.1f} s per million records (x "
+            f"{len(REPLICAS)} replicas), {1e6 * len(REPLICAS) / b:,.0f} records/s at the margin; "
+            f"the runs are within {worst:.0%} of it. The constant is the JVM, Spark session and "
+            "Python workers starting, and the per-job overhead of the rules.",
+        ]
     lines += [
         "",
         f"Where the time goes at {largest['records']:,} records x {len(REPLICAS)} "
@@ -344,6 +354,14 @@ def markdown(runs: list[dict[str, Any]], info: dict[str, str]) -> str:
         met = "met" if w < GOAL_S else "NOT met"
         lines += ["", f"- 10M x 3 replicas: {w:.0f} s (goal < {GOAL_S:.0f} s: {met})"]
     return "\n".join(lines) + "\n"
+
+
+def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b x -> (a, b)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return my - b * mx, b
 
 
 def write_results(md: str) -> None:
