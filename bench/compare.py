@@ -319,6 +319,8 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
     ]
     lines += ["### Goals", "", *(goals(rows) or ["- (no 3-node rows for every broker)"]), ""]
     brokers = [b for b in BROKERS if any(r["broker"] == b for r in rows)]
+    # Ratio columns only when FluxMQ ran: they are FluxMQ / each peer.
+    peers = [b for b in brokers if b != "fluxmq"] if "fluxmq" in brokers else []
     for nodes in sorted({r["nodes"] for r in rows}):
         lines += [
             f"### {nodes} node{'s' if nodes > 1 else ''}",
@@ -327,10 +329,10 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
             + " | ".join(
                 ["workload"]
                 + [f"{b} {what}" for b in brokers for what in ("msg/s", "p50/p99/p999 ms")]
-                + [f"fluxmq / {b}" for b in brokers if b != "fluxmq"]
+                + [f"fluxmq / {b}" for b in peers]
             )
             + " |",
-            "|---|" + "---:|---:|" * len(brokers) + "---:|" * (len(brokers) - 1),
+            "|---|" + "---:|---:|" * len(brokers) + "---:|" * len(peers),
         ]
         for (n, lbl), per in _by(rows).items():
             if n != nodes:
@@ -345,8 +347,7 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
             flux = per.get("fluxmq")
             ratios = [
                 _ratio(flux["msg_per_s"], per[b]["msg_per_s"]) if flux and b in per else ""
-                for b in brokers
-                if b != "fluxmq"
+                for b in peers
             ]
             lines.append(f"| {lbl} | " + " | ".join(cells + ratios) + " |")
         lines.append("")

@@ -83,6 +83,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of process ``pid`` so far; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class FluxNode:
     """A `fluxmq serve` process on loopback, with a fresh data dir."""
 
@@ -129,12 +139,9 @@ class FluxNode:
     def cpu_seconds(self) -> float:
         """User + system CPU of the process so far (the last reading once it has exited)."""
         assert self.proc is not None
-        try:
-            with open(f"/proc/{self.proc.pid}/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return self._cpu_last
-        self._cpu_last = (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+        seconds = process_cpu_seconds(self.proc.pid)
+        if seconds is not None:
+            self._cpu_last = seconds
         return self._cpu_last
 
     def log_tail(self, lines: int = 40) -> str:

@@ -20,9 +20,9 @@ import asyncio
 import os
 import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
-from bench.fluxmq_driver import RunResult
+from bench.fluxmq_driver import RunResult, paced, process_cpu_seconds
 from bench.peers.api import Adapter, Delivered
 
 _STAMP = struct.Struct(">Q")
@@ -43,16 +43,7 @@ def sent_at_ns(body: bytes) -> int:
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-            total += (int(parts[11]) + int(parts[12])) / tick
-        except OSError:
-            continue
-    return total
+    return sum(process_cpu_seconds(pid) or 0.0 for pid in pids)
 
 
 class _Meter:
@@ -67,30 +58,6 @@ class _Meter:
         result.client_cpu_s = time.process_time() - self.client0
         result.server_cpu_s = cpu_seconds(self.pids) - self.server0
         return result
-
-
-async def _loops(
-    step: Callable[[], Awaitable[None]],
-    more: Callable[[], bool],
-    stop_at: float,
-    concurrency: int,
-    interval_s: float | None,
-) -> None:
-    """``concurrency`` loops calling ``step`` until ``stop_at`` or ``more()`` is false; each
-    paced to one call per ``interval_s`` (staggered) when given, else closed."""
-    start = time.perf_counter()
-
-    async def loop(k: int) -> None:
-        next_at = start + (interval_s or 0) * k / concurrency
-        while time.perf_counter() < stop_at and more():
-            if interval_s is not None:
-                delay = next_at - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                next_at += interval_s
-            await step()
-
-    await asyncio.gather(*(loop(k) for k in range(concurrency)))
 
 
 async def publish(
@@ -117,7 +84,7 @@ async def publish(
 
     meter = _Meter(adapter)
     start = time.perf_counter()
-    await _loops(once, lambda: sent < messages_max, start + duration_s, concurrency, None)
+    await paced(once, lambda: sent < messages_max, start, start + duration_s, None, concurrency)
     elapsed = time.perf_counter() - start
     return meter.apply(
         RunResult(
@@ -160,7 +127,7 @@ async def consume(
 
     meter = _Meter(adapter)
     start = time.perf_counter()
-    await _loops(once, lambda: acked < prefill, start + duration_s, concurrency, None)
+    await paced(once, lambda: acked < prefill, start, start + duration_s, None, concurrency)
     elapsed = time.perf_counter() - start
     return meter.apply(
         RunResult(
@@ -214,7 +181,9 @@ async def _paced_with_consumers(
     meter = _Meter(adapter)
     start = time.perf_counter()
     tasks = [asyncio.create_task(consumer(g)) for g in groups for _ in range(consumers_per_group)]
-    await _loops(publish_once, lambda: True, start + duration_s, publishers, publishers / rate)
+    await paced(
+        publish_once, lambda: True, start, start + duration_s, publishers / rate, publishers
+    )
     done_publishing = True
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - start
