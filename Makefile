@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Debian packages the test suite uses (promtool lints /metrics; etcd 3.4+ backs the cluster
-# metadata tests). Installed only when missing.
+# metadata tests; docker-compose validates deploy/compose). Installed only when missing.
 sysdeps:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  echo "installing Debian package prometheus (for promtool)"; \
@@ -21,6 +21,9 @@ sysdeps:
 	@command -v etcd >/dev/null 2>&1 && command -v etcdctl >/dev/null 2>&1 || { \
 	  echo "installing Debian packages etcd-server and etcd-client (for etcd, etcdctl)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server etcd-client >/dev/null; }
+	@command -v docker-compose >/dev/null 2>&1 || { \
+	  echo "installing Debian package docker-compose (checks deploy/compose offline; no engine needed)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null; }
 
 run: $(STAMP)
 	$(PY) -m fluxmq serve

@@ -1,11 +1,13 @@
-"""Node configuration: defaults, then ``FLUXMQ_*`` environment variables, then command-line
-flags. Validated once at start; a bad value stops the node with a message naming the setting."""
+"""Node configuration: defaults, then a TOML file (``--config`` / ``FLUXMQ_CONFIG``), then
+``FLUXMQ_*`` environment variables, then command-line flags. Validated once at start; a bad value
+stops the node with a message naming the setting and where it came from."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
@@ -29,8 +31,10 @@ class NodeConfig:
     log_json: bool = False
     # Cluster mode (a Raft replication group over static peers) when raft_listen is set.
     raft_listen: str = ""
+    raft_bind: str = ""  # host:port the Raft endpoint binds (default: raft_listen)
     peers: str = ""  # comma-separated raft addresses of the other replicas
     cluster_secret: str = ""  # required in cluster mode; prefer FLUXMQ_CLUSTER_SECRET
+    cluster_secret_file: str = ""  # or a file holding it (a mounted Kubernetes Secret)
     shard_id: str = "g1"
     ack_timeout_ms: int = 10_000
     raft_compaction_entries: int = 20_000  # log entries kept before a snapshot replaces them
@@ -42,6 +46,7 @@ class NodeConfig:
     node_ttl_ms: int = 5_000  # a node that stops refreshing disappears after this long
     # Default of the cluster setting auto_provision_groups (etcd's value wins when set).
     auto_provision_groups: bool = False
+    shutdown_grace_ms: int = 20_000  # SIGTERM: hand leadership over and finish in-flight calls
 
     @property
     def cluster_mode(self) -> bool:
@@ -80,9 +85,13 @@ HELP = {
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "log_json": "log one JSON object per line",
     "raft_listen": "host:port of this node's Raft endpoint; setting it starts cluster mode",
+    "raft_bind": "cluster mode: host:port the Raft endpoint binds, e.g. 0.0.0.0:7100 when "
+    "raft_listen is a name (default: raft_listen)",
     "peers": "comma-separated Raft host:port of the other replicas (cluster mode)",
     "cluster_secret": "shared secret of the cluster (prefer the FLUXMQ_CLUSTER_SECRET variable: "
     "flags are visible to other users of the machine)",
+    "cluster_secret_file": "cluster mode: file holding the cluster secret (e.g. a mounted "
+    "Kubernetes Secret); trailing whitespace is ignored",
     "shard_id": "name of the replication group this node serves (cluster mode)",
     "ack_timeout_ms": "cluster mode: how long a write waits for a majority before UNAVAILABLE",
     "raft_compaction_entries": "cluster mode: log entries kept before a snapshot replaces them",
@@ -95,7 +104,11 @@ HELP = {
     "considered gone",
     "auto_provision_groups": "cluster mode: CreateQueue makes a new replication group when none "
     "has the queue's factor (the etcd setting auto_provision_groups overrides it)",
+    "shutdown_grace_ms": "on SIGTERM: how long to hand leadership over and finish in-flight "
+    "calls before stopping",
 }
+
+CONFIG_ENV = "FLUXMQ_CONFIG"
 
 
 def _host_port(value: str, name: str) -> None:
@@ -119,15 +132,40 @@ def _coerce(name: str, raw: str, kind: type) -> object:
     return raw
 
 
+def _from_file(path: str, kinds: Mapping[str, type]) -> dict[str, object]:
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {path!r}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config: {path!r} is not valid TOML: {e}") from None
+    values: dict[str, object] = {}
+    for name, raw in table.items():
+        kind = kinds.get(name)
+        where = f"{path}: {name}"
+        if kind is None:
+            raise ConfigError(f"{where}: not a setting (see `fluxmq serve --help`)")
+        if kind is bool and not isinstance(raw, bool):
+            raise ConfigError(f"{where}: {raw!r} is not true or false")
+        if kind is int and (isinstance(raw, bool) or not isinstance(raw, int)):
+            raise ConfigError(f"{where}: {raw!r} is not a whole number")
+        if kind is str and not isinstance(raw, str):
+            raise ConfigError(f"{where}: {raw!r} is not a string (quote it)")
+        values[name] = raw
+    return values
+
+
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeConfig:
     environ = os.environ if environ is None else environ
     kinds = {f.name: type(getattr(NodeConfig(), f.name)) for f in fields(NodeConfig)}
-    values: dict[str, object] = {}
-    for name, kind in kinds.items():
-        env = environ.get(f"FLUXMQ_{name.upper()}")
-        if env is not None:
-            values[name] = _coerce(f"FLUXMQ_{name.upper()}", env, kind)
     parser = argparse.ArgumentParser(prog="fluxmq serve", description="Run a FluxMQ node.")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help=f'TOML file of settings (keys as below, e.g. listen = "0.0.0.0:7070"); '
+        f"environment variables FLUXMQ_<SETTING> and flags override it (also {CONFIG_ENV})",
+    )
     for name, kind in kinds.items():
         flag = "--" + name.replace("_", "-")
         if kind is bool:
@@ -135,12 +173,29 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeC
         else:
             parser.add_argument(flag, dest=name, default=None, help=HELP[name])
     args = parser.parse_args(list(argv))
+    path = args.config if args.config is not None else environ.get(CONFIG_ENV, "")
+    values: dict[str, object] = _from_file(path, kinds) if path else {}
+    for name, kind in kinds.items():
+        env = environ.get(f"FLUXMQ_{name.upper()}")
+        if env is not None:
+            values[name] = _coerce(f"FLUXMQ_{name.upper()}", env, kind)
     for name, kind in kinds.items():
         raw = getattr(args, name)
         if raw is not None:
             values[name] = (
                 raw if kind is bool else _coerce("--" + name.replace("_", "-"), raw, kind)
             )
+    secret_file = str(values.get("cluster_secret_file", ""))
+    if secret_file:
+        if values.get("cluster_secret"):
+            raise ConfigError("cluster_secret_file: set either it or cluster_secret, not both")
+        try:
+            with open(secret_file) as f:
+                values["cluster_secret"] = f.read().rstrip()
+        except OSError as e:
+            raise ConfigError(
+                f"cluster_secret_file: cannot read {secret_file!r}: {e.strerror}"
+            ) from None
     config = NodeConfig(**values)  # type: ignore[arg-type]
     validate(config)
     return config
@@ -159,8 +214,12 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError(err.message) from None
     if not 10 <= config.retention_interval_ms <= 3_600_000:
         raise ConfigError("retention_interval_ms: must be 10..3600000")
+    if not 0 <= config.shutdown_grace_ms <= 600_000:
+        raise ConfigError("shutdown_grace_ms: must be 0..600000")
     if config.cluster_mode:
         _host_port(config.raft_listen, "raft_listen")
+        if config.raft_bind:
+            _host_port(config.raft_bind, "raft_bind")
         if not config.peer_list:
             raise ConfigError(
                 "peers: cluster mode needs the Raft addresses of the other replicas "
@@ -196,6 +255,8 @@ def validate(config: NodeConfig) -> None:
             raise ConfigError("node_ttl_ms: must be 1000..300000")
     elif config.peers:
         raise ConfigError("peers: needs raft_listen (cluster mode)")
+    elif config.raft_bind:
+        raise ConfigError("raft_bind: needs raft_listen (cluster mode)")
     elif config.etcd:
         raise ConfigError(
             "etcd: needs raft_listen (cluster mode); a single node keeps its metadata embedded"

@@ -12,10 +12,10 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import PlatformCollector, ProcessCollector, start_http_server
+from prometheus_client import PlatformCollector, ProcessCollector
 
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
@@ -26,14 +26,15 @@ from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.broker import Broker
 from fluxmq.server.cluster_view import ClusterView
+from fluxmq.server.health import CatchUp, HealthState, HttpEndpoint, Verdict, judge, refresh
 from fluxmq.server.router import Router
-from raft import LocalShard, Shard
+from raft import LocalShard, Shard, ShardError
 from raft.driver import RaftDriver
 from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError
 from storage import LmdbStore
 
 log = logging.getLogger("fluxmq")
-SHUTDOWN_GRACE_S = 5.0
+READINESS_INTERVAL_S = 0.2
 
 
 def _partition_rows(state: QueueStateMachine) -> Iterator[tuple[str, int, int, int, int]]:
@@ -73,7 +74,7 @@ def _dead_letter_rows(broker: Broker) -> Iterator[tuple[str, int, bool]]:
         yield entry.name, depth, entry.name in broker.consumers.dead_letter_alerts
 
 
-def _register_collectors(router: Router) -> None:
+def _register_collectors(router: Router, health: HealthState) -> None:
     """Every metric covers every replication group the node hosts (queue names are unique
     across groups, so their series never collide)."""
 
@@ -105,8 +106,25 @@ def _register_collectors(router: Router) -> None:
             lambda: sum(b.state.dead_letters_dropped for b in brokers()),
         )
     )
+    metrics.REGISTRY.register(metrics.ShardCollector(lambda: [b.shard.status() for b in brokers()]))
+    metrics.REGISTRY.register(
+        metrics.NodeCollector(
+            lambda: health.verdict.ready,
+            lambda: router.view is not None and router.view.session_up,
+        )
+    )
     ProcessCollector(registry=metrics.REGISTRY)
     PlatformCollector(registry=metrics.REGISTRY)
+
+
+def observe_disk(shard_id: str, store: LmdbStore, shard: Shard) -> None:
+    """Feed the fsync and snapshot histograms of one replication group (set before start)."""
+    store.on_commit = metrics.APPLY_COMMIT.labels(shard_id).observe
+    if isinstance(shard, PySyncObjShard):
+        shard.on_journal_flush = metrics.JOURNAL_FLUSH.labels(shard_id).observe
+        shard.on_snapshot = lambda kind, size, seconds: metrics.observe_snapshot(
+            shard_id, kind, size, seconds
+        )
 
 
 MODE_FILE = "MODE"
@@ -148,6 +166,7 @@ def build_shard(
         secret=cfg.cluster_secret,
         ack_timeout_ms=cfg.ack_timeout_ms,
         compaction_entries_min=cfg.raft_compaction_entries,
+        bind_address=cfg.raft_bind,
     )
     return PySyncObjShard(state, shard_cfg, RaftDriver())
 
@@ -179,6 +198,13 @@ def build_cluster_view(
 
 
 GROUP_FILE = "group.json"
+
+
+def _bind_for(cfg: config_mod.NodeConfig, raft_address: str) -> str:
+    """An extra group's Raft endpoint binds where the home one does, on its own port."""
+    if not cfg.raft_bind:
+        return ""
+    return f"{cfg.raft_bind.rpartition(':')[0]}:{raft_address.rpartition(':')[2]}"
 
 
 def write_group_spec(directory: str, spec: dict[str, Any]) -> None:
@@ -257,6 +283,7 @@ class GroupHost:
             secret=self._cfg.cluster_secret,
             ack_timeout_ms=self._cfg.ack_timeout_ms,
             compaction_entries_min=self._cfg.raft_compaction_entries,
+            bind_address=_bind_for(self._cfg, str(spec["self"])),
         )
         try:
             shard = PySyncObjShard(state, shard_cfg, self._driver)
@@ -264,6 +291,7 @@ class GroupHost:
             log.error("cannot start replication group %s: %s", group_id, err)
             store.close()
             return False
+        observe_disk(group_id, store, shard)
         broker = Broker(state, shard, retention_interval_ms=self._cfg.retention_interval_ms)
         broker.cluster = self._view
         await broker.start()
@@ -283,11 +311,59 @@ class GroupHost:
             store.close()
 
 
+async def readiness_routine(
+    router: Router,
+    health: HealthState,
+    serving: asyncio.Event,
+    stopping: asyncio.Event,
+    on_change: Callable[[bool], Awaitable[None]],
+) -> None:
+    catch_up = CatchUp()
+    while True:
+        verdict = judge(
+            serving=serving.is_set(),
+            stopping=stopping.is_set(),
+            shards=[b.shard.status() for b in list(router.brokers.values())],
+            catch_up=catch_up,
+            etcd_configured=router.view is not None,
+            etcd_session_up=router.view is not None and router.view.session_up,
+        )
+        if refresh(health, verdict):
+            await on_change(verdict.ready)
+        await asyncio.sleep(READINESS_INTERVAL_S)
+
+
+async def hand_over_leadership(router: Router, timeout_s: float) -> None:
+    """Before stopping: every group this node leads gets a caught-up follower as its leader,
+    so writes pause for one round trip instead of an election timeout."""
+
+    async def one(group_id: str, broker: Broker) -> None:
+        shard = broker.shard
+        if not shard.is_leader or len(shard.status().members) < 2:
+            return
+        term = shard.status().term
+        try:
+            target = await asyncio.wait_for(shard.transfer_leadership(), timeout_s)
+        except (ShardError, TimeoutError) as err:
+            log.warning("could not hand leadership of %s over (%s): stopping anyway", group_id, err)
+            return
+        log.info(
+            "handed leadership of %s to %s (term %d -> %d)",
+            group_id,
+            target,
+            term,
+            shard.status().term,
+        )
+
+    await asyncio.gather(*(one(g, b) for g, b in list(router.brokers.items())))
+
+
 async def serve(cfg: config_mod.NodeConfig) -> None:
     check_mode(cfg)
     store = LmdbStore(cfg.data_dir, map_size_bytes=cfg.storage_map_size_bytes)
     state = QueueStateMachine(store)
     shard = build_shard(cfg, state)
+    observe_disk(shard.shard_id, store, shard)
     broker = Broker(state, shard, retention_interval_ms=cfg.retention_interval_ms)
     router = Router(cfg.shard_id, broker, None)
     server, health_servicer, port = build_server(
@@ -303,35 +379,53 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         broker.cluster = router.view = build_cluster_view(cfg, shard, port, broker.now_ms)
         groups = GroupHost(cfg, shard.driver, router, broker.cluster)
         broker.cluster.host_group = groups.host
+    health = HealthState()
+    http: HttpEndpoint | None = None
     if cfg.metrics_listen:
-        _register_collectors(router)
+        _register_collectors(router, health)
         host, _, mport = cfg.metrics_listen.rpartition(":")
-        start_http_server(int(mport), addr=host, registry=metrics.REGISTRY)
+        http = HttpEndpoint(host, int(mport), metrics.REGISTRY, health)
+        http.start()
     await broker.start()
     if groups is not None:
         await groups.restore()
     if broker.cluster is not None:
         await broker.cluster.start()
     await server.start()
-    await set_serving(health_servicer, True)
+    await set_serving(health_servicer, True, queue_service=False)
+    serving, stopping = asyncio.Event(), asyncio.Event()
+    serving.set()
+    readiness = asyncio.create_task(
+        readiness_routine(
+            router,
+            health,
+            serving,
+            stopping,
+            lambda ready: set_serving(health_servicer, True, queue_service=ready),
+        ),
+        name="readiness",
+    )
+    where = cfg.listen.rpartition(":")[0] + f":{port}"
+    http_where = f"{cfg.metrics_listen.rpartition(':')[0]}:{http.port}" if http else "off"
     if cfg.cluster_mode:
         log.warning(
-            "FluxMQ replica of %s serving on %s (raft %s, peers %s, data: %s, metrics: %s). "
-            "Client authentication is OFF: anyone who can reach the gRPC port can use it.",
+            "FluxMQ replica of %s serving on %s (raft %s, peers %s, data: %s, "
+            "metrics/health: %s). Client authentication is OFF: anyone who can reach the gRPC "
+            "port can use it.",
             cfg.shard_id,
-            cfg.listen.rpartition(":")[0] + f":{port}",
+            where,
             cfg.raft_listen,
             ",".join(cfg.peer_list),
             cfg.data_dir,
-            cfg.metrics_listen or "off",
+            http_where,
         )
     else:
         log.warning(
-            "FluxMQ single node serving on %s (data: %s, metrics: %s, applied index %d). "
+            "FluxMQ single node serving on %s (data: %s, metrics/health: %s, applied index %d). "
             "Authentication is OFF: anyone who can reach this port can use it.",
-            cfg.listen.rpartition(":")[0] + f":{port}",
+            where,
             cfg.data_dir,
-            cfg.metrics_listen or "off",
+            http_where,
             state.last_applied_index(),
         )
 
@@ -341,9 +435,17 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
 
-    log.info("shutting down: refusing new calls, finishing in-flight ones")
-    await set_serving(health_servicer, False)
-    await server.stop(SHUTDOWN_GRACE_S)
+    # Order matters: out of load balancers first, then leadership away while this node still
+    # serves (in-flight proposals continue to the new leader), then drain calls, then leave.
+    grace_s = cfg.shutdown_grace_ms / 1000
+    started = loop.time()
+    log.info("shutting down: not ready, handing leadership over, finishing in-flight calls")
+    stopping.set()
+    refresh(health, Verdict(False, "shutting down"))
+    await set_serving(health_servicer, True, queue_service=False)
+    await hand_over_leadership(router, max(0.5, grace_s / 2))
+    await server.stop(max(0.5, grace_s - (loop.time() - started)))
+    readiness.cancel()
     if broker.cluster is not None:
         await broker.cluster.close()
     if groups is not None:
@@ -353,6 +455,8 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     if isinstance(shard, PySyncObjShard):
         shard.driver.stop()
     store.close()
+    if http is not None:
+        http.close()
     log.info("stopped cleanly")
 
 

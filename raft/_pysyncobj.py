@@ -81,6 +81,7 @@ def check_assumptions() -> list[str]:
         "_SyncObj__updateClusterConfiguration",
         "_SyncObj__onSetCodeVersion",
         "_applyCommand",
+        "_checkCommandsToApply",
         "doTick",
         "raftLastApplied",
         "transferLeadership",
@@ -181,6 +182,11 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         load_snapshot: Callable[[str, snapshot_file.SnapshotInfo], None],
     ) -> None:
         self._fx_journal = journal
+        # While set on a leader, commands (local or forwarded by followers) stay queued instead
+        # of growing the log: a leadership transfer needs the target's log to match ours when
+        # it campaigns (Raft thesis 3.10). Afterwards they go to the new leader, or followers'
+        # ones are refused NOT_LEADER (never applied) and retried by their senders.
+        self.fx_holding = False
         self._fx_apply_frame = apply
         self._fx_load_snapshot = load_snapshot
         with _CONSTRUCT_LOCK:
@@ -191,6 +197,11 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
                 super().__init__(self_address, peers, conf=conf, transportClass=SyncingTransport)
             finally:
                 _so.createJournal, _so.createPoller = saved
+
+    def _checkCommandsToApply(self) -> None:
+        if self.fx_holding and self._isLeader():
+            return
+        super()._checkCommandsToApply()
 
     @replicated  # type: ignore[misc, untyped-decorator]
     def fx_apply(self, frame: bytes) -> int:

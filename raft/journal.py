@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -63,6 +64,8 @@ class LmdbJournal:
         self._view_end: int | None = None  # see hide_after()
         self.before_trim: Callable[[], None] | None = None
         self.fsyncs = 0
+        # Observer of flush durations in seconds (one transaction + fsync each): metrics.
+        self.on_flush: Callable[[float], None] | None = None
         self.durable_index = 0  # last log index known to be on disk
         self._load()
 
@@ -192,6 +195,7 @@ class LmdbJournal:
         if not self._ops and not self._meta_dirty:
             return
         ops, self._ops = self._ops, []
+        started = time.perf_counter()
         with self._env.begin(write=True) as txn:
             cur = txn.cursor(db=self._entries_db)
             for kind, arg in ops:
@@ -222,6 +226,8 @@ class LmdbJournal:
             assert last_key == mem_last, (last_key, mem_last)
         self._meta_dirty = False
         self.fsyncs += 1
+        if self.on_flush is not None:
+            self.on_flush(time.perf_counter() - started)
         self.durable_index = self._entries[-1][1] if self._entries else 0
 
     # -- the suffix view (used by the append-entries fix) -------------------------------------

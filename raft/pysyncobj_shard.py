@@ -24,11 +24,12 @@ import itertools
 import logging
 import os
 import queue
+import re
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,13 @@ class ShardStartError(ShardError):
     retriable = False
 
 
+TRANSFER_TIMEOUT_S = 5.0
+
+
+class _NotCaughtUpError(ShardRequestDeniedError):
+    """The transfer target's log does not match the leader's yet (retried until the deadline)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RaftTimings:
     heartbeat_ms: int = 50
@@ -88,16 +96,36 @@ class ShardConfig:
     snapshot_chunk_bytes: int = 1 << 20
     journal_map_size_bytes: int = 8 << 30
     in_sync_lag_entries: int = 64
+    bind_address: str = ""  # host:port the endpoint binds; "" = self_address
+    # Peers named by DNS: how long a resolved address is trusted, and a failed lookup remembered.
+    # Short, because a restarted pod keeps its name but not its IP.
+    dns_cache_s: float = 5.0
+    dns_fail_cache_s: float = 1.0
+
+    @property
+    def bind(self) -> str:
+        return self.bind_address or self.self_address
+
+
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 
 
 def parse_address(value: str, what: str) -> tuple[str, int]:
+    """host:port where host is an IPv4 address or a DNS name (a StatefulSet pod's stable name:
+    the address is the replica's identity in the Raft membership, so it must not change when
+    the pod's IP does)."""
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ShardStartError(f"{what}: {value!r} is not host:port")
     try:
         socket.inet_aton(host)
-    except OSError as e:
-        raise ShardStartError(f"{what}: {value!r} must be an IPv4 address") from e
+    except OSError:
+        if host.replace(".", "").isdigit() or not _HOSTNAME.fullmatch(host):
+            raise ShardStartError(
+                f"{what}: {value!r} must be an IPv4 address or a DNS name"
+            ) from None
     return host, int(port)
 
 
@@ -108,6 +136,7 @@ def check_config(cfg: ShardConfig) -> None:
             "the secret may talk to this node (set FLUXMQ_CLUSTER_SECRET)"
         )
     parse_address(cfg.self_address, "raft address")
+    parse_address(cfg.bind, "raft bind address")
     seen = {cfg.self_address}
     for peer in cfg.peers:
         parse_address(peer, "peer")
@@ -162,6 +191,7 @@ class PySyncObjShard:
         self._lock = threading.Lock()  # hand-off between the loop and the driver thread
         self._incoming: deque[_Proposal] = deque()
         self._closed = False
+        self._transferring = False  # set by the loop, read by the driver thread
         # Driver-thread state.
         self._frame_ids = itertools.count(1)
         self._frames: dict[int, list[_Proposal]] = {}
@@ -189,6 +219,10 @@ class PySyncObjShard:
         self.batches_applied = 0
         self.entries_applied = 0
         self.acked_before_durable = 0  # must stay 0: see _complete_applied
+        # Observers for metrics, set before start(): journal flush (fsync) seconds, and
+        # (kind "write" | "install", snapshot file bytes, seconds) per snapshot.
+        self.on_journal_flush: Callable[[float], None] | None = None
+        self.on_snapshot: Callable[[str, int, float], None] | None = None
 
     # -- Shard -----------------------------------------------------------------------------
 
@@ -288,13 +322,41 @@ class PySyncObjShard:
             )
 
     async def transfer_leadership(self, target: str | None = None) -> str:
-        chosen = await asyncio.wrap_future(self._driver.call(lambda: self._start_transfer(target)))
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:
-            if self._status.leader == chosen:
+        """Raft's transfer (thesis 3.10): the leader stops appending (commands wait, and go to
+        the new leader afterwards), waits until the target's log matches its own, sends it
+        TimeoutNow and waits until another replica leads; -> the new leader. Bounded by
+        TRANSFER_TIMEOUT_S."""
+        deadline = time.monotonic() + TRANSFER_TIMEOUT_S
+        self._transferring = True
+        try:
+            while True:
+                try:
+                    chosen = await asyncio.wrap_future(
+                        self._driver.call(lambda: self._start_transfer(target))
+                    )
+                    break
+                except _NotCaughtUpError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(0.01)  # the last entries are still replicating
+            if chosen == self._cfg.self_address:
                 return chosen
-            await asyncio.sleep(0.02)
-        raise OutcomeUnknownError(f"leadership did not move to {chosen} within 3 s")
+            while time.monotonic() < deadline:
+                leader = self._status.leader
+                if leader is not None and leader != self._cfg.self_address:
+                    return leader
+                await asyncio.sleep(0.02)
+            raise OutcomeUnknownError(
+                f"leadership did not move to {chosen} within {TRANSFER_TIMEOUT_S:.0f} s"
+            )
+        finally:
+            self._transferring = False
+            if not self._closed:
+                await asyncio.wrap_future(self._driver.call(self._stop_holding))
+
+    def _stop_holding(self) -> None:
+        if self._so is not None:
+            self._so.fx_holding = False
 
     async def add_member(self, address: str) -> None:
         parse_address(address, "address")
@@ -312,7 +374,7 @@ class PySyncObjShard:
 
     def _construct(self) -> None:
         cfg = self._cfg
-        check_address_free(cfg.self_address)
+        check_address_free(cfg.bind)
         root = os.path.join(cfg.data_dir, "raft", cfg.shard_id)
         os.makedirs(root, exist_ok=True)
         journal = LmdbJournal(
@@ -320,6 +382,7 @@ class PySyncObjShard:
         )
         dump = os.path.join(root, "snapshot")
         journal.before_trim = functools.partial(snapshot_file.fsync_dir, root)
+        journal.on_flush = self.on_journal_flush
         t = cfg.timings
         conf = SyncObjConf(
             password=cfg.secret,
@@ -346,7 +409,9 @@ class PySyncObjShard:
             deserializer=self._read_snapshot,
             useFork=False,
             dynamicMembershipChange=True,
-            bindAddress=cfg.self_address,
+            bindAddress=cfg.bind,
+            dnsCacheTime=cfg.dns_cache_s,
+            dnsFailCacheTime=cfg.dns_fail_cache_s,
             maxBindRetries=1,
         )
         try:
@@ -402,6 +467,8 @@ class PySyncObjShard:
         return bool(self._incoming) and self._can_hand_over(so)
 
     def _can_hand_over(self, so: HardenedSyncObj) -> bool:
+        if self._transferring and so._isLeader():
+            return False  # a transfer waits for a follower to match our log: don't grow it
         return so._getLeader() is not None and len(self._frames) < self._cfg.frames_in_flight_max
 
     def _ack_appended(self, frame_ids: list[int]) -> None:
@@ -575,6 +642,7 @@ class PySyncObjShard:
 
     def _write_snapshot(self, path: str, data: Sequence[Any]) -> None:
         last, prev, cluster = data
+        started = time.perf_counter()
         self._drain_applies()
         state_path = path + ".state"
         try:
@@ -587,6 +655,12 @@ class PySyncObjShard:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(state_path)
         log.info("shard %s: snapshot at log index %d", self._cfg.shard_id, last[1])
+        self._observe_snapshot("write", path, started)
+
+    def _observe_snapshot(self, kind: str, path: str, started: float) -> None:
+        if self.on_snapshot is not None:
+            with contextlib.suppress(OSError):
+                self.on_snapshot(kind, os.path.getsize(path), time.perf_counter() - started)
 
     def _read_snapshot(self, path: str) -> tuple[Any, Any, Any]:
         info = snapshot_file.read_info(path)
@@ -596,6 +670,7 @@ class PySyncObjShard:
         # A snapshot received from the leader was written and renamed by pysyncobj without an
         # fsync; the journal is cut back to its last entries right after this returns, so the
         # file (and its name) must be durable first.
+        started = time.perf_counter()
         with open(path, "rb") as f:
             os.fsync(f.fileno())
         snapshot_file.fsync_dir(os.path.dirname(path))
@@ -610,6 +685,7 @@ class PySyncObjShard:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(state_path)
         log.info("shard %s: installed the snapshot at log index %d", self._cfg.shard_id, info.index)
+        self._observe_snapshot("install", path, started)
 
     # -- driver thread: administration -----------------------------------------------------
 
@@ -618,17 +694,20 @@ class PySyncObjShard:
         assert so is not None
         if not so._isLeader():
             raise NotLeaderError(self._status.leader)
+        so.fx_holding = True  # from now on the log stops growing; see transfer_leadership
         match = so.match_index
         last = self._journal.last_index if self._journal else 0
         if target is None:
             ready = sorted((i, n) for n, i in match.items() if i == last)
             if not ready:
-                raise ShardRequestDeniedError("no follower is caught up with the leader's log")
+                raise _NotCaughtUpError("no follower is caught up with the leader's log")
             target = ready[-1][1]
         elif target == self._cfg.self_address:
             return target
         elif target not in match:
             raise ShardRequestDeniedError(f"{target} is not a member of shard {self.shard_id}")
+        elif match[target] != last:
+            raise _NotCaughtUpError(f"{target} is not caught up with the leader's log")
         outcome: list[int] = []
         so.transferLeadership(target, callback=lambda _r, err: outcome.append(err))
         if outcome and outcome[0] != FAIL_REASON.SUCCESS:

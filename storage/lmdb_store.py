@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import os
 import struct
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -199,7 +200,7 @@ class LmdbStore:
     crash may lose the last commits (never corrupt the file); for tests and benchmarks.
     """
 
-    __slots__ = ("_closed", "_dbs", "_env", "_path")
+    __slots__ = ("_closed", "_dbs", "_env", "_path", "on_commit")
 
     def __init__(
         self, path: str, map_size_bytes: int = DEFAULT_MAP_SIZE_BYTES, sync: bool = True
@@ -239,6 +240,8 @@ class LmdbStore:
             raise
         self._env = env
         self._closed = False
+        # Observer of write-commit durations in seconds (the fsync is most of it): metrics.
+        self.on_commit: Callable[[float], None] | None = None
 
     def _live_env(self) -> Any:
         if self._closed:
@@ -268,10 +271,13 @@ class LmdbStore:
             if isinstance(failure, StorageFullError):
                 raise StorageFullError("write transaction aborted: the store is full") from failure
             raise StorageError("write transaction aborted: an operation failed") from failure
+        started = time.perf_counter()
         try:
             raw.commit()
         except lmdb.Error as e:
             raise _storage_error(e) from e
+        if self.on_commit is not None:
+            self.on_commit(time.perf_counter() - started)
 
     @contextmanager
     def read(self) -> Iterator[LmdbReadTxn]:

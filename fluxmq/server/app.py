@@ -61,11 +61,22 @@ def build_server(
     return server, health_servicer, port
 
 
-async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
-    status = (
-        health_pb2.HealthCheckResponse.SERVING
-        if serving
-        else health_pb2.HealthCheckResponse.NOT_SERVING
+async def set_serving(
+    health_servicer: health.aio.HealthServicer, serving: bool, *, queue_service: bool | None = None
+) -> None:
+    """gRPC health per service: the server ("") and AdminService while the process serves;
+    QueueService follows readiness when ``queue_service`` is given (a node that is catching up
+    or shutting down answers admin calls but should not get queue traffic)."""
+
+    def code(up: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+        return (
+            health_pb2.HealthCheckResponse.SERVING
+            if up
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+
+    await health_servicer.set("", code(serving))
+    await health_servicer.set(ADMIN_SERVICE, code(serving))
+    await health_servicer.set(
+        QUEUE_SERVICE, code(serving if queue_service is None else queue_service)
     )
-    for name in ("", QUEUE_SERVICE, ADMIN_SERVICE):
-        await health_servicer.set(name, status)

@@ -113,6 +113,11 @@ class ClusterView:
         with contextlib.suppress(MetadataError, TimeoutError):
             await asyncio.wait_for(self.store.close(), CLOSE_STEP_TIMEOUT_S)
 
+    @property
+    def session_up(self) -> bool:
+        """Registered under a live etcd lease, and etcd answered the last call."""
+        return self._registered and not self.metadata_error
+
     def _failed(self, what: str, err: MetadataError) -> None:
         if not self.metadata_error:
             log.warning("cluster metadata unavailable (%s): %s", what, err)

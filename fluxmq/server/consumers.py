@@ -186,7 +186,7 @@ class Consumers:
         result = await self._broker.submit(cmd)
         assert isinstance(result, LeaseResult)
         if result.deliveries:
-            metrics.LEASED_MESSAGES.labels(entry.name).inc(len(result.deliveries))
+            metrics.observe_deliveries(entry.name, result.deliveries)
         return result
 
     def _ensure_same_queue(self, entry: QueueEntry) -> None:

@@ -36,7 +36,7 @@ from raft.api import (
 )
 from raft.driver import RaftDriver
 from raft.journal import LmdbJournal
-from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError
+from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError, check_config
 from tests.raft.helpers import FAST, SECRET, FileStateMachine, LocalCluster, free_ports
 
 WAIT_S = 15.0  # bound on any single wait for the cluster; every test finishes well before
@@ -715,3 +715,112 @@ async def test_proposal_handed_to_a_leader_without_majority_ends_outcome_unknown
         with pytest.raises(OutcomeUnknownError):
             await asyncio.wait_for(leader.propose(b"maybe"), WAIT_S)
         assert loop.time() - t0 < 5
+
+
+async def test_transfer_leadership_under_load_succeeds_and_keeps_every_acked(
+    tmp_path: Path,
+) -> None:
+    """A transfer while writers keep every replica busy: the leader stops appending until a
+    follower matches its log, so the transfer is neither denied for a follower that is always a
+    few entries behind nor lost to entries appended after TimeoutNow; nothing acknowledged is
+    lost or applied twice."""
+    async with running(tmp_path) as c:
+        leader = await sole_leader(c)
+        acked: list[bytes] = []
+        stop = asyncio.Event()
+        writers = [
+            asyncio.create_task(_load(s, acked, stop, f"x{k}-"))
+            for k, s in enumerate(c.shards.values())
+        ]
+        await wait_until("writes before the transfer", lambda: len(acked) >= 400)
+        term = leader.status().term
+        chosen = await asyncio.wait_for(leader.transfer_leadership(), WAIT_S)
+        assert chosen != leader.address
+        new = await sole_leader(c, chosen)
+        # Won by the TimeoutNow campaign itself: the target's log matched, so the very next
+        # term elected it (a campaign lost to a longer log would need another election).
+        assert new.status().term == term + 1
+        at_transfer = len(acked)
+        await wait_until("writes after the transfer", lambda: len(acked) >= at_transfer + 400)
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*writers), WAIT_S)
+        await c.converged(WAIT_S)
+        assert_same_history(c, acked)
+
+
+async def _load(shard: PySyncObjShard, acked: list[bytes], stop: asyncio.Event, tag: str) -> None:
+    """20 proposals in flight at a time; a proposal that fails retriably is not counted."""
+    for r in range(3000):
+        if stop.is_set():
+            return
+        batch = payloads(f"{tag}{r}", 20)
+        results = await asyncio.wait_for(
+            asyncio.gather(*(shard.propose(p) for p in batch), return_exceptions=True), WAIT_S
+        )
+        for p, res in zip(batch, results, strict=True):
+            if not isinstance(res, BaseException):
+                acked.append(p)
+            else:
+                assert isinstance(res, ShardError), repr(res)
+
+
+async def test_replicas_named_by_dns_names_form_a_shard_and_bind_where_told(
+    tmp_path: Path,
+) -> None:
+    """Raft identities may be DNS names (a StatefulSet pod's stable name); the endpoint binds
+    ``bind_address`` when given."""
+    c = LocalCluster(str(tmp_path), 3)
+    c.addresses = [a.replace("127.0.0.1", "localhost") for a in c.addresses]
+    try:
+        for a in c.addresses:
+            await c.start(a, bind_address=a.replace("localhost", "127.0.0.1"))
+        leader = await sole_leader(c)
+        assert leader.address.startswith("localhost:")
+        await propose_all(list(c.shards.values()), payloads("dns", 60))
+        await c.converged(WAIT_S)
+        assert_same_history(c, payloads("dns", 60))
+    finally:
+        await asyncio.wait_for(c.stop_all(), WAIT_S)
+
+
+@pytest.mark.parametrize(
+    "address", ["-bad-:7100", "a..b:7100", "300.1.1.1:7100", "host:0", "host", "ho st:7100"]
+)
+def test_malformed_raft_addresses_are_refused(address: str) -> None:
+    with pytest.raises(ShardStartError, match="raft address"):
+        check_config(
+            ShardConfig(
+                shard_id="s", self_address=address, peers=(), data_dir="/x", secret="s" * 16
+            )
+        )
+
+
+async def test_a_holding_leader_appends_nothing_and_forwards_held_commands_afterwards(
+    tmp_path: Path,
+) -> None:
+    """The mechanism under the transfer: while the leader holds, neither its own nor forwarded
+    commands reach its log; released, they commit."""
+    async with running(tmp_path) as c:
+        leader = await sole_leader(c)
+        follower = followers(c, leader)[0]
+        await propose_each(leader, payloads("h", 3))
+        so = leader.syncobj
+        journal = leader.journal
+        assert so is not None and journal is not None
+
+        def hold(on: bool) -> None:
+            so.fx_holding = on
+
+        await asyncio.wrap_future(c.drivers[leader.address].call(lambda: hold(True)))
+        last = journal.last_index
+        pending = [
+            asyncio.ensure_future(s.propose(p))
+            for s, p in zip([leader, follower] * 5, payloads("held", 10), strict=True)
+        ]
+        await asyncio.sleep(0.5)
+        assert journal.last_index == last
+        assert not any(p.done() for p in pending)
+        await asyncio.wrap_future(c.drivers[leader.address].call(lambda: hold(False)))
+        await asyncio.wait_for(asyncio.gather(*pending), WAIT_S)
+        await c.converged(WAIT_S)
+        assert_same_history(c, payloads("h", 3) + payloads("held", 10))

@@ -1,6 +1,9 @@
-"""Node configuration: defaults < FLUXMQ_* environment < flags, validated once."""
+"""Node configuration: defaults < TOML file < FLUXMQ_* environment < flags, validated once."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +43,79 @@ def test_bad_setting_stops_start_with_its_name(
 ) -> None:
     with pytest.raises(ConfigError, match=named):
         load(argv, environ=env)
+
+
+CLUSTER_ENV = {
+    "FLUXMQ_RAFT_LISTEN": "fluxmq-0.fluxmq-headless:7100",
+    "FLUXMQ_PEERS": "fluxmq-1.fluxmq-headless:7100,fluxmq-2.fluxmq-headless:7100",
+}
+
+
+def test_file_is_overridden_by_environment_and_environment_by_flags(tmp_path: Path) -> None:
+    path = tmp_path / "fluxmq.toml"
+    path.write_text(
+        'data_dir = "/file"\nlisten = "0.0.0.0:7070"\nlog_json = true\n'
+        "retention_interval_ms = 500\n"
+    )
+    cfg = load(["--config", str(path), "--data-dir", "/flag"], environ={"FLUXMQ_LISTEN": "h:1"})
+    assert (cfg.data_dir, cfg.listen, cfg.log_json, cfg.retention_interval_ms) == (
+        "/flag",
+        "h:1",
+        True,
+        500,
+    )
+    # FLUXMQ_CONFIG names the file when --config does not.
+    assert load([], environ={"FLUXMQ_CONFIG": str(path)}).data_dir == "/file"
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('lisen = "0.0.0.0:7070"\n', "lisen: not a setting"),
+        ('retention_interval_ms = "soon"\n', "retention_interval_ms: 'soon' is not a whole"),
+        ("log_json = 1\n", "log_json: 1 is not true or false"),
+        ("listen = 7070\n", "listen: 7070 is not a string"),
+        ("listen = \n", "not valid TOML"),
+    ],
+)
+def test_bad_file_stops_start_naming_the_file_and_setting(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    path = tmp_path / "fluxmq.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(named)) as err:
+        load(["--config", str(path)], environ={})
+    assert str(path) in str(err.value)
+
+
+def test_missing_config_file_is_an_error_not_silence(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load([], environ={"FLUXMQ_CONFIG": str(tmp_path / "absent.toml")})
+
+
+def test_cluster_secret_file_supplies_the_secret(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 32 + "\n")
+    cfg = load([], environ={**CLUSTER_ENV, "FLUXMQ_CLUSTER_SECRET_FILE": str(secret)})
+    assert cfg.cluster_secret == "s" * 32
+    assert cfg.raft_listen.startswith("fluxmq-0.")  # DNS names are Raft identities
+    with pytest.raises(ConfigError, match="either it or cluster_secret"):
+        load(
+            [],
+            environ={
+                **CLUSTER_ENV,
+                "FLUXMQ_CLUSTER_SECRET_FILE": str(secret),
+                "FLUXMQ_CLUSTER_SECRET": "t" * 32,
+            },
+        )
+    with pytest.raises(ConfigError, match="cluster_secret_file: cannot read"):
+        load([], environ={**CLUSTER_ENV, "FLUXMQ_CLUSTER_SECRET_FILE": str(tmp_path / "no")})
+
+
+def test_raft_bind_is_validated_and_needs_cluster_mode() -> None:
+    env = {**CLUSTER_ENV, "FLUXMQ_CLUSTER_SECRET": "s" * 32}
+    assert load(["--raft-bind", "0.0.0.0:7100"], environ=env).raft_bind == "0.0.0.0:7100"
+    with pytest.raises(ConfigError, match="raft_bind"):
+        load(["--raft-bind", "7100"], environ=env)
+    with pytest.raises(ConfigError, match="raft_bind: needs raft_listen"):
+        load(["--raft-bind", "0.0.0.0:7100"], environ={})
