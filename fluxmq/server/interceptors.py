@@ -22,6 +22,7 @@ from fluxmq.core.errors import FluxError
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_grpc_status
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("fluxmq.access")
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 REQUEST_ID_KEY = "x-request-id"
 
@@ -69,9 +70,10 @@ class _Call:
         self.context.set_trailing_metadata(tuple(trailers))
 
     def finish(self) -> None:
-        metrics.RPC_DURATION.labels(self.method, self.code).observe(
-            time.perf_counter() - self.started
-        )
+        elapsed_s = time.perf_counter() - self.started
+        metrics.RPC_DURATION.labels(self.method, self.code).observe(elapsed_s)
+        if access_log.isEnabledFor(logging.DEBUG):  # one line per call: debug level only
+            access_log.debug("%s %s %.1f ms", self.method, self.code, elapsed_s * 1000)
         with contextlib.suppress(ValueError):  # a stream closed from another context
             request_id_var.reset(self.token)
 

@@ -4,6 +4,7 @@ node stops, under load, losing nothing acknowledged."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import urllib.error
@@ -11,6 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
@@ -183,3 +185,22 @@ def test_sigterm_on_the_leader_under_load_hands_leadership_over_first_and_loses_
     leader.start()  # the old leader rejoins as a follower and catches up
     check_replicas(cluster, "term", acked)
     print(f"\n{len(acked)} acked across the SIGTERM ({retries} retries)")
+
+
+def test_json_logs_carry_the_request_id_of_the_call(tmp_path: Path) -> None:
+    n = Node(tmp_path / "j", "--log-json", "--log-level", "DEBUG")
+    n.start()
+    try:
+        with n.channel() as ch:
+            stub = queue_pb2_grpc.QueueServiceStub(ch)
+            with pytest.raises(grpc.RpcError):
+                stub.GetQueueStats(
+                    pb.GetQueueStatsRequest(name="absent"),
+                    metadata=(("x-request-id", "req-7f3a"),),
+                )
+    finally:
+        n.stop()
+    lines = [json.loads(ln) for ln in n.log_path.read_text().splitlines() if ln.startswith("{")]
+    assert lines and all({"ts", "level", "logger", "msg", "request_id"} <= set(x) for x in lines)
+    mine = [x for x in lines if x["request_id"] == "req-7f3a"]
+    assert any("GetQueueStats NOT_FOUND" in x["msg"] for x in mine), mine
