@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from prometheus_client import PlatformCollector, ProcessCollector
@@ -20,13 +20,14 @@ from prometheus_client import PlatformCollector, ProcessCollector
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
 from fluxmq.cluster import EtcdMetadataStore, GroupInfo, NodeInfo
-from fluxmq.core import keys
-from fluxmq.core.errors import FluxError
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.broker import Broker
 from fluxmq.server.cluster_view import ClusterView
 from fluxmq.server.health import CatchUp, HealthState, HttpEndpoint, Verdict, judge, refresh
+from fluxmq.server.node_stats import dead_letter_rows as _dead_letter_rows
+from fluxmq.server.node_stats import group_rows as _group_rows
+from fluxmq.server.node_stats import partition_rows as _partition_rows
 from fluxmq.server.router import Router
 from raft import LocalShard, Shard, ShardError
 from raft.driver import RaftDriver
@@ -35,43 +36,6 @@ from storage import LmdbStore
 
 log = logging.getLogger("fluxmq")
 READINESS_INTERVAL_S = 0.2
-
-
-def _partition_rows(state: QueueStateMachine) -> Iterator[tuple[str, int, int, int, int]]:
-    with state.store.read() as txn:
-        for entry in list(state.catalog.values()):
-            for p in range(entry.policy.partitions):
-                lg = txn.log(keys.log_id(entry.queue_id, p))
-                wm = lg.watermarks()
-                yield entry.name, p, wm.low, wm.high, lg.size_bytes()
-
-
-def _group_rows(broker: Broker) -> Iterator[metrics.GroupRow]:
-    reader = broker.reader
-    for entry in list(broker.state.catalog.values()):
-        for meta in reader.groups(entry):
-            try:
-                parts = reader.group_partitions(entry, meta.name)
-            except FluxError:
-                continue  # deleted meanwhile
-            yield metrics.GroupRow(
-                entry.name,
-                meta.name,
-                sum(p.lag for p in parts),
-                sum(p.in_flight for p in parts),
-                sum(p.scheduled for p in parts),
-                sum(p.dead for p in parts),
-                sum(p.filtered for p in parts),
-                sum(p.skipped_by_retention for p in parts),
-            )
-
-
-def _dead_letter_rows(broker: Broker) -> Iterator[tuple[str, int, bool]]:
-    for entry in list(broker.state.catalog.values()):
-        if entry.policy.dead_letter_queue is None:
-            continue
-        depth = broker.reader.dead_letter_depth(entry)
-        yield entry.name, depth, entry.name in broker.consumers.dead_letter_alerts
 
 
 def _register_collectors(router: Router, health: HealthState) -> None:
@@ -326,7 +290,7 @@ async def readiness_routine(
             shards=[b.shard.status() for b in list(router.brokers.values())],
             catch_up=catch_up,
             etcd_configured=router.view is not None,
-            etcd_session_up=router.view is not None and router.view.session_up,
+            etcd_joined=router.view is not None and router.view.joined,
         )
         if refresh(health, verdict):
             await on_change(verdict.ready)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
@@ -17,6 +18,7 @@ from google.protobuf.message import Message
 FORMATS = ("table", "json")
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 BYTES_SHOWN_MAX = 64  # binary values are shown as hex, cut here
+_NUMBER_RE = re.compile(r"^[0-9]+(?:\.[0-9]+)?$")
 
 
 def message_dict(msg: Message) -> dict[str, Any]:
@@ -100,14 +102,15 @@ def flatten(msg: Message, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def render_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Columns aligned on the widest cell; numeric columns right-aligned."""
+    """Columns aligned on the widest cell; numeric columns (integers and decimals, ``-`` for
+    none) right-aligned."""
     cells = [[str(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
     numeric = [
-        all(c.isdigit() or c == "-" for c in col) and any(c.isdigit() for c in col)
+        all(c == "-" or _NUMBER_RE.match(c) for c in col) and any(c != "-" for c in col)
         for col in zip(*cells, strict=False)
     ]
     numeric += [False] * (len(headers) - len(numeric))

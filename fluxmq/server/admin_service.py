@@ -16,6 +16,7 @@ import grpc
 from fluxmq._pb.v1 import admin_pb2 as pb
 from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
+from fluxmq.server import node_stats
 from fluxmq.server.broker import Broker
 from fluxmq.server.router import Router
 from raft import Shard, ShardStatus
@@ -63,7 +64,63 @@ def _shard_info(status: ShardStatus, digest: str, queues: list[str]) -> pb.Shard
         pending_proposals=status.pending_proposals,
         digest=digest,
         queues=queues,
+        in_sync_replicas=status.in_sync,
     )
+
+
+def _queue_status(shard_id: str, row: node_stats.QueueRow) -> pb.QueueStatus:
+    return pb.QueueStatus(
+        name=row.name,
+        shard_id=shard_id,
+        partitions=row.partitions,
+        published_messages=row.published,
+        stored_messages=row.stored,
+        stored_bytes=row.stored_bytes,
+        dead_letter_queue=row.dead_letter_queue,
+        dead_letters=row.dead_letters,
+        dead_letter_alert=row.alert,
+        groups=[
+            pb.ConsumerGroupStatus(
+                name=g.group,
+                lag=g.lag,
+                in_flight=g.in_flight,
+                scheduled=g.scheduled,
+                dead_lettered=g.dead,
+                filtered=g.filtered,
+                skipped_by_retention=g.skipped_by_retention,
+            )
+            for g in row.groups
+        ],
+    )
+
+
+def _rpc_stats(row: node_stats.RpcRow) -> pb.RpcMethodStats:
+    return pb.RpcMethodStats(
+        method=row.method,
+        calls=row.calls,
+        errors_by_code=row.errors_by_code,
+        p50_ms=row.p50_s * 1000,
+        p99_ms=row.p99_s * 1000,
+        seconds_sum=row.seconds_sum,
+    )
+
+
+def _traffic(brokers: list[Broker]) -> tuple[list[pb.QueueStatus], list[pb.QueueCounters]]:
+    """Queues of the groups this node leads (state), and counters of every hosted queue (this
+    process's). Reads LMDB: run off the event loop."""
+    queues: list[pb.QueueStatus] = []
+    hosted: set[str] = set()
+    for broker in brokers:
+        hosted.update(broker.state.catalog)
+        if broker.shard.is_leader:
+            shard_id = broker.shard.shard_id
+            queues.extend(_queue_status(shard_id, r) for r in node_stats.queue_rows(broker))
+    counters = [
+        pb.QueueCounters(queue=q, **values)
+        for q, values in sorted(node_stats.queue_counters(hosted).items())
+    ]
+    queues.sort(key=lambda q: q.name)
+    return queues, counters
 
 
 class AdminService(pb_grpc.AdminServiceServicer):
@@ -99,17 +156,28 @@ class AdminService(pb_grpc.AdminServiceServicer):
         self, request: pb.GetClusterStatusRequest, context: Any
     ) -> pb.ClusterStatus:
         out = pb.ClusterStatus(node_id=self._node_id)
-        for _shard_id, broker in sorted(self._brokers().items()):
-            async with self._digest_lock:
-                status = broker.shard.status()
-                # Reads the whole replicated state: off the event loop.
-                digest = await asyncio.to_thread(broker.state.digest)
+        brokers = sorted(self._brokers().items())
+        for _shard_id, broker in brokers:
+            if request.skip_digest:
+                status, digest = broker.shard.status(), ""
+            else:
+                async with self._digest_lock:
+                    status = broker.shard.status()
+                    # Reads the whole replicated state: off the event loop.
+                    digest = await asyncio.to_thread(broker.state.digest)
             out.shards.append(_shard_info(status, digest, sorted(broker.state.catalog)))
+        out.sampled_ms = self._broker.now_ms()
+        queues, counters = await asyncio.to_thread(_traffic, [b for _, b in brokers])
+        out.queues.extend(queues)
+        out.queue_counters.extend(counters)
+        out.rpcs.extend(_rpc_stats(r) for r in node_stats.rpc_rows())
+        out.readiness = node_stats.readiness()
         view = self._broker.cluster
         if view is not None:
             await view.ensure_directory()  # fresh when the store answers; else the last seen
             await view.ensure_groups()
             out.metadata_error = view.metadata_error
+            out.etcd_session = "up" if view.session_up else "down"
             for group_id, group in sorted(view.groups.items()):
                 leader, term = view.leaders.get(group_id, ("", 0))
                 out.groups.add(

@@ -74,6 +74,7 @@ class ClusterView:
         self.nodes: dict[str, NodeInfo] = {node.node_id: node}  # last directory read
         self.metadata_error = ""  # why the last metadata call failed ("" = it worked)
         self._registered = False
+        self.joined = False  # registered once: the node is part of the cluster from then on
         self._published_term = -1
         self._tasks: list[asyncio.Task[None]] = []
         self._peers = peers  # raft addresses of the home group's other members
@@ -137,6 +138,7 @@ class ClusterView:
             else:
                 await self.store.register_node(self.node, self._ttl_ms)
                 self._registered = True
+                self.joined = True
             self._worked()
         except NodeNotRegistered:
             # The lease lapsed (etcd was away longer than the TTL): register again.

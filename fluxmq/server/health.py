@@ -2,9 +2,11 @@
 
 ``/healthz`` answers 200 while the process serves HTTP at all (liveness: restart it when not).
 ``/readyz`` answers 200 only when the node can do useful work: gRPC is serving, every Raft shard
-it hosts has a leader and has applied what was committed when it first saw one, and its etcd
-session is up when it has etcd. A rolling restart waits on this, so the next pod stops only once
-the previous one has caught up.
+it hosts has a leader and has applied what was committed when it first saw one, and, when it
+has etcd, it has joined the cluster (registered once). Losing etcd later does not make it
+unready: the data plane keeps working without etcd, and taking every node out of its Service
+because etcd blinked would turn a metadata outage into a full one. A rolling restart waits on
+this, so the next pod stops only once the previous one has caught up.
 
 The policy is a plain function over snapshots (time and state are inputs); the daemon's
 ``readiness_routine`` evaluates it on the event loop and publishes the verdict, which the HTTP
@@ -62,7 +64,7 @@ def judge(
     shards: Iterable[ShardStatus],
     catch_up: CatchUp,
     etcd_configured: bool,
-    etcd_session_up: bool,
+    etcd_joined: bool,
 ) -> Verdict:
     """Readiness of a node from what it sees now.
 
@@ -70,11 +72,11 @@ def judge(
     >>> s = ShardStatus("g1", "follower", 3, 10, 4, ("a", "b", "c"), "b", 0)
     >>> cu = CatchUp()
     >>> judge(serving=True, stopping=False, shards=[s], catch_up=cu,
-    ...       etcd_configured=False, etcd_session_up=False).reason
+    ...       etcd_configured=False, etcd_joined=False).reason
     'shard g1 is catching up (applied 4 of 10)'
     >>> s2 = ShardStatus("g1", "follower", 3, 12, 10, ("a", "b", "c"), "b", 0)
     >>> judge(serving=True, stopping=False, shards=[s2], catch_up=cu,
-    ...       etcd_configured=False, etcd_session_up=False).ready
+    ...       etcd_configured=False, etcd_joined=False).ready
     True
     """
     if stopping:
@@ -91,8 +93,8 @@ def judge(
                 f"shard {status.shard_id} is catching up "
                 f"(applied {status.applied_index} of {target})",
             )
-    if etcd_configured and not etcd_session_up:
-        return Verdict(False, "no etcd session (cluster metadata unreachable)")
+    if etcd_configured and not etcd_joined:
+        return Verdict(False, "not registered in etcd yet (cluster metadata unreachable)")
     return Verdict(True, "")
 
 

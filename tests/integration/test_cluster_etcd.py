@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
@@ -54,6 +57,23 @@ def status(node: Node) -> admin_pb2.ClusterStatus:
         )
 
 
+def metric(node: Node, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5) as r:
+        for family in text_string_to_metric_families(r.read().decode()):
+            for sample in family.samples:
+                if sample.name == name and not sample.labels:
+                    return float(sample.value)
+    raise AssertionError(f"{name} not exposed")
+
+
+def readyz(node: Node) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/readyz", timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
 def live_nodes(node: Node) -> list[str]:
     return [n.node_id for n in status(node).nodes]
 
@@ -66,6 +86,9 @@ def stub(node: Node) -> tuple[grpc.Channel, queue_pb2_grpc.QueueServiceStub]:
 def test_create_on_one_node_publish_on_another_consume_on_a_third(cluster: Cluster) -> None:
     n1, n2, n3 = cluster.nodes
     wait_for("every node registered", lambda: live_nodes(n1) == ["n0", "n1", "n2"])
+    for n in cluster.nodes:  # joined: registered, shard led and caught up
+        wait_for("ready", lambda n=n: readyz(n) == 200, timeout_s=15)
+        assert metric(n, "fluxmq_etcd_session_up") == 1
     ch1, s1 = stub(n1)
     ch2, s2 = stub(n2)
     ch3, s3 = stub(n3)
@@ -186,6 +209,13 @@ def test_etcd_unavailable_keeps_the_data_plane_and_refuses_metadata_changes(
             s.DeleteQueue(pb.DeleteQueueRequest(name="steady"), timeout=15)
         assert rich_error(exc.value).reason == "METADATA_UNAVAILABLE"
         assert status(n1).metadata_error  # the status says why
+        # The session is down, but the node stays ready: the data plane works without etcd.
+        wait_for(
+            "the etcd session gauge to drop",
+            lambda: metric(n1, "fluxmq_etcd_session_up") == 0,
+            timeout_s=15,
+        )
+        assert readyz(n1) == 200
         etcd.start()
 
         def created() -> bool:
@@ -198,6 +228,7 @@ def test_etcd_unavailable_keeps_the_data_plane_and_refuses_metadata_changes(
 
         wait_for("metadata changes to work again", created, timeout_s=30, every_s=0.5)
         wait_for("the status to recover", lambda: not status(n1).metadata_error, timeout_s=15)
+        wait_for("the session", lambda: metric(n1, "fluxmq_etcd_session_up") == 1, timeout_s=15)
 
 
 def test_leader_failover_keeps_consumer_groups(cluster: Cluster, tmp_path: Path) -> None:

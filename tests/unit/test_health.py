@@ -15,7 +15,7 @@ def status(shard: str = "g1", commit: int = 10, applied: int = 10, leader: str |
 
 
 def ready(shards: list[ShardStatus], cu: CatchUp, **kw: bool) -> tuple[bool, str]:
-    args = {"serving": True, "stopping": False, "etcd_configured": False, "etcd_session_up": False}
+    args = {"serving": True, "stopping": False, "etcd_configured": False, "etcd_joined": False}
     args.update(kw)
     v = judge(shards=shards, catch_up=cu, **args)  # type: ignore[arg-type]
     return v.ready, v.reason
@@ -50,14 +50,14 @@ def test_every_shard_counts() -> None:
     assert (ok, reason) == (False, "shard g2 is catching up (applied 3 of 9)")
 
 
-def test_etcd_session_matters_only_when_etcd_is_configured() -> None:
+def test_joining_etcd_matters_only_when_etcd_is_configured() -> None:
     cu = CatchUp()
-    assert ready([status()], cu, etcd_configured=False, etcd_session_up=False)[0]
-    assert ready([status()], cu, etcd_configured=True, etcd_session_up=False) == (
+    assert ready([status()], cu, etcd_configured=False, etcd_joined=False)[0]
+    assert ready([status()], cu, etcd_configured=True, etcd_joined=False) == (
         False,
-        "no etcd session (cluster metadata unreachable)",
+        "not registered in etcd yet (cluster metadata unreachable)",
     )
-    assert ready([status()], cu, etcd_configured=True, etcd_session_up=True)[0]
+    assert ready([status()], cu, etcd_configured=True, etcd_joined=True)[0]
 
 
 def test_stopping_and_not_serving_are_unready() -> None:
