@@ -305,6 +305,9 @@ async def hand_over_leadership(router: Router, timeout_s: float) -> None:
         shard = broker.shard
         if not shard.is_leader or len(shard.status().members) < 2:
             return
+        if shard.status().in_sync < 2:  # no follower connected and caught up: nobody to take it
+            log.warning("no caught-up follower of %s to hand leadership to", group_id)
+            return
         term = shard.status().term
         try:
             target = await asyncio.wait_for(shard.transfer_leadership(), timeout_s)
