@@ -47,6 +47,23 @@ class NodeConfig:
     # Default of the cluster setting auto_provision_groups (etcd's value wins when set).
     auto_provision_groups: bool = False
     shutdown_grace_ms: int = 20_000  # SIGTERM: hand leadership over and finish in-flight calls
+    # Client authentication with API keys (see fluxmq/core/auth.py): "off" or "on".
+    auth: str = "off"
+    # A file holding an admin key registered at start when its environment has no active admin
+    # key yet: how an operator gets the first key (keep the file in a Secret).
+    auth_bootstrap_key_file: str = ""
+    auth_bootstrap_environment: str = "production"
+    # Token-bucket tiers: "tier:class=rate/burst,...;tier:..." with classes publish (messages/s),
+    # consume and admin (calls/s). Every key names a tier; "default" must exist.
+    rate_limit_tiers: str = (
+        "default:publish=50000/100000,consume=20000/40000,admin=100/200;"
+        "bulk:publish=500000/1000000,consume=200000/400000,admin=100/200"
+    )
+    # TLS for client and node-to-node gRPC (PEM files). With a cert, the port speaks only TLS.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""  # verifies other nodes' certificates (and clients' with mTLS)
+    tls_client_auth: bool = False  # mTLS: require a client certificate signed by tls_ca_file
 
     @property
     def cluster_mode(self) -> bool:
@@ -104,6 +121,18 @@ HELP = {
     "considered gone",
     "auto_provision_groups": "cluster mode: CreateQueue makes a new replication group when none "
     "has the queue's factor (the etcd setting auto_provision_groups overrides it)",
+    "auth": "client authentication with API keys: off or on",
+    "auth_bootstrap_key_file": "file holding an admin API key to register at start when its "
+    "environment has no active admin key (the operator's first key)",
+    "auth_bootstrap_environment": "environment of the bootstrap key: development, staging or "
+    "production",
+    "rate_limit_tiers": "token-bucket tiers of API keys: 'tier:publish=rate/burst,"
+    "consume=rate/burst,admin=rate/burst;...' (publish counts messages, the others calls)",
+    "tls_cert_file": "PEM certificate (chain) of this node: gRPC then speaks TLS only",
+    "tls_key_file": "PEM private key of tls_cert_file",
+    "tls_ca_file": "PEM CA bundle that signs the other nodes' certificates (and clients' with "
+    "tls_client_auth)",
+    "tls_client_auth": "mutual TLS: require a client certificate signed by tls_ca_file",
     "shutdown_grace_ms": "on SIGTERM: how long to hand leadership over and finish in-flight "
     "calls before stopping",
 }
@@ -201,6 +230,46 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeC
     return config
 
 
+RATE_CLASSES = ("publish", "consume", "admin")
+
+
+def parse_tiers(text: str) -> dict[str, dict[str, tuple[float, int]]]:
+    """``tier:class=rate/burst,...;...`` -> {tier: {class: (rate per s, burst)}}.
+
+    >>> parse_tiers("default:publish=10/20,consume=5/5,admin=1/2")["default"]["publish"]
+    (10.0, 20)
+    """
+    tiers: dict[str, dict[str, tuple[float, int]]] = {}
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        name, sep, body = part.partition(":")
+        if not sep or not re.fullmatch(r"[a-z0-9_-]{1,32}", name.strip()):
+            raise ConfigError(f"rate_limit_tiers: {part!r} is not tier:class=rate/burst,...")
+        limits: dict[str, tuple[float, int]] = {}
+        for item in body.split(","):
+            cls, sep, value = item.strip().partition("=")
+            rate, sep2, burst = value.partition("/")
+            try:
+                parsed = (float(rate), int(burst))
+            except ValueError:
+                parsed = (0.0, 0)
+            if not sep or not sep2 or cls not in RATE_CLASSES or parsed[0] <= 0 or parsed[1] < 1:
+                raise ConfigError(
+                    f"rate_limit_tiers: {item.strip()!r} in tier {name.strip()!r} is not "
+                    f"class=rate/burst with class one of {', '.join(RATE_CLASSES)}, rate > 0, "
+                    "burst >= 1"
+                )
+            limits[cls] = parsed
+        missing = [c for c in RATE_CLASSES if c not in limits]
+        if missing:
+            raise ConfigError(f"rate_limit_tiers: tier {name.strip()!r} lacks {', '.join(missing)}")
+        tiers[name.strip()] = limits
+    if "default" not in tiers:
+        raise ConfigError("rate_limit_tiers: a tier named 'default' is required")
+    return tiers
+
+
 def validate(config: NodeConfig) -> None:
     _host_port(config.listen, "listen")
     if config.metrics_listen:
@@ -214,6 +283,21 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError(err.message) from None
     if not 10 <= config.retention_interval_ms <= 3_600_000:
         raise ConfigError("retention_interval_ms: must be 10..3600000")
+    if config.auth not in ("off", "on"):
+        raise ConfigError(f"auth: {config.auth!r} is not off or on")
+    if config.auth_bootstrap_key_file and config.auth != "on":
+        raise ConfigError("auth_bootstrap_key_file: needs auth = on")
+    if config.auth_bootstrap_environment not in ("development", "staging", "production"):
+        raise ConfigError("auth_bootstrap_environment: development, staging or production")
+    parse_tiers(config.rate_limit_tiers)
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise ConfigError("tls_cert_file and tls_key_file: set both or neither")
+    if config.tls_client_auth and not (config.tls_cert_file and config.tls_ca_file):
+        raise ConfigError("tls_client_auth: needs tls_cert_file, tls_key_file and tls_ca_file")
+    for name in ("tls_cert_file", "tls_key_file", "tls_ca_file", "auth_bootstrap_key_file"):
+        path = getattr(config, name)
+        if path and not os.access(path, os.R_OK):
+            raise ConfigError(f"{name}: cannot read {path!r}")
     if not 0 <= config.shutdown_grace_ms <= 600_000:
         raise ConfigError("shutdown_grace_ms: must be 0..600000")
     if config.cluster_mode:

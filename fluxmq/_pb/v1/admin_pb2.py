@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66luxmq/v1/admin.proto\x12\tfluxmq.v1\".\n\x17GetClusterStatusRequest\x12\x13\n\x0bskip_digest\x18\x01 \x01(\x08\"\xea\x02\n\rClusterStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12$\n\x06shards\x18\x02 \x03(\x0b\x32\x14.fluxmq.v1.ShardInfo\x12#\n\x05nodes\x18\x03 \x03(\x0b\x32\x14.fluxmq.v1.NodeEntry\x12\x16\n\x0emetadata_error\x18\x04 \x01(\t\x12%\n\x06groups\x18\x05 \x03(\x0b\x32\x15.fluxmq.v1.GroupEntry\x12&\n\x06queues\x18\x06 \x03(\x0b\x32\x16.fluxmq.v1.QueueStatus\x12\x30\n\x0equeue_counters\x18\x07 \x03(\x0b\x32\x18.fluxmq.v1.QueueCounters\x12\'\n\x04rpcs\x18\x08 \x03(\x0b\x32\x19.fluxmq.v1.RpcMethodStats\x12\x12\n\nsampled_ms\x18\t \x01(\x03\x12\x11\n\treadiness\x18\n \x01(\t\x12\x14\n\x0c\x65tcd_session\x18\x0b \x01(\t\"\x88\x02\n\x0bQueueStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\r\x12\x1a\n\x12published_messages\x18\x04 \x01(\x04\x12\x17\n\x0fstored_messages\x18\x05 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x06 \x01(\x04\x12\x19\n\x11\x64\x65\x61\x64_letter_queue\x18\x07 \x01(\t\x12\x14\n\x0c\x64\x65\x61\x64_letters\x18\x08 \x01(\x04\x12\x19\n\x11\x64\x65\x61\x64_letter_alert\x18\t \x01(\x08\x12.\n\x06groups\x18\n \x03(\x0b\x32\x1e.fluxmq.v1.ConsumerGroupStatus\"\x9d\x01\n\x13\x43onsumerGroupStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03lag\x18\x02 \x01(\x04\x12\x11\n\tin_flight\x18\x03 \x01(\x04\x12\x11\n\tscheduled\x18\x04 \x01(\x04\x12\x15\n\rdead_lettered\x18\x05 \x01(\x04\x12\x10\n\x08\x66iltered\x18\x06 \x01(\x04\x12\x1c\n\x14skipped_by_retention\x18\x07 \x01(\x04\"\xd7\x01\n\rQueueCounters\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x1a\n\x12published_messages\x18\x02 \x01(\x04\x12\x17\n\x0fpublished_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12\x64\x65livered_messages\x18\x04 \x01(\x04\x12\x17\n\x0f\x64\x65livered_bytes\x18\x05 \x01(\x04\x12\x1c\n\x14redelivered_messages\x18\x06 \x01(\x04\x12\x16\n\x0e\x61\x63ked_messages\x18\x07 \x01(\x04\x12\x17\n\x0fnacked_messages\x18\x08 \x01(\x04\"\xde\x01\n\x0eRpcMethodStats\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x04\x12\x43\n\x0e\x65rrors_by_code\x18\x03 \x03(\x0b\x32+.fluxmq.v1.RpcMethodStats.ErrorsByCodeEntry\x12\x0e\n\x06p50_ms\x18\x04 \x01(\x01\x12\x0e\n\x06p99_ms\x18\x05 \x01(\x01\x12\x13\n\x0bseconds_sum\x18\x06 \x01(\x01\x1a\x33\n\x11\x45rrorsByCodeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"M\n\nGroupEntry\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07members\x18\x02 \x03(\t\x12\x0e\n\x06leader\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\"\\\n\tNodeEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\x12\x12\n\nstarted_ms\x18\x04 \x01(\x03\"\xdc\x01\n\tShardInfo\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\x12\x15\n\rapplied_index\x18\x05 \x01(\x04\x12\x0f\n\x07members\x18\x06 \x03(\t\x12\x0e\n\x06leader\x18\x07 \x01(\t\x12\x19\n\x11pending_proposals\x18\x08 \x01(\x04\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\x0e\n\x06queues\x18\n \x03(\t\x12\x18\n\x10in_sync_replicas\x18\x0b \x01(\r\"=\n\x19TransferLeadershipRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"<\n\x1aTransferLeadershipResponse\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\t\"6\n\x11\x41\x64\x64ReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"9\n\x14RemoveReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t2\xcd\x02\n\x0c\x41\x64minService\x12P\n\x10GetClusterStatus\x12\".fluxmq.v1.GetClusterStatusRequest\x1a\x18.fluxmq.v1.ClusterStatus\x12\x61\n\x12TransferLeadership\x12$.fluxmq.v1.TransferLeadershipRequest\x1a%.fluxmq.v1.TransferLeadershipResponse\x12@\n\nAddReplica\x12\x1c.fluxmq.v1.AddReplicaRequest\x1a\x14.fluxmq.v1.ShardInfo\x12\x46\n\rRemoveReplica\x12\x1f.fluxmq.v1.RemoveReplicaRequest\x1a\x14.fluxmq.v1.ShardInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66luxmq/v1/admin.proto\x12\tfluxmq.v1\"T\n\x13\x43reateApiKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x13\n\x0b\x65nvironment\x18\x04 \x01(\t\"H\n\x14\x43reateApiKeyResponse\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x04info\x18\x02 \x01(\x0b\x32\x15.fluxmq.v1.ApiKeyInfo\"-\n\x12ListApiKeysRequest\x12\x17\n\x0finclude_revoked\x18\x01 \x01(\x08\":\n\x13ListApiKeysResponse\x12#\n\x04keys\x18\x01 \x03(\x0b\x32\x15.fluxmq.v1.ApiKeyInfo\"%\n\x13RevokeApiKeyRequest\x12\x0e\n\x06key_id\x18\x01 \x01(\t\"\xa9\x01\n\nApiKeyInfo\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x13\n\x0b\x65nvironment\x18\x04 \x01(\t\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x12\n\ncreated_ms\x18\x07 \x01(\x03\x12\x14\n\x0clast_used_ms\x18\x08 \x01(\x03\x12\x12\n\nrevoked_ms\x18\t \x01(\x03\".\n\x17GetClusterStatusRequest\x12\x13\n\x0bskip_digest\x18\x01 \x01(\x08\"\xea\x02\n\rClusterStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12$\n\x06shards\x18\x02 \x03(\x0b\x32\x14.fluxmq.v1.ShardInfo\x12#\n\x05nodes\x18\x03 \x03(\x0b\x32\x14.fluxmq.v1.NodeEntry\x12\x16\n\x0emetadata_error\x18\x04 \x01(\t\x12%\n\x06groups\x18\x05 \x03(\x0b\x32\x15.fluxmq.v1.GroupEntry\x12&\n\x06queues\x18\x06 \x03(\x0b\x32\x16.fluxmq.v1.QueueStatus\x12\x30\n\x0equeue_counters\x18\x07 \x03(\x0b\x32\x18.fluxmq.v1.QueueCounters\x12\'\n\x04rpcs\x18\x08 \x03(\x0b\x32\x19.fluxmq.v1.RpcMethodStats\x12\x12\n\nsampled_ms\x18\t \x01(\x03\x12\x11\n\treadiness\x18\n \x01(\t\x12\x14\n\x0c\x65tcd_session\x18\x0b \x01(\t\"\x88\x02\n\x0bQueueStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\r\x12\x1a\n\x12published_messages\x18\x04 \x01(\x04\x12\x17\n\x0fstored_messages\x18\x05 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x06 \x01(\x04\x12\x19\n\x11\x64\x65\x61\x64_letter_queue\x18\x07 \x01(\t\x12\x14\n\x0c\x64\x65\x61\x64_letters\x18\x08 \x01(\x04\x12\x19\n\x11\x64\x65\x61\x64_letter_alert\x18\t \x01(\x08\x12.\n\x06groups\x18\n \x03(\x0b\x32\x1e.fluxmq.v1.ConsumerGroupStatus\"\x9d\x01\n\x13\x43onsumerGroupStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03lag\x18\x02 \x01(\x04\x12\x11\n\tin_flight\x18\x03 \x01(\x04\x12\x11\n\tscheduled\x18\x04 \x01(\x04\x12\x15\n\rdead_lettered\x18\x05 \x01(\x04\x12\x10\n\x08\x66iltered\x18\x06 \x01(\x04\x12\x1c\n\x14skipped_by_retention\x18\x07 \x01(\x04\"\xd7\x01\n\rQueueCounters\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x1a\n\x12published_messages\x18\x02 \x01(\x04\x12\x17\n\x0fpublished_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12\x64\x65livered_messages\x18\x04 \x01(\x04\x12\x17\n\x0f\x64\x65livered_bytes\x18\x05 \x01(\x04\x12\x1c\n\x14redelivered_messages\x18\x06 \x01(\x04\x12\x16\n\x0e\x61\x63ked_messages\x18\x07 \x01(\x04\x12\x17\n\x0fnacked_messages\x18\x08 \x01(\x04\"\xde\x01\n\x0eRpcMethodStats\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x04\x12\x43\n\x0e\x65rrors_by_code\x18\x03 \x03(\x0b\x32+.fluxmq.v1.RpcMethodStats.ErrorsByCodeEntry\x12\x0e\n\x06p50_ms\x18\x04 \x01(\x01\x12\x0e\n\x06p99_ms\x18\x05 \x01(\x01\x12\x13\n\x0bseconds_sum\x18\x06 \x01(\x01\x1a\x33\n\x11\x45rrorsByCodeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"M\n\nGroupEntry\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0f\n\x07members\x18\x02 \x03(\t\x12\x0e\n\x06leader\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\"\\\n\tNodeEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\x12\x12\n\nstarted_ms\x18\x04 \x01(\x03\"\xdc\x01\n\tShardInfo\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x04\x12\x15\n\rapplied_index\x18\x05 \x01(\x04\x12\x0f\n\x07members\x18\x06 \x03(\t\x12\x0e\n\x06leader\x18\x07 \x01(\t\x12\x19\n\x11pending_proposals\x18\x08 \x01(\x04\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\x0e\n\x06queues\x18\n \x03(\t\x12\x18\n\x10in_sync_replicas\x18\x0b \x01(\r\"=\n\x19TransferLeadershipRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"<\n\x1aTransferLeadershipResponse\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\t\"6\n\x11\x41\x64\x64ReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"9\n\x14RemoveReplicaRequest\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t2\xb3\x04\n\x0c\x41\x64minService\x12P\n\x10GetClusterStatus\x12\".fluxmq.v1.GetClusterStatusRequest\x1a\x18.fluxmq.v1.ClusterStatus\x12\x61\n\x12TransferLeadership\x12$.fluxmq.v1.TransferLeadershipRequest\x1a%.fluxmq.v1.TransferLeadershipResponse\x12@\n\nAddReplica\x12\x1c.fluxmq.v1.AddReplicaRequest\x1a\x14.fluxmq.v1.ShardInfo\x12\x46\n\rRemoveReplica\x12\x1f.fluxmq.v1.RemoveReplicaRequest\x1a\x14.fluxmq.v1.ShardInfo\x12O\n\x0c\x43reateApiKey\x12\x1e.fluxmq.v1.CreateApiKeyRequest\x1a\x1f.fluxmq.v1.CreateApiKeyResponse\x12L\n\x0bListApiKeys\x12\x1d.fluxmq.v1.ListApiKeysRequest\x1a\x1e.fluxmq.v1.ListApiKeysResponse\x12\x45\n\x0cRevokeApiKey\x12\x1e.fluxmq.v1.RevokeApiKeyRequest\x1a\x15.fluxmq.v1.ApiKeyInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,34 +33,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RPCMETHODSTATS_ERRORSBYCODEENTRY']._loaded_options = None
   _globals['_RPCMETHODSTATS_ERRORSBYCODEENTRY']._serialized_options = b'8\001'
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=36
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=82
-  _globals['_CLUSTERSTATUS']._serialized_start=85
-  _globals['_CLUSTERSTATUS']._serialized_end=447
-  _globals['_QUEUESTATUS']._serialized_start=450
-  _globals['_QUEUESTATUS']._serialized_end=714
-  _globals['_CONSUMERGROUPSTATUS']._serialized_start=717
-  _globals['_CONSUMERGROUPSTATUS']._serialized_end=874
-  _globals['_QUEUECOUNTERS']._serialized_start=877
-  _globals['_QUEUECOUNTERS']._serialized_end=1092
-  _globals['_RPCMETHODSTATS']._serialized_start=1095
-  _globals['_RPCMETHODSTATS']._serialized_end=1317
-  _globals['_RPCMETHODSTATS_ERRORSBYCODEENTRY']._serialized_start=1266
-  _globals['_RPCMETHODSTATS_ERRORSBYCODEENTRY']._serialized_end=1317
-  _globals['_GROUPENTRY']._serialized_start=1319
-  _globals['_GROUPENTRY']._serialized_end=1396
-  _globals['_NODEENTRY']._serialized_start=1398
-  _globals['_NODEENTRY']._serialized_end=1490
-  _globals['_SHARDINFO']._serialized_start=1493
-  _globals['_SHARDINFO']._serialized_end=1713
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=1715
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=1776
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=1778
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=1838
-  _globals['_ADDREPLICAREQUEST']._serialized_start=1840
-  _globals['_ADDREPLICAREQUEST']._serialized_end=1894
-  _globals['_REMOVEREPLICAREQUEST']._serialized_start=1896
-  _globals['_REMOVEREPLICAREQUEST']._serialized_end=1953
-  _globals['_ADMINSERVICE']._serialized_start=1956
-  _globals['_ADMINSERVICE']._serialized_end=2289
+  _globals['_CREATEAPIKEYREQUEST']._serialized_start=36
+  _globals['_CREATEAPIKEYREQUEST']._serialized_end=120
+  _globals['_CREATEAPIKEYRESPONSE']._serialized_start=122
+  _globals['_CREATEAPIKEYRESPONSE']._serialized_end=194
+  _globals['_LISTAPIKEYSREQUEST']._serialized_start=196
+  _globals['_LISTAPIKEYSREQUEST']._serialized_end=241
+  _globals['_LISTAPIKEYSRESPONSE']._serialized_start=243
+  _globals['_LISTAPIKEYSRESPONSE']._serialized_end=301
+  _globals['_REVOKEAPIKEYREQUEST']._serialized_start=303
+  _globals['_REVOKEAPIKEYREQUEST']._serialized_end=340
+  _globals['_APIKEYINFO']._serialized_start=343
+  _globals['_APIKEYINFO']._serialized_end=512
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=514
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=560
+  _globals['_CLUSTERSTATUS']._serialized_start=563
+  _globals['_CLUSTERSTATUS']._serialized_end=925
+  _globals['_QUEUESTATUS']._serialized_start=928
+  _globals['_QUEUESTATUS']._serialized_end=1192
+  _globals['_CONSUMERGROUPSTATUS']._serialized_start=1195
+  _globals['_CONSUMERGROUPSTATUS']._serialized_end=1352
+  _globals['_QUEUECOUNTERS']._serialized_start=1355
+  _globals['_QUEUECOUNTERS']._serialized_end=1570
+  _globals['_RPCMETHODSTATS']._serialized_start=1573
+  _globals['_RPCMETHODSTATS']._serialized_end=1795
+  _globals['_RPCMETHODSTATS_ERRORSBYCODEENTRY']._serialized_start=1744
+  _globals['_RPCMETHODSTATS_ERRORSBYCODEENTRY']._serialized_end=1795
+  _globals['_GROUPENTRY']._serialized_start=1797
+  _globals['_GROUPENTRY']._serialized_end=1874
+  _globals['_NODEENTRY']._serialized_start=1876
+  _globals['_NODEENTRY']._serialized_end=1968
+  _globals['_SHARDINFO']._serialized_start=1971
+  _globals['_SHARDINFO']._serialized_end=2191
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=2193
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=2254
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=2256
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=2316
+  _globals['_ADDREPLICAREQUEST']._serialized_start=2318
+  _globals['_ADDREPLICAREQUEST']._serialized_end=2372
+  _globals['_REMOVEREPLICAREQUEST']._serialized_start=2374
+  _globals['_REMOVEREPLICAREQUEST']._serialized_end=2431
+  _globals['_ADMINSERVICE']._serialized_start=2434
+  _globals['_ADMINSERVICE']._serialized_end=2997
 # @@protoc_insertion_point(module_scope)

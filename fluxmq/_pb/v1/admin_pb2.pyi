@@ -6,6 +6,66 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CreateApiKeyRequest(_message.Message):
+    __slots__ = ("name", "role", "tier", "environment")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    tier: str
+    environment: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., tier: _Optional[str] = ..., environment: _Optional[str] = ...) -> None: ...
+
+class CreateApiKeyResponse(_message.Message):
+    __slots__ = ("key", "info")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    info: ApiKeyInfo
+    def __init__(self, key: _Optional[str] = ..., info: _Optional[_Union[ApiKeyInfo, _Mapping]] = ...) -> None: ...
+
+class ListApiKeysRequest(_message.Message):
+    __slots__ = ("include_revoked",)
+    INCLUDE_REVOKED_FIELD_NUMBER: _ClassVar[int]
+    include_revoked: bool
+    def __init__(self, include_revoked: _Optional[bool] = ...) -> None: ...
+
+class ListApiKeysResponse(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[ApiKeyInfo]
+    def __init__(self, keys: _Optional[_Iterable[_Union[ApiKeyInfo, _Mapping]]] = ...) -> None: ...
+
+class RevokeApiKeyRequest(_message.Message):
+    __slots__ = ("key_id",)
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    def __init__(self, key_id: _Optional[str] = ...) -> None: ...
+
+class ApiKeyInfo(_message.Message):
+    __slots__ = ("key_id", "prefix", "name", "environment", "role", "tier", "created_ms", "last_used_ms", "revoked_ms")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_MS_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    prefix: str
+    name: str
+    environment: str
+    role: str
+    tier: str
+    created_ms: int
+    last_used_ms: int
+    revoked_ms: int
+    def __init__(self, key_id: _Optional[str] = ..., prefix: _Optional[str] = ..., name: _Optional[str] = ..., environment: _Optional[str] = ..., role: _Optional[str] = ..., tier: _Optional[str] = ..., created_ms: _Optional[int] = ..., last_used_ms: _Optional[int] = ..., revoked_ms: _Optional[int] = ...) -> None: ...
+
 class GetClusterStatusRequest(_message.Message):
     __slots__ = ("skip_digest",)
     SKIP_DIGEST_FIELD_NUMBER: _ClassVar[int]

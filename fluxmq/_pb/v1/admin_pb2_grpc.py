@@ -59,6 +59,21 @@ class AdminServiceStub:
                 request_serializer=fluxmq_dot_v1_dot_admin__pb2.RemoveReplicaRequest.SerializeToString,
                 response_deserializer=fluxmq_dot_v1_dot_admin__pb2.ShardInfo.FromString,
                 _registered_method=True)
+        self.CreateApiKey = channel.unary_unary(
+                '/fluxmq.v1.AdminService/CreateApiKey',
+                request_serializer=fluxmq_dot_v1_dot_admin__pb2.CreateApiKeyRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_admin__pb2.CreateApiKeyResponse.FromString,
+                _registered_method=True)
+        self.ListApiKeys = channel.unary_unary(
+                '/fluxmq.v1.AdminService/ListApiKeys',
+                request_serializer=fluxmq_dot_v1_dot_admin__pb2.ListApiKeysRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_admin__pb2.ListApiKeysResponse.FromString,
+                _registered_method=True)
+        self.RevokeApiKey = channel.unary_unary(
+                '/fluxmq.v1.AdminService/RevokeApiKey',
+                request_serializer=fluxmq_dot_v1_dot_admin__pb2.RevokeApiKeyRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_admin__pb2.ApiKeyInfo.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -102,6 +117,31 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateApiKey(self, request, context):
+        """API keys (needs an admin key; keys of the caller's environment only). The new key's secret
+        is in the response once and never again: only its salted hash is stored. At most two active
+        keys per environment and role (KEY_LIMIT_REACHED, FAILED_PRECONDITION): revoke the old one
+        after rotating to the new one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListApiKeys(self, request, context):
+        """Every key of the caller's environment: prefix, name, role, tier, times; never the secret.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeApiKey(self, request, context):
+        """Revokes a key (by key_id, the 8 characters after fmq_live_sk_ / fmq_test_sk_); every node
+        refuses it within a second. Revoking a revoked key is not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +164,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RemoveReplica,
                     request_deserializer=fluxmq_dot_v1_dot_admin__pb2.RemoveReplicaRequest.FromString,
                     response_serializer=fluxmq_dot_v1_dot_admin__pb2.ShardInfo.SerializeToString,
+            ),
+            'CreateApiKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateApiKey,
+                    request_deserializer=fluxmq_dot_v1_dot_admin__pb2.CreateApiKeyRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_admin__pb2.CreateApiKeyResponse.SerializeToString,
+            ),
+            'ListApiKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApiKeys,
+                    request_deserializer=fluxmq_dot_v1_dot_admin__pb2.ListApiKeysRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_admin__pb2.ListApiKeysResponse.SerializeToString,
+            ),
+            'RevokeApiKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeApiKey,
+                    request_deserializer=fluxmq_dot_v1_dot_admin__pb2.RevokeApiKeyRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_admin__pb2.ApiKeyInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -239,6 +294,87 @@ class AdminService:
             '/fluxmq.v1.AdminService/RemoveReplica',
             fluxmq_dot_v1_dot_admin__pb2.RemoveReplicaRequest.SerializeToString,
             fluxmq_dot_v1_dot_admin__pb2.ShardInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateApiKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.AdminService/CreateApiKey',
+            fluxmq_dot_v1_dot_admin__pb2.CreateApiKeyRequest.SerializeToString,
+            fluxmq_dot_v1_dot_admin__pb2.CreateApiKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApiKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.AdminService/ListApiKeys',
+            fluxmq_dot_v1_dot_admin__pb2.ListApiKeysRequest.SerializeToString,
+            fluxmq_dot_v1_dot_admin__pb2.ListApiKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeApiKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.AdminService/RevokeApiKey',
+            fluxmq_dot_v1_dot_admin__pb2.RevokeApiKeyRequest.SerializeToString,
+            fluxmq_dot_v1_dot_admin__pb2.ApiKeyInfo.FromString,
             options,
             channel_credentials,
             insecure,
