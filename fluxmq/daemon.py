@@ -19,16 +19,22 @@ from prometheus_client import PlatformCollector, ProcessCollector
 
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
-from fluxmq.cluster import EtcdMetadataStore, GroupInfo, NodeInfo
+from fluxmq.cluster import EmbeddedMetadataStore, EtcdMetadataStore, GroupInfo, NodeInfo
+from fluxmq.core.errors import FluxError
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.broker import Broker
 from fluxmq.server.cluster_view import ClusterView
+from fluxmq.server.forwarding import Forwarder
+from fluxmq.server.guard import Guard, KeyCache
 from fluxmq.server.health import CatchUp, HealthState, HttpEndpoint, Verdict, judge, refresh
+from fluxmq.server.key_admin import KeyAdmin, ensure_bootstrap_key
 from fluxmq.server.node_stats import dead_letter_rows as _dead_letter_rows
 from fluxmq.server.node_stats import group_rows as _group_rows
 from fluxmq.server.node_stats import partition_rows as _partition_rows
 from fluxmq.server.router import Router
+from fluxmq.server.tls import describe as describe_tls
+from fluxmq.server.tls import from_config as load_tls
 from raft import LocalShard, Shard, ShardError
 from raft.driver import RaftDriver
 from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError
@@ -36,6 +42,7 @@ from storage import LmdbStore
 
 log = logging.getLogger("fluxmq")
 READINESS_INTERVAL_S = 0.2
+AUTH_START_TIMEOUT_S = 30.0
 
 
 def _register_collectors(router: Router, health: HealthState) -> None:
@@ -325,20 +332,78 @@ async def hand_over_leadership(router: Router, timeout_s: float) -> None:
     await asyncio.gather(*(one(g, b) for g, b in list(router.brokers.items())))
 
 
+def auth_line(cfg: config_mod.NodeConfig) -> str:
+    if cfg.auth == "on":
+        return "Clients authenticate with API keys (auth = on)."
+    return (
+        "AUTHENTICATION IS OFF: anyone who can reach the gRPC port can use every queue "
+        "(set auth = on and an auth_bootstrap_key_file)."
+    )
+
+
+def read_key_file(path: str) -> str:
+    """The bootstrap key (start-up, before serving: a blocking read is fine here)."""
+    if not path:
+        return ""
+    with open(path) as f:
+        return f.read().strip()
+
+
+async def start_auth(
+    cfg: config_mod.NodeConfig, router: Router, now_ms: Callable[[], int]
+) -> EmbeddedMetadataStore | None:
+    """API keys from etcd (a cluster) or the node's own embedded store (a single node); the
+    bootstrap key registered first; the guard in place before the server starts. -> the
+    embedded store when this node owns one (closed at shutdown)."""
+    owned: EmbeddedMetadataStore | None = None
+    store: Any
+    if router.view is not None:
+        store = router.view.store
+    elif cfg.cluster_mode:
+        raise config_mod.ConfigError(
+            "auth: a cluster keeps its API keys in etcd: set etcd (or auth = off)"
+        )
+    else:
+        owned = store = EmbeddedMetadataStore(os.path.join(cfg.data_dir, "auth"))
+    tiers = config_mod.parse_tiers(cfg.rate_limit_tiers)
+    key = read_key_file(cfg.auth_bootstrap_key_file)
+    deadline = asyncio.get_running_loop().time() + AUTH_START_TIMEOUT_S
+    while True:
+        try:
+            if key:
+                await ensure_bootstrap_key(store, key, cfg.auth_bootstrap_environment, now_ms())
+            cache = KeyCache(store, now_ms)
+            await cache.start()
+            break
+        except FluxError as err:
+            if not err.retriable or asyncio.get_running_loop().time() > deadline:
+                raise config_mod.ConfigError(f"auth: {err.message}") from None
+            log.warning("API keys not readable yet (%s); retrying", err.message)
+            await asyncio.sleep(1.0)
+    router.guard = Guard(
+        cache, tiers, router.queue_environment, now_ms, cfg.auth_bootstrap_environment
+    )
+    router.key_admin = KeyAdmin(store, cache, tiers, now_ms)
+    log.info("authentication on: %d API keys known", len(cache.records))
+    return owned
+
+
 async def serve(cfg: config_mod.NodeConfig) -> None:
+    tls = load_tls(cfg)  # checked before anything starts: a bad file stops the node here
     check_mode(cfg)
     store = LmdbStore(cfg.data_dir, map_size_bytes=cfg.storage_map_size_bytes)
     state = QueueStateMachine(store)
     shard = build_shard(cfg, state)
     observe_disk(shard.shard_id, store, shard)
     broker = Broker(state, shard, retention_interval_ms=cfg.retention_interval_ms)
-    router = Router(cfg.shard_id, broker, None)
+    router = Router(cfg.shard_id, broker, None, Forwarder(tls))
     server, health_servicer, port = build_server(
         broker,
         cfg.listen,
         request_bytes_max=cfg.request_bytes_max_value,
         node_id=cfg.node_name,
         router=router,
+        tls=tls,
     )
     groups: GroupHost | None = None
     if cfg.etcd:
@@ -346,6 +411,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         broker.cluster = router.view = build_cluster_view(cfg, shard, port, broker.now_ms)
         groups = GroupHost(cfg, shard.driver, router, broker.cluster)
         broker.cluster.host_group = groups.host
+    auth_store = await start_auth(cfg, router, broker.now_ms) if cfg.auth == "on" else None
     health = HealthState()
     http: HttpEndpoint | None = None
     if cfg.metrics_listen:
@@ -372,28 +438,28 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         ),
         name="readiness",
     )
-    where = cfg.listen.rpartition(":")[0] + f":{port}"
+    where = cfg.listen.rpartition(":")[0] + f":{port} over {describe_tls(tls)}"
     http_where = f"{cfg.metrics_listen.rpartition(':')[0]}:{http.port}" if http else "off"
     if cfg.cluster_mode:
         log.warning(
             "FluxMQ replica of %s serving on %s (raft %s, peers %s, data: %s, "
-            "metrics/health: %s). Client authentication is OFF: anyone who can reach the gRPC "
-            "port can use it.",
+            "metrics/health: %s). %s",
             cfg.shard_id,
             where,
             cfg.raft_listen,
             ",".join(cfg.peer_list),
             cfg.data_dir,
             http_where,
+            auth_line(cfg),
         )
     else:
         log.warning(
-            "FluxMQ single node serving on %s (data: %s, metrics/health: %s, applied index %d). "
-            "Authentication is OFF: anyone who can reach this port can use it.",
+            "FluxMQ single node serving on %s (data: %s, metrics/health: %s, applied index %d). %s",
             where,
             cfg.data_dir,
             http_where,
             state.last_applied_index(),
+            auth_line(cfg),
         )
 
     stop = asyncio.Event()
@@ -417,6 +483,10 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         await broker.cluster.close()
     if groups is not None:
         await groups.close()
+    if router.guard is not None:
+        await router.guard.keys.close()
+    if auth_store is not None:
+        await auth_store.close()
     await router.close()
     await broker.close()
     if isinstance(shard, PySyncObjShard):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fluxmq._pb.v1 import admin_pb2 as apb
-from fluxmq.cli.conn import EXIT_UNREACHABLE, CliError, Connection, Context
+from fluxmq.cli.conn import EXIT_UNREACHABLE, CliError, Connection, Context, Security
 from fluxmq.cli.output import message_dict
 from fluxmq.cli.values import positive
 
@@ -114,8 +114,10 @@ class ShardView:
         return max(0, leaders[0].commit_index - info.applied_index)
 
 
-def _fetch(address: str, timeout_s: float, skip_digest: bool = False) -> NodeView:
-    conn = Connection([address], timeout_s)
+def _fetch(
+    address: str, timeout_s: float, security: Security, skip_digest: bool = False
+) -> NodeView:
+    conn = Connection([address], timeout_s, security)
     try:
         request = apb.GetClusterStatusRequest(skip_digest=skip_digest)
         st = conn.call(conn.admin.GetClusterStatus, request)
@@ -126,7 +128,7 @@ def _fetch(address: str, timeout_s: float, skip_digest: bool = False) -> NodeVie
         conn.close()
 
 
-def _discover(seeds: list[str], timeout_s: float) -> list[NodeView]:
+def _discover(seeds: list[str], timeout_s: float, security: Security) -> list[NodeView]:
     """Breadth first from the seeds through the node lists; one view per node id."""
     todo = list(seeds)
     asked: set[str] = set()
@@ -137,7 +139,7 @@ def _discover(seeds: list[str], timeout_s: float) -> list[NodeView]:
         if address in asked:
             continue
         asked.add(address)
-        view = _fetch(address, timeout_s)
+        view = _fetch(address, timeout_s, security)
         if view.status is not None:
             if view.status.node_id in node_ids:
                 continue  # the same node under another address
@@ -147,9 +149,11 @@ def _discover(seeds: list[str], timeout_s: float) -> list[NodeView]:
     return views
 
 
-def _refresh(views: list[NodeView], timeout_s: float, skip_digest: bool = False) -> list[NodeView]:
+def _refresh(
+    views: list[NodeView], timeout_s: float, security: Security, skip_digest: bool = False
+) -> list[NodeView]:
     with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
-        return list(pool.map(lambda v: _fetch(v.address, timeout_s, skip_digest), views))
+        return list(pool.map(lambda v: _fetch(v.address, timeout_s, security, skip_digest), views))
 
 
 def _shards(views: list[NodeView]) -> list[ShardView]:
@@ -316,7 +320,7 @@ def _queue_views(first: Sample, last: Sample, rated: bool) -> list[QueueView]:
 
 def status(args: argparse.Namespace, ctx: Context) -> int:
     started = time.monotonic()
-    views = _discover(ctx.servers, ctx.timeout_s)
+    views = _discover(ctx.servers, ctx.timeout_s, ctx.security)
     first = Sample.of(views)
     samples = 1
     shards = _shards(views)
@@ -324,7 +328,7 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
         if _settled(shards) or not any(v.status is not None for v in views):
             break
         time.sleep(ROUND_PAUSE_S)
-        views = _refresh(views, ctx.timeout_s)
+        views = _refresh(views, ctx.timeout_s, ctx.security)
         shards = _shards(views)
         samples += 1
     if not any(v.status is not None for v in views):
@@ -336,7 +340,7 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
         # The counters once more, a window after the first answer; without digests: the
         # shards are judged on the rounds above.
         time.sleep(max(0.0, args.window - (time.monotonic() - started)))
-        final = _refresh(views, ctx.timeout_s, skip_digest=True)
+        final = _refresh(views, ctx.timeout_s, ctx.security, skip_digest=True)
         last = Sample({**last.statuses, **Sample.of(final).statuses})
         samples += 1
     problems = [f"node {v.address}: {v.error}" for v in views if v.status is None]

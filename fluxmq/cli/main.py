@@ -10,8 +10,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from fluxmq.cli import cluster, consume, dlq, group, offsets, publish, queue
+from fluxmq.cli import cluster, consume, dlq, group, key, offsets, publish, queue
 from fluxmq.cli.conn import (
+    API_KEY_ENV,
     DEFAULT_PROFILE,
     DEFAULT_SERVER,
     DEFAULT_TIMEOUT_S,
@@ -23,6 +24,7 @@ from fluxmq.cli.conn import (
     Connection,
     Context,
     load_profile,
+    resolve_security,
     resolve_servers,
 )
 from fluxmq.cli.output import FORMATS, Printer
@@ -33,8 +35,13 @@ DEBUG_ENV = "FLUXMQCTL_DEBUG"
 EPILOG = f"""\
 server address: --server, else $FLUXMQ_ADDR, else "server" in the profile file
 (${PROFILE_ENV}, default {DEFAULT_PROFILE}; TOML keys: server, timeout,
-output), else {DEFAULT_SERVER}. Several addresses (a:7070,b:7070): the first that
-accepts a connection is used.
+output, tls_ca, tls_cert, tls_key), else {DEFAULT_SERVER}. Several addresses (a:7070,b:7070):
+the first that accepts a connection is used.
+
+security: --api-key, else ${API_KEY_ENV} (prefer the variable: a flag shows in `ps`), goes
+with every call as "authorization: Bearer <key>" and is never printed. --tls-ca FILE (PEM CA
+bundle) or --tls (the system's roots) makes every connection TLS; --tls-cert + --tls-key add a
+client certificate (mutual TLS). Rate-limited calls are repeated after the broker's advised delay.
 
 output: human tables by default; -o json prints one JSON document per command (the protobuf
 JSON mapping with proto field names: 64-bit integers are strings, bytes are base64).
@@ -75,6 +82,30 @@ def _common() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help=f"deadline of each call, s (default {DEFAULT_TIMEOUT_S:g}; long polls add their wait)",
     )
+    g.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=argparse.SUPPRESS,
+        help=f"API key sent with every call (default ${API_KEY_ENV}; never printed)",
+    )
+    g.add_argument(
+        "--tls",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="TLS with the system's root certificates (implied by --tls-ca / --tls-cert)",
+    )
+    g.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="PEM CA bundle that signs the broker's certificate: connect with TLS",
+    )
+    g.add_argument(
+        "--tls-cert", metavar="FILE", default=argparse.SUPPRESS, help="client certificate (mTLS)"
+    )
+    g.add_argument(
+        "--tls-key", metavar="FILE", default=argparse.SUPPRESS, help="its private key (mTLS)"
+    )
     return common
 
 
@@ -95,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     offsets.register(sub, common)
     dlq.register(sub, common)
     cluster.register(sub, common)
+    key.register(sub, common)
     return parser
 
 
@@ -104,7 +136,16 @@ def _context(args: argparse.Namespace) -> Context:
     servers = resolve_servers(getattr(args, "server", None), env, profile)
     timeout = getattr(args, "timeout", None) or profile.timeout or DEFAULT_TIMEOUT_S
     fmt = getattr(args, "output", None) or profile.output or "table"
-    return Context(Connection(servers, timeout), Printer(fmt), servers, timeout)
+    security = resolve_security(
+        api_key=getattr(args, "api_key", None),
+        tls=getattr(args, "tls", False),
+        tls_ca=getattr(args, "tls_ca", None),
+        tls_cert=getattr(args, "tls_cert", None),
+        tls_key=getattr(args, "tls_key", None),
+        env=env,
+        profile=profile,
+    )
+    return Context(Connection(servers, timeout, security), Printer(fmt), servers, timeout, security)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -34,9 +34,14 @@ The blocking client has the same methods::
                 msg.ack()
                 break
 
+Against a broker with API keys and TLS (``api_key`` defaults to ``$FLUXMQ_API_KEY``)::
+
+    AsyncClient("broker:7070", api_key="fmq_live_sk_...", tls_ca_file="ca.pem")
+
 The SDK imports only grpc, the generated stubs (``fluxmq._pb``) and the standard library.
 """
 
+from fluxmq.client._security import mask_key
 from fluxmq.client._transport import NO_RETRY, RetryPolicy
 from fluxmq.client.admin import Admin
 from fluxmq.client.client import AsyncClient, Client
@@ -52,9 +57,12 @@ from fluxmq.client.errors import (
     InvalidArgument,
     MessageTooLarge,
     NotFound,
+    PermissionDenied,
     QueueExists,
     QueueNotFound,
+    RateLimited,
     StaleGeneration,
+    Unauthenticated,
     Unavailable,
     from_rpc_error,
 )
@@ -80,12 +88,16 @@ __all__ = [
     "MessageTooLarge",
     "NotFound",
     "OutgoingMessage",
+    "PermissionDenied",
     "PublishResult",
     "QueueExists",
     "QueueNotFound",
+    "RateLimited",
     "RetryPolicy",
     "StaleGeneration",
+    "Unauthenticated",
     "Unavailable",
     "from_rpc_error",
     "get_codec",
+    "mask_key",
 ]

@@ -14,7 +14,15 @@ on first use) and sends each unary call:
   (UNAVAILABLE without a status; a call that is not idempotent only when the connection was
   refused, so nothing was sent), or the client's deadline passed on an idempotent call;
 - to the next address after UNAVAILABLE or a passed deadline (failover), forgetting a cached
-  leader that failed.
+  leader that failed;
+- after the advised delay when the broker refused the call for now (RESOURCE_EXHAUSTED with a
+  ``RetryInfo``, e.g. RATE_LIMITED: nothing was done, so any call may repeat), within the same
+  attempt budget; a delay longer than ``RetryPolicy.max_retry_delay_s`` is not waited for (the
+  error is raised, its ``retry_after_ms`` says when to come back).
+
+Every call carries the client's metadata (``authorization: Bearer <key>`` with an API key), and
+every channel — seeds, discovered nodes, leaders — is opened with the client's credentials (TLS
+when configured); see :mod:`fluxmq.client._security`.
 
 Idempotent ("safe") calls: reads, acks, nacks, lease extensions, membership calls, and
 publishes whose messages all have idempotency keys (the SDK sets them).
@@ -32,6 +40,7 @@ from typing import Any, Literal
 import grpc
 
 from fluxmq._pb.v1 import admin_pb2_grpc, queue_pb2_grpc
+from fluxmq.client._security import Credentials
 from fluxmq.client.errors import FluxMQError, from_rpc_error
 
 log = logging.getLogger("fluxmq.client")
@@ -55,19 +64,23 @@ Service = Literal["queue", "admin"]
 class RetryPolicy:
     """Attempts per call (the first included) and the backoff between them: attempt ``n``
     (from 1) waits a uniformly random time in ``[0, min(max_backoff_s, initial_backoff_s *
-    multiplier ** (n - 1))]`` ("full jitter"), or the broker's RetryInfo delay if longer.
+    multiplier ** (n - 1))]`` ("full jitter"), or the broker's RetryInfo delay if longer; a
+    RetryInfo delay over ``max_retry_delay_s`` ends the retries (the error is raised).
     The defaults ride out a node restart or a leader election (~5 s of retries)."""
 
     max_attempts: int = 10
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     multiplier: float = 2.0
+    max_retry_delay_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.multiplier < 1:
             raise ValueError("backoffs must be >= 0 and multiplier >= 1")
+        if self.max_retry_delay_s < 0:
+            raise ValueError("max_retry_delay_s must be >= 0")
 
     def backoff_s(self, retry: int) -> float:
         """The wait before retry number ``retry`` (1 = the first retry)."""
@@ -78,8 +91,16 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(max_attempts=1)
 
 
+def refused_for_now(err: FluxMQError) -> bool:
+    """RESOURCE_EXHAUSTED with a RetryInfo (RATE_LIMITED...): the call was turned away before
+    anything was done, and may come back after the advised delay."""
+    return err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and err.retry_after_ms is not None
+
+
 def should_retry(err: FluxMQError, safe: bool) -> bool:
     """Whether repeating the call can help and cannot do harm."""
+    if refused_for_now(err):
+        return True
     if err.from_broker:
         return err.retriable and (safe or err.reason not in MAYBE_APPLIED)
     if err.code == grpc.StatusCode.UNAVAILABLE:
@@ -100,16 +121,21 @@ def fails_over(err: FluxMQError) -> bool:
 class _Node:
     __slots__ = ("address", "admin", "channel", "queue")
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, credentials: Credentials) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel = credentials.channel(address, CHANNEL_OPTIONS)
         self.queue = queue_pb2_grpc.QueueServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)  # type: ignore[no-untyped-call]
 
 
 class Transport:
     def __init__(
-        self, addresses: str | Iterable[str], *, timeout_s: float, retry: RetryPolicy
+        self,
+        addresses: str | Iterable[str],
+        *,
+        timeout_s: float,
+        retry: RetryPolicy,
+        credentials: Credentials | None = None,
     ) -> None:
         seeds = [addresses] if isinstance(addresses, str) else list(addresses)
         seeds = [a.strip() for s in seeds for a in s.split(",") if a.strip()]
@@ -125,6 +151,12 @@ class Transport:
         self._nodes: dict[str, _Node] = {}
         self.closed = False
         self.retries = 0  # attempts after a failure, over the client's life (for monitoring)
+        # No key from the environment here: the clients resolve FLUXMQ_API_KEY themselves.
+        self.credentials = credentials or Credentials(api_key="")
+        self._metadata = self.credentials.metadata
+
+    def __repr__(self) -> str:
+        return f"Transport(addresses={self.addresses!r}, credentials={self.credentials!r})"
 
     @property
     def current(self) -> str:
@@ -143,7 +175,7 @@ class Transport:
         if node is None:
             if self.closed:
                 raise RuntimeError("the client is closed")
-            node = self._nodes[address] = _Node(address)
+            node = self._nodes[address] = _Node(address, self.credentials)
         return node
 
     def _target(self, queue: str | None) -> str:
@@ -196,7 +228,7 @@ class Transport:
         while True:
             attempt += 1
             stub = getattr(self._node(target), service)
-            call = getattr(stub, method)(request, timeout=timeout)
+            call = getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
             try:
                 response = await call
             except grpc.aio.AioRpcError as rpc_err:
@@ -207,6 +239,8 @@ class Transport:
                     target = self._failover(target, queue)
                 delay = policy.backoff_s(attempt)
                 if err.retry_after_ms:
+                    if err.retry_after_ms / 1000 > policy.max_retry_delay_s:
+                        raise err from None
                     delay = max(delay, err.retry_after_ms / 1000)
                 log.debug("fluxmq: %s failed (%s), retry %d in %.3fs", method, err, attempt, delay)
                 self.retries += 1

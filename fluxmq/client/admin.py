@@ -1,4 +1,4 @@
-"""Administration: queues, consumer groups, offsets, dead letters, cluster status.
+"""Administration: queues, consumer groups, offsets, dead letters, cluster status, API keys.
 
 ``client.admin`` is an :class:`Admin`. Results are the API's protobuf messages
 (``fluxmq._pb.v1.queue_pb2`` / ``admin_pb2``: ``Queue``, ``QueueStats``, ``GroupDescription``,
@@ -18,6 +18,7 @@ from google.protobuf import field_mask_pb2
 
 from fluxmq._pb.v1 import admin_pb2
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.client._security import KEY_ID_CHARS, KEY_PREFIXES
 from fluxmq.client._transport import Transport
 from fluxmq.client.errors import AlreadyExists, NotFound
 
@@ -345,3 +346,53 @@ class Admin:
             address=address,
         )
         return status
+
+    # -- API keys --------------------------------------------------------------------------------
+
+    async def create_api_key(
+        self, name: str, role: str, *, tier: str = "", environment: str = ""
+    ) -> admin_pb2.CreateApiKeyResponse:
+        """A new API key (admin keys only): ``role`` admin / producer / consumer / read-only,
+        ``tier`` its rate-limit tier (default "default"), ``environment`` development /
+        staging / production (default the caller's). The answer's ``key`` is the whole key,
+        shown this once; ``info`` describes it. Not retried after a lost answer (it would make a
+        second key)."""
+        resp: admin_pb2.CreateApiKeyResponse = await self._t.unary(
+            "admin",
+            "CreateApiKey",
+            admin_pb2.CreateApiKeyRequest(name=name, role=role, tier=tier, environment=environment),
+            safe=False,
+        )
+        return resp
+
+    async def list_api_keys(self, *, include_revoked: bool = False) -> list[admin_pb2.ApiKeyInfo]:
+        """The keys of the caller's environment (prefix, name, role, tier, times; never a
+        secret), oldest first."""
+        resp: admin_pb2.ListApiKeysResponse = await self._t.unary(
+            "admin",
+            "ListApiKeys",
+            admin_pb2.ListApiKeysRequest(include_revoked=include_revoked),
+            safe=True,
+        )
+        return list(resp.keys)
+
+    async def revoke_api_key(self, key_id: str) -> admin_pb2.ApiKeyInfo:
+        """Revokes a key by its id (the 8 characters after ``fmq_live_sk_`` / ``fmq_test_sk_``;
+        a whole prefix or key is accepted too). Revoking a revoked key is not an error."""
+        info: admin_pb2.ApiKeyInfo = await self._t.unary(
+            "admin",
+            "RevokeApiKey",
+            admin_pb2.RevokeApiKeyRequest(key_id=key_id_of(key_id)),
+            safe=True,
+        )
+        return info
+
+
+def key_id_of(text: str) -> str:
+    """``fmq_live_sk_AbCd1234…`` (a prefix, or a whole key) -> ``AbCd1234``; anything else as
+    it is."""
+    text = text.strip().rstrip("…")
+    for prefix in KEY_PREFIXES:
+        if text.startswith(prefix):
+            return text[len(prefix) : len(prefix) + KEY_ID_CHARS]
+    return text

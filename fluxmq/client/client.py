@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from fluxmq._pb.v1 import admin_pb2
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.client._security import Credentials, PathLike
 from fluxmq.client._sync import LoopThread, SyncAdmin, SyncConsumer, SyncMessage, SyncProducer
 from fluxmq.client._transport import RetryPolicy, Transport
 from fluxmq.client.admin import Admin
@@ -58,6 +59,13 @@ class AsyncClient:
     and decoded by default (``"auto"``: bytes as they are, str as UTF-8, other values as JSON;
     messages' ``data`` are then bytes).
 
+    Security: ``api_key`` (default ``$FLUXMQ_API_KEY``; ``""`` = none) goes with every call as
+    ``authorization: Bearer <key>`` and is never logged or shown (``repr`` masks it as
+    ``fmq_live_sk_<id>…``). ``tls_ca_file`` (PEM CA bundle) or ``tls_root_certificates`` (its
+    bytes), or ``tls=True`` (the system's roots), make every channel TLS; ``tls_cert_file`` +
+    ``tls_key_file`` add a client certificate (mutual TLS). A call the broker rate-limits
+    (RESOURCE_EXHAUSTED with RetryInfo) is retried after the advised delay, within ``retry``.
+
     ``async with AsyncClient(...) as client`` also asks the first reachable node for the
     cluster's other nodes (GetClusterStatus) and adds them to the seeds; ``close()`` flushes
     open producers, stops open consumers gracefully, then closes the channels.
@@ -70,9 +78,26 @@ class AsyncClient:
         timeout_s: float = 10.0,
         retry: RetryPolicy | None = None,
         codec: str | Codec = "auto",
+        api_key: str | None = None,
+        tls: bool | None = None,
+        tls_ca_file: PathLike | None = None,
+        tls_root_certificates: bytes | None = None,
+        tls_cert_file: PathLike | None = None,
+        tls_key_file: PathLike | None = None,
     ) -> None:
+        credentials = Credentials(
+            api_key=api_key,
+            tls=tls,
+            tls_ca_file=tls_ca_file,
+            tls_root_certificates=tls_root_certificates,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+        )
         self._transport = Transport(
-            addresses or default_addresses(), timeout_s=timeout_s, retry=retry or RetryPolicy()
+            addresses or default_addresses(),
+            timeout_s=timeout_s,
+            retry=retry or RetryPolicy(),
+            credentials=credentials,
         )
         self.codec = get_codec(codec)
         self.admin = Admin(self._transport)
@@ -85,6 +110,13 @@ class AsyncClient:
     def addresses(self) -> list[str]:
         """The known nodes (seeds, discovered nodes, leaders named by the broker)."""
         return list(self._transport.addresses)
+
+    def __repr__(self) -> str:
+        creds = self._transport.credentials
+        return (
+            f"{type(self).__name__}(addresses={self.addresses!r}, "
+            f"api_key={creds.key_hint or None}, tls={creds.tls})"
+        )
 
     @property
     def transport(self) -> Transport:
@@ -338,11 +370,25 @@ class Client:
         timeout_s: float = 10.0,
         retry: RetryPolicy | None = None,
         codec: str | Codec = "auto",
+        api_key: str | None = None,
+        tls: bool | None = None,
+        tls_ca_file: PathLike | None = None,
+        tls_root_certificates: bytes | None = None,
+        tls_cert_file: PathLike | None = None,
+        tls_key_file: PathLike | None = None,
     ) -> None:
+        security: dict[str, Any] = {
+            "api_key": api_key,
+            "tls": tls,
+            "tls_ca_file": tls_ca_file,
+            "tls_root_certificates": tls_root_certificates,
+            "tls_cert_file": tls_cert_file,
+            "tls_key_file": tls_key_file,
+        }
         self._loop = LoopThread()
         try:
             self._client: AsyncClient = self._loop.run(
-                self._make(addresses, timeout_s, retry, codec)
+                self._make(addresses, timeout_s, retry, codec, security)
             )
             self.admin = SyncAdmin(self._client.admin, self._loop)
         except BaseException:
@@ -355,14 +401,18 @@ class Client:
         timeout_s: float,
         retry: RetryPolicy | None,
         codec: str | Codec,
+        security: dict[str, Any],
     ) -> AsyncClient:
-        client = AsyncClient(addresses, timeout_s=timeout_s, retry=retry, codec=codec)
+        client = AsyncClient(addresses, timeout_s=timeout_s, retry=retry, codec=codec, **security)
         await client.connect()
         return client
 
     @property
     def addresses(self) -> list[str]:
         return self._client.addresses
+
+    def __repr__(self) -> str:
+        return repr(self._client).replace("AsyncClient(", "Client(", 1)
 
     def __enter__(self) -> Client:
         return self

@@ -672,7 +672,8 @@ class Consumer:
                     return
                 failures += 1
                 log.warning("fluxmq: lease from %s/%s failed: %s", self.queue, self.group, err)
-                await self._pause(policy.backoff_s(failures) + 0.05)
+                advised = (err.retry_after_ms or 0) / 1000  # RATE_LIMITED: when to come back
+                await self._pause(max(policy.backoff_s(failures) + 0.05, advised))
                 continue
             failures = 0
             if not resp.messages:

@@ -36,8 +36,10 @@ class FluxMQError(Exception):
       the connection itself (no broker answered) it is the code's name, e.g. ``UNAVAILABLE``;
     - ``message``: the human explanation;
     - ``retriable``: the broker said a retry can succeed (``ErrorInfo`` metadata
-      ``retriable=true``), or the node could not be reached (UNAVAILABLE without a status);
-    - ``retry_after_ms``: the broker's ``RetryInfo`` delay, if any;
+      ``retriable=true``, or RESOURCE_EXHAUSTED with a ``RetryInfo``: RATE_LIMITED), or the
+      node could not be reached (UNAVAILABLE without a status);
+    - ``retry_after_ms``: the broker's ``RetryInfo`` delay, if any (``retry_after``: the same in
+      seconds);
     - ``field_violations``: the offending fields of a bad request;
     - ``request_id``: the ``x-request-id`` of the call (quote it when reporting a problem);
     - ``metadata``: the ``ErrorInfo`` metadata (e.g. ``leader`` for NOT_LEADER);
@@ -68,6 +70,11 @@ class FluxMQError(Exception):
         self.metadata = dict(metadata or {})
         self.from_broker = from_broker
         super().__init__(str(self))
+
+    @property
+    def retry_after(self) -> float | None:
+        """The broker's RetryInfo delay in seconds (None without one)."""
+        return None if self.retry_after_ms is None else self.retry_after_ms / 1000
 
     def __str__(self) -> str:
         text = f"{self.reason}: {self.message}"
@@ -127,6 +134,19 @@ class StaleGeneration(FluxMQError):
     holds; heartbeat (or join again) and retry."""
 
 
+class Unauthenticated(FluxMQError):
+    """UNAUTHENTICATED: no API key, or one the broker does not know (or revoked)."""
+
+
+class PermissionDenied(FluxMQError):
+    """PERMISSION_DENIED: the key's role (or environment) does not allow the call."""
+
+
+class RateLimited(FluxMQError):
+    """RESOURCE_EXHAUSTED / RATE_LIMITED: the key is over its rate; ``retry_after`` says when
+    to come back (the SDK has already waited and retried within its retry policy)."""
+
+
 class Unavailable(FluxMQError):
     """UNAVAILABLE: the node is down, shutting down, not the leader, or a replication group has
     no quorum; usually retriable."""
@@ -144,6 +164,7 @@ _BY_REASON: dict[str, type[FluxMQError]] = {
     "GROUP_EXISTS": GroupExists,
     "MESSAGE_TOO_LARGE": MessageTooLarge,
     "STALE_GENERATION": StaleGeneration,
+    "RATE_LIMITED": RateLimited,
 }
 _BY_CODE: dict[grpc.StatusCode, type[FluxMQError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
@@ -151,6 +172,8 @@ _BY_CODE: dict[grpc.StatusCode, type[FluxMQError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 
@@ -200,6 +223,8 @@ def from_rpc_error(err: grpc.RpcError) -> FluxMQError:
                 retry_after_ms = retry.retry_delay.ToMilliseconds()
     elif code == grpc.StatusCode.UNAVAILABLE:
         retriable = True  # nobody answered: the node is down or unreachable
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after_ms is not None:
+        retriable = True  # turned away for now (RATE_LIMITED...): come back after the delay
     if not request_id:
         request_id = metadata.get("request_id", "")
     cls = error_class(code, reason)

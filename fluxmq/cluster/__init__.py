@@ -1,4 +1,5 @@
-"""Cluster metadata: live nodes, replication groups, queue placement, shard leaders, settings.
+"""Cluster metadata: live nodes, replication groups, queue placement, shard leaders, settings,
+API keys.
 
 ``MetadataStore`` is the interface; ``EtcdMetadataStore`` keeps the metadata in etcd for a
 cluster, ``EmbeddedMetadataStore`` in a local LMDB file (or memory) for a single node.

@@ -11,17 +11,20 @@ default clock is the wall clock because expiry deadlines are stored and must sta
 across restarts.
 
 Everything runs synchronously on the event loop: metadata writes are rare and tiny, and no await
-inside an operation is what makes each one atomic (create-if-absent, compare-and-set).
+inside an operation is what makes each one atomic (create-if-absent, compare-and-set, the API-key
+limit, which simply counts the active records of the environment and role inside the write).
+API keys live under ``keys/<key_id>``, their last-used times under ``keys_used/<key_id>``.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -29,6 +32,7 @@ from typing import Protocol
 import lmdb
 
 from fluxmq.cluster.metadata import (
+    API_KEYS_MAX,
     GROUPS_MAX,
     NODES_MAX,
     AlreadyExists,
@@ -46,25 +50,36 @@ from fluxmq.cluster.metadata import (
     RevisionConflict,
     Versioned,
     check_group_id,
+    check_key_id,
+    check_key_usage,
     check_list_args,
+    check_new_api_key,
     check_node_id,
     check_queue_name,
     check_revision,
+    check_revoked_ms,
     check_setting_key,
     check_setting_value,
     check_term,
     check_ttl_ms,
+    decode_api_key,
     decode_group,
+    decode_key_usage,
     decode_leader,
     decode_node,
     decode_placement,
     decode_setting,
+    encode_api_key,
     encode_group,
+    encode_key_usage,
     encode_leader,
     encode_node,
     encode_placement,
     encode_setting,
+    key_limit_reached,
+    sort_api_keys,
 )
+from fluxmq.core.auth import KeyRecord
 
 FILE_NAME = "metadata.lmdb"
 MAP_SIZE_BYTES_DEFAULT = 64 * 1024 * 1024
@@ -79,6 +94,8 @@ _PREFIXES = {
     "placement": b"placements/",
     "leader": b"leaders/",
     "setting": b"settings/",
+    "api_key": b"keys/",
+    "api_key_usage": b"keys_used/",  # not a watched kind: touches make no events
 }
 
 
@@ -536,6 +553,87 @@ class EmbeddedMetadataStore:
         with self._write() as txn:
             self._put(txn, _key("setting", key), encode_setting(value), self._next_revision(txn))
         self._publish(MetadataEvent("setting", key))
+
+    # --- API keys -----------------------------------------------------------------------------
+
+    async def create_api_key(self, record: KeyRecord, active_max: int) -> None:
+        record, active_max = check_new_api_key(record, active_max)
+        key = _key("api_key", record.key_id)
+        with self._write() as txn:
+            if txn.get(key) is not None:
+                raise AlreadyExists(f"api key {record.key_id!r} already exists")
+            stored = [
+                decode_api_key(entry.record, name) for name, entry in self._scan(txn, "api_key")
+            ]
+            if len(stored) >= API_KEYS_MAX:
+                raise LimitExceeded(f"at most {API_KEYS_MAX} api keys (revoked ones included)")
+            active = [
+                r.key_id
+                for r in stored
+                if r.active and r.environment == record.environment and r.role == record.role
+            ]
+            if len(active) >= active_max:
+                raise key_limit_reached(record.environment, record.role, active)
+            self._put(txn, key, encode_api_key(record), self._next_revision(txn))
+        self._publish(MetadataEvent("api_key", record.key_id))
+
+    async def revoke_api_key(self, key_id: str, revoked_ms: int) -> KeyRecord:
+        check_key_id(key_id)
+        check_revoked_ms(revoked_ms)
+        key = _key("api_key", key_id)
+        with self._write() as txn:
+            entry = self._entry(txn, key)
+            if entry is None:
+                raise NotFound(f"api key {key_id!r} does not exist")
+            record = decode_api_key(entry.record, key_id)
+            if not record.active:
+                return record
+            record = dataclasses.replace(record, revoked_ms=revoked_ms)
+            self._put(txn, key, encode_api_key(record), self._next_revision(txn))
+        self._publish(MetadataEvent("api_key", key_id))
+        return record
+
+    async def get_api_key(self, key_id: str) -> KeyRecord | None:
+        check_key_id(key_id)
+        with self._read() as txn:
+            entry = self._entry(txn, _key("api_key", key_id))
+            return None if entry is None else decode_api_key(entry.record, key_id)
+
+    async def list_api_keys(self) -> list[KeyRecord]:
+        found: list[KeyRecord] = []
+        with self._read() as txn:
+            for name, entry in self._scan(txn, "api_key"):
+                if len(found) == API_KEYS_MAX:
+                    raise LimitExceeded(f"more than {API_KEYS_MAX} api keys are stored")
+                found.append(decode_api_key(entry.record, name))
+        return sort_api_keys(found)
+
+    async def touch_api_keys(self, last_used_ms: Mapping[str, int]) -> None:
+        wanted = check_key_usage(last_used_ms)
+        if not wanted:
+            return
+        with self._write() as txn:
+            forward: list[tuple[bytes, int]] = []
+            for key_id, used_ms in wanted.items():
+                if txn.get(_key("api_key", key_id)) is None:
+                    continue
+                usage = _key("api_key_usage", key_id)
+                entry = self._entry(txn, usage)
+                if entry is None or decode_key_usage(entry.record, key_id) < used_ms:
+                    forward.append((usage, used_ms))
+            if forward:
+                revision = self._next_revision(txn)
+                for usage, used_ms in forward:
+                    self._put(txn, usage, encode_key_usage(used_ms), revision)
+
+    async def list_api_key_usage(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        with self._read() as txn:
+            for name, entry in self._scan(txn, "api_key_usage"):
+                if len(found) == API_KEYS_MAX:
+                    raise LimitExceeded(f"more than {API_KEYS_MAX} api key usage records")
+                found[name] = decode_key_usage(entry.record, name)
+        return found
 
     # --- watch and close ----------------------------------------------------------------------
 

@@ -1,31 +1,44 @@
 """``EtcdMetadataStore``: cluster metadata in etcd v3, through aetcd (asyncio gRPC client).
 
 Layout under the prefix (default ``/fluxmq/``): ``nodes/<id>`` (leased), ``groups/<id>``,
-``placements/<queue>``, ``leaders/<group>``, ``settings/<key>``; values are the JSON records of
-``fluxmq.cluster.metadata``.
+``placements/<queue>``, ``leaders/<group>``, ``settings/<key>``, ``keys/<key_id>`` (API keys),
+``key_slots/<environment>/<role>`` (the ids of that pair's active keys) and
+``keys_used/<key_id>`` (last-used times); values are the JSON records of
+``fluxmq.cluster.metadata``. Only the first six are watched: slots and usage make no events.
 
 - Nodes: ``register_node`` grants an etcd lease of ``ceil(ttl_ms / 1000)`` seconds (etcd may raise
   it to its own minimum, 1.5 x election timeout) and attaches the key to it; ``refresh_node`` is a
   lease keepalive. A node that stops refreshing disappears when etcd expires the lease.
 - Creations are transactions guarded by ``create_revision == 0``; ``update_group`` by
   ``mod_revision == expect_revision``; so two nodes never both win.
+- API keys: the rotation limit is a property of the slot record, not of a count of keys. Creating
+  a key is one transaction guarded by ``create_revision(key) == 0`` and the slot's
+  ``mod_revision`` as read (``create_revision == 0`` while it does not exist yet) that writes the
+  record and the slot with the new id; revoking guards the record and the slot the same way and
+  removes the id. A writer that loses re-reads and tries again, at most KEY_CAS_ATTEMPTS times
+  (then RevisionConflict), so of concurrent creators on any number of nodes only as many win as
+  there are free slots. Last-used times live in their own keys, so touching never makes a
+  revocation retry; they move forward by compare-and-set too.
 - Every public call runs under one deadline (``timeout_ms``, default 2 s). Connection failures,
   timeouts and etcd-side unavailability become ``MetadataUnavailable``; the gRPC channel retries
   connecting with a short backoff, so calls work again soon after etcd is back.
 - A watch owns a background task that re-creates the etcd watch after failures (with backoff)
   and emits resync events once it is established again, since events in between are lost.
 
-The count limits (NODES_MAX, GROUPS_MAX) are checked before writing, not inside the transaction:
-concurrent creators may overshoot them slightly. One endpoint only: aetcd connects to a single
-host, so high availability of etcd itself needs a load balancer or DNS name in front of it.
+The count limits (NODES_MAX, GROUPS_MAX, API_KEYS_MAX) are checked before writing, not inside the
+transaction: concurrent creators may overshoot them slightly (the per-role key limit is exact).
+One endpoint only: aetcd connects to a single host, so high availability of etcd itself needs a
+load balancer or DNS name in front of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
-from collections.abc import Awaitable, Callable
+import random
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import aetcd
@@ -33,6 +46,7 @@ import aetcd.exceptions
 import aetcd.rpc
 
 from fluxmq.cluster.metadata import (
+    API_KEYS_MAX,
     EVENT_KINDS,
     GROUPS_MAX,
     NODES_MAX,
@@ -53,25 +67,38 @@ from fluxmq.cluster.metadata import (
     Versioned,
     check_group_id,
     check_int,
+    check_key_id,
+    check_key_usage,
     check_list_args,
+    check_new_api_key,
     check_node_id,
     check_queue_name,
     check_revision,
+    check_revoked_ms,
     check_setting_key,
     check_setting_value,
     check_term,
     check_ttl_ms,
+    decode_api_key,
     decode_group,
+    decode_key_slots,
+    decode_key_usage,
     decode_leader,
     decode_node,
     decode_placement,
     decode_setting,
+    encode_api_key,
     encode_group,
+    encode_key_slots,
+    encode_key_usage,
     encode_leader,
     encode_node,
     encode_placement,
     encode_setting,
+    key_limit_reached,
+    sort_api_keys,
 )
+from fluxmq.core.auth import KeyRecord
 
 T = TypeVar("T")
 
@@ -79,6 +106,9 @@ PREFIX_DEFAULT = "/fluxmq/"
 TIMEOUT_MS_DEFAULT = 2000
 PAGE_KEYS = 1000  # keys per etcd range request when reading a whole kind
 LEADER_CAS_ATTEMPTS = 16
+KEY_CAS_ATTEMPTS = 16
+KEY_CAS_BACKOFF_MS = 5  # at most this x the attempt number, at random, between attempts
+TOUCH_BATCH_KEYS = 50  # two gets per key: within etcd's default 128 operations per transaction
 WATCH_RETRY_MIN_MS = 100
 WATCH_RETRY_MAX_MS = 2000
 
@@ -88,7 +118,10 @@ _DIRS: dict[EventKind, str] = {
     "placement": "placements/",
     "leader": "leaders/",
     "setting": "settings/",
+    "api_key": "keys/",
 }
+_SLOTS_DIR = "key_slots/"
+_USAGE_DIR = "keys_used/"
 _KIND_BY_DIR = {directory: kind for kind, directory in _DIRS.items()}
 assert set(_DIRS) == set(EVENT_KINDS)
 
@@ -302,15 +335,46 @@ class EtcdMetadataStore:
 
     async def _scan(self, kind: EventKind) -> list[tuple[str, Any]]:
         """Every (name, kv) of a kind, paging so no single response grows without bound."""
-        directory = self._dir(kind)
+        return await self._scan_dir(self._dir(kind))
+
+    async def _scan_dir(self, directory: bytes, cap: int | None = None) -> list[tuple[str, Any]]:
+        """Every (name, kv) under ``directory``; LimitExceeded when there are more than ``cap``."""
         start, end = directory, _prefix_end(directory)
         found: list[tuple[str, Any]] = []
         while True:
             kvs, more = await self._range(start, end, PAGE_KEYS)
             found.extend((self._name(kv.key, directory), kv) for kv in kvs)
+            if cap is not None and len(found) > cap:
+                raise LimitExceeded(f"more than {cap} records under {directory!r}")
             if not more or not kvs:
                 return found
             start = bytes(kvs[-1].key) + b"\x00"
+
+    async def _get_many(self, keys: list[bytes]) -> list[Any]:
+        """Each key's kv, or None where it does not exist, all read at one revision."""
+        tx = self.client.transactions
+        _, responses = await self.client.transaction(
+            compare=[], success=[tx.get(key) for key in keys], failure=[]
+        )
+        return [found[0][1] if found else None for found in responses]
+
+    def _unchanged(self, key: bytes, kv: Any) -> Any:
+        """The compare that holds while ``key`` is still as read (``kv`` None: still absent)."""
+        tx = self.client.transactions
+        return tx.create(key) == 0 if kv is None else tx.mod(key) == int(kv.mod_revision)
+
+    def _slots_key(self, environment: str, role: str) -> bytes:
+        return f"{self._prefix}{_SLOTS_DIR}{environment}/{role}".encode()
+
+    def _usage_key(self, key_id: str) -> bytes:
+        return f"{self._prefix}{_USAGE_DIR}{key_id}".encode()
+
+    def _active_ids(self, slots_key: bytes, kv: Any) -> list[str]:
+        return [] if kv is None else decode_key_slots(bytes(kv.value), slots_key.decode())
+
+    @staticmethod
+    async def _back_off(attempt: int) -> None:
+        await asyncio.sleep(random.uniform(0, KEY_CAS_BACKOFF_MS * attempt) / 1000)
 
     async def _create(self, key: bytes, value: bytes) -> bool:
         """Puts ``key`` only if it does not exist; False if it did."""
@@ -555,6 +619,141 @@ class EtcdMetadataStore:
             await self.client.put(self._key("setting", key), encode_setting(value))
 
         await self._call("put_setting", put)
+
+    # --- API keys -----------------------------------------------------------------------------
+
+    async def create_api_key(self, record: KeyRecord, active_max: int) -> None:
+        record, active_max = check_new_api_key(record, active_max)
+        key = self._key("api_key", record.key_id)
+        slots_key = self._slots_key(record.environment, record.role)
+        value = encode_api_key(record)
+        tx = self.client.transactions
+
+        async def create() -> None:
+            for attempt in range(KEY_CAS_ATTEMPTS):
+                existing, slots = await self._get_many([key, slots_key])
+                if existing is not None:
+                    raise AlreadyExists(f"api key {record.key_id!r} already exists")
+                if attempt == 0 and await self._count("api_key") >= API_KEYS_MAX:
+                    raise LimitExceeded(f"at most {API_KEYS_MAX} api keys (revoked ones included)")
+                active = self._active_ids(slots_key, slots)
+                if len(active) >= active_max:
+                    raise key_limit_reached(record.environment, record.role, active)
+                succeeded, _ = await self.client.transaction(
+                    compare=[tx.create(key) == 0, self._unchanged(slots_key, slots)],
+                    success=[
+                        tx.put(key, value),
+                        tx.put(slots_key, encode_key_slots([*active, record.key_id])),
+                    ],
+                    failure=[],
+                )
+                if succeeded:
+                    return
+                await self._back_off(attempt + 1)
+            raise RevisionConflict(
+                f"api key {record.key_id!r}: lost {KEY_CAS_ATTEMPTS} races for a slot of "
+                f"{record.environment}/{record.role}"
+            )
+
+        await self._call("create_api_key", create)
+
+    async def revoke_api_key(self, key_id: str, revoked_ms: int) -> KeyRecord:
+        check_key_id(key_id)
+        check_revoked_ms(revoked_ms)
+        key = self._key("api_key", key_id)
+        tx = self.client.transactions
+
+        async def revoke() -> KeyRecord:
+            for attempt in range(KEY_CAS_ATTEMPTS):
+                kv = await self.client.get(key)
+                if kv is None:
+                    raise NotFound(f"api key {key_id!r} does not exist")
+                record = decode_api_key(bytes(kv.value), key_id)
+                if not record.active:
+                    return record
+                slots_key = self._slots_key(record.environment, record.role)
+                (slots,) = await self._get_many([slots_key])
+                active = [i for i in self._active_ids(slots_key, slots) if i != key_id]
+                revoked = dataclasses.replace(record, revoked_ms=revoked_ms)
+                succeeded, _ = await self.client.transaction(
+                    compare=[
+                        tx.mod(key) == int(kv.mod_revision),
+                        self._unchanged(slots_key, slots),
+                    ],
+                    success=[
+                        tx.put(key, encode_api_key(revoked)),
+                        tx.put(slots_key, encode_key_slots(active)),
+                    ],
+                    failure=[],
+                )
+                if succeeded:
+                    return revoked
+                await self._back_off(attempt + 1)
+            raise RevisionConflict(f"api key {key_id!r}: lost {KEY_CAS_ATTEMPTS} races to revoke")
+
+        return await self._call("revoke_api_key", revoke)
+
+    async def get_api_key(self, key_id: str) -> KeyRecord | None:
+        check_key_id(key_id)
+
+        async def get() -> KeyRecord | None:
+            kv = await self.client.get(self._key("api_key", key_id))
+            return None if kv is None else decode_api_key(bytes(kv.value), key_id)
+
+        return await self._call("get_api_key", get)
+
+    async def list_api_keys(self) -> list[KeyRecord]:
+        async def list_all() -> list[KeyRecord]:
+            found = await self._scan_dir(self._dir("api_key"), API_KEYS_MAX)
+            return sort_api_keys([decode_api_key(bytes(kv.value), name) for name, kv in found])
+
+        return await self._call("list_api_keys", list_all)
+
+    async def touch_api_keys(self, last_used_ms: Mapping[str, int]) -> None:
+        wanted = list(check_key_usage(last_used_ms).items())
+
+        async def touch() -> None:
+            for start in range(0, len(wanted), TOUCH_BATCH_KEYS):
+                await self._touch_batch(wanted[start : start + TOUCH_BATCH_KEYS])
+
+        await self._call("touch_api_keys", touch)
+
+    async def _touch_batch(self, wanted: list[tuple[str, int]]) -> None:
+        tx = self.client.transactions
+        for attempt in range(KEY_CAS_ATTEMPTS):
+            keys = [
+                k
+                for key_id, _ in wanted
+                for k in (self._key("api_key", key_id), self._usage_key(key_id))
+            ]
+            found = await self._get_many(keys)
+            compare, success = [], []
+            for index, (key_id, used_ms) in enumerate(wanted):
+                record, usage = found[2 * index], found[2 * index + 1]
+                if record is None:
+                    continue  # no such key (records are never deleted, so it stays so)
+                if usage is not None and decode_key_usage(bytes(usage.value), key_id) >= used_ms:
+                    continue
+                usage_key = self._usage_key(key_id)
+                compare.append(self._unchanged(usage_key, usage))
+                success.append(tx.put(usage_key, encode_key_usage(used_ms)))
+            if not success:
+                return
+            succeeded, _ = await self.client.transaction(
+                compare=compare, success=success, failure=[]
+            )
+            if succeeded:
+                return
+            await self._back_off(attempt + 1)
+        raise RevisionConflict(f"api key usage: lost {KEY_CAS_ATTEMPTS} races")
+
+    async def list_api_key_usage(self) -> dict[str, int]:
+        async def list_all() -> dict[str, int]:
+            directory = f"{self._prefix}{_USAGE_DIR}".encode()
+            found = await self._scan_dir(directory, API_KEYS_MAX)
+            return {name: decode_key_usage(bytes(kv.value), name) for name, kv in found}
+
+        return await self._call("list_api_key_usage", list_all)
 
     # --- watch and close ----------------------------------------------------------------------
 

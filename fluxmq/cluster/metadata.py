@@ -1,5 +1,9 @@
 """The cluster metadata interface: records, errors, limits, the JSON codec and the watch stream.
 
+Besides the cluster's own records it keeps the API keys (``fluxmq.core.auth.KeyRecord``: salted
+digests, never a key) with their last-used times, and enforces the rotation limit (at most
+``active_max`` active keys per environment and role) atomically, even across nodes.
+
 Two implementations follow it and must answer identically: ``EtcdMetadataStore`` (etcd v3 through
 aetcd) and ``EmbeddedMetadataStore`` (one node, LMDB or memory). The contract suite in
 ``tests/contract/test_metadata_contract.py`` runs against both.
@@ -23,6 +27,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, get_args
 
+from fluxmq.core.auth import ENVIRONMENTS, KEY_ID_CHARS, ROLES, SALT_BYTES, KeyRecord
 from fluxmq.core.limits import LABEL_KEY_RE, LABEL_VALUE_CHARS_MAX, LABELS_MAX, QUEUE_NAME_RE
 
 SCHEMA_VERSION = 1
@@ -38,8 +43,15 @@ LIST_LIMIT_MAX = 1000
 NODE_TTL_MS_MIN = 1000  # etcd leases have whole-second TTLs and a 1 s floor
 NODE_TTL_MS_MAX = 300_000
 INT_MAX = 2**63 - 1  # terms, revisions and timestamps are int64 in etcd and on disk
+API_KEYS_MAX = 10_000  # stored keys, revoked ones included
+ACTIVE_KEYS_LIMIT_MAX = 100  # the largest active_max a caller may ask for
+KEY_ID_RE = re.compile(rf"[A-Za-z0-9]{{{KEY_ID_CHARS}}}")
+KEY_NAME_RE = re.compile(r"[A-Za-z0-9._ -]{1,64}")  # as fluxmq.core.auth.check_new_key
+KEY_TIER_RE = ID_RE
+KEY_SALT_BYTES_MAX = 64
+KEY_DIGEST_BYTES = 32  # SHA-256
 
-EventKind = Literal["node", "group", "placement", "leader", "setting"]
+EventKind = Literal["node", "group", "placement", "leader", "setting", "api_key"]
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 
 T = TypeVar("T")
@@ -148,6 +160,71 @@ def check_setting_value(value: object) -> str:
     if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
         raise ValueError("setting value holds lone surrogates (not valid UTF-8)")
     return value
+
+
+def check_key_id(value: object, what: str = "key_id") -> str:
+    return _check_pattern(what, value, KEY_ID_RE, f"{KEY_ID_CHARS} characters of A-Z a-z 0-9")
+
+
+def _check_bytes(what: str, value: object, low: int, high: int) -> bytes:
+    if not isinstance(value, bytes):
+        raise ValueError(f"{what} must be bytes, got {type(value).__name__}")
+    if not low <= len(value) <= high:
+        raise ValueError(f"{what} must be {low}..{high} bytes, got {len(value)}")
+    return value
+
+
+def check_api_key(record: object) -> KeyRecord:
+    """Every field of a KeyRecord (it validates nothing itself); ValueError on the first bad one."""
+    if not isinstance(record, KeyRecord):
+        raise ValueError(f"record must be a KeyRecord, got {type(record).__name__}")
+    check_key_id(record.key_id)
+    _check_pattern("key name", record.name, KEY_NAME_RE, "1..64 of A-Z a-z 0-9 . _ - and space")
+    if record.environment not in ENVIRONMENTS:
+        raise ValueError(f"environment {record.environment!r} is not one of {ENVIRONMENTS}")
+    if record.role not in ROLES:
+        raise ValueError(f"role {record.role!r} is not one of {ROLES}")
+    _check_pattern("tier", record.tier, KEY_TIER_RE, "1..64 characters of A-Z a-z 0-9 . _ -")
+    _check_bytes("salt", record.salt, SALT_BYTES, KEY_SALT_BYTES_MAX)
+    _check_bytes("digest", record.digest, KEY_DIGEST_BYTES, KEY_DIGEST_BYTES)
+    check_int("created_ms", record.created_ms, 0)
+    check_int("revoked_ms", record.revoked_ms, 0)
+    return record
+
+
+def check_new_api_key(record: object, active_max: object) -> tuple[KeyRecord, int]:
+    """create_api_key's arguments: a valid, active record and a limit in 1..100."""
+    checked = check_api_key(record)
+    if not checked.active:
+        raise ValueError(f"a new key must be active, {checked.key_id!r} has revoked_ms set")
+    return checked, check_int("active_max", active_max, 1, ACTIVE_KEYS_LIMIT_MAX)
+
+
+def check_revoked_ms(value: object) -> int:
+    return check_int("revoked_ms", value, 1)
+
+
+def check_key_usage(last_used_ms: object) -> dict[str, int]:
+    """touch_api_keys' argument: at most API_KEYS_MAX key ids, each with a time >= 0."""
+    if not isinstance(last_used_ms, Mapping):
+        raise ValueError(f"last_used_ms must be a mapping, got {type(last_used_ms).__name__}")
+    if len(last_used_ms) > API_KEYS_MAX:
+        raise ValueError(f"at most {API_KEYS_MAX} keys per touch, got {len(last_used_ms)}")
+    return {
+        check_key_id(key_id): check_int(f"last_used_ms[{key_id!r}]", ms, 0)
+        for key_id, ms in last_used_ms.items()
+    }
+
+
+def key_limit_reached(environment: str, role: str, active: list[str]) -> LimitExceeded:
+    return LimitExceeded(
+        f"{environment}/{role} already has {len(active)} active keys "
+        f"({', '.join(sorted(active))}): revoke one first"
+    )
+
+
+def sort_api_keys(records: list[KeyRecord]) -> list[KeyRecord]:
+    return sorted(records, key=lambda r: (r.created_ms, r.key_id))
 
 
 def check_ttl_ms(value: object) -> int:
@@ -399,6 +476,75 @@ def decode_setting(data: bytes, key: str) -> str:
         raise MetadataCorrupt(f"setting {key!r}: {e}") from e
 
 
+_API_KEY_FIELDS = frozenset(
+    ("key_id", "name", "environment", "role", "tier", "salt", "digest", "created_ms", "revoked_ms")
+)
+
+
+def encode_api_key(record: KeyRecord) -> bytes:
+    """The record as JSON, salt and digest in hex; ``check_api_key`` it first."""
+    return _dump(
+        {
+            "key_id": record.key_id,
+            "name": record.name,
+            "environment": record.environment,
+            "role": record.role,
+            "tier": record.tier,
+            "salt": record.salt.hex(),
+            "digest": record.digest.hex(),
+            "created_ms": record.created_ms,
+            "revoked_ms": record.revoked_ms,
+        }
+    )
+
+
+def decode_api_key(data: bytes, key: str) -> KeyRecord:
+    what = f"api key {key!r}"
+    obj = _load(data, what, _API_KEY_FIELDS)
+    try:
+        for name in ("salt", "digest"):
+            if not isinstance(obj[name], str):
+                raise ValueError(f"{name} must be a hex string, got {type(obj[name]).__name__}")
+            obj[name] = bytes.fromhex(obj[name])
+        record = check_api_key(KeyRecord(**obj))
+    except (TypeError, ValueError) as e:
+        raise MetadataCorrupt(f"{what}: {e}") from e
+    _expect(record.key_id == key, f"api key record under {key!r} names {record.key_id!r}")
+    return record
+
+
+def encode_key_usage(last_used_ms: int) -> bytes:
+    return _dump({"last_used_ms": last_used_ms})
+
+
+def decode_key_usage(data: bytes, key: str) -> int:
+    obj = _load(data, f"usage of api key {key!r}", frozenset(("last_used_ms",)))
+    try:
+        return check_int("last_used_ms", obj["last_used_ms"], 0)
+    except ValueError as e:
+        raise MetadataCorrupt(f"usage of api key {key!r}: {e}") from e
+
+
+def encode_key_slots(active: list[str]) -> bytes:
+    """The active key ids of one (environment, role): the index etcd's limit check guards."""
+    return _dump({"active": sorted(active)})
+
+
+def decode_key_slots(data: bytes, key: str) -> list[str]:
+    what = f"key slots {key!r}"
+    obj = _load(data, what, frozenset(("active",)))
+    active = obj["active"]
+    try:
+        if not isinstance(active, list) or len(active) > ACTIVE_KEYS_LIMIT_MAX:
+            raise ValueError(f"active must be a list of at most {ACTIVE_KEYS_LIMIT_MAX} key ids")
+        ids = [check_key_id(key_id) for key_id in active]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"active key ids repeat: {ids}")
+    except ValueError as e:
+        raise MetadataCorrupt(f"{what}: {e}") from e
+    return ids
+
+
 def _build(what: str, cls: type[T], obj: dict[str, Any]) -> T:
     try:
         return cls(**obj)
@@ -490,7 +636,8 @@ class MetadataWatch(AsyncIterator[MetadataEvent]):
 
 
 class MetadataStore(Protocol):
-    """Cluster metadata: live nodes, replication groups, queue placement, shard leaders, settings.
+    """Cluster metadata: live nodes, replication groups, queue placement, shard leaders, settings
+    and API keys.
 
     Every method may raise ``MetadataUnavailable`` (retriable) and ``ValueError`` for bad input
     (checked before anything is sent). Lists are sorted by their natural key.
@@ -558,6 +705,36 @@ class MetadataStore(Protocol):
     async def get_setting(self, key: str) -> str | None: ...
 
     async def put_setting(self, key: str, value: str) -> None: ...
+
+    async def create_api_key(self, record: KeyRecord, active_max: int) -> None:
+        """Stores a new, active key. Atomically (even between nodes on etcd): LimitExceeded when
+        its (environment, role) already has ``active_max`` (1..100) active keys, naming them, or
+        past API_KEYS_MAX keys in all; AlreadyExists when the key_id is taken. The record holds
+        only the salted digest; the key itself never reaches the store."""
+        ...
+
+    async def revoke_api_key(self, key_id: str, revoked_ms: int) -> KeyRecord:
+        """Marks the key revoked at ``revoked_ms`` (>= 1) and frees its slot in the limit, in one
+        step; returns the record. Idempotent: a revoked key is returned unchanged (its first
+        revocation time stays). NotFound when there is no such key."""
+        ...
+
+    async def get_api_key(self, key_id: str) -> KeyRecord | None: ...
+
+    async def list_api_keys(self) -> list[KeyRecord]:
+        """Every key, revoked ones too, by created_ms then key_id; LimitExceeded past
+        API_KEYS_MAX."""
+        ...
+
+    async def touch_api_keys(self, last_used_ms: Mapping[str, int]) -> None:
+        """Best-effort last-used times (key_id -> ms), kept apart from the records so they never
+        conflict with a revocation, and without watch events. A time only moves forward; ids
+        of keys that do not exist are ignored."""
+        ...
+
+    async def list_api_key_usage(self) -> dict[str, int]:
+        """key_id -> last-used ms, for the keys ever touched."""
+        ...
 
     def watch(self) -> MetadataWatch:
         """Change hints from now on (see the module docstring); call from a running loop."""

@@ -102,6 +102,9 @@ METHOD_ACTIONS: dict[str, Action] = {
     "TransferLeadership": Action.CLUSTER,
     "AddReplica": Action.CLUSTER,
     "RemoveReplica": Action.CLUSTER,
+    "CreateApiKey": Action.MANAGE,
+    "ListApiKeys": Action.MANAGE,
+    "RevokeApiKey": Action.MANAGE,
 }
 
 

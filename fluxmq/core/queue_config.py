@@ -233,6 +233,11 @@ def normalize_new(config: pb.QueueConfig, prefix: str = "config") -> pb.QueueCon
         raise invalid_argument(f"{prefix}.type", f"unknown queue type {config.type}")
     policy_of(config, prefix)
     _validate_labels(config.labels.items(), prefix)
+    if config.environment not in ("", "development", "staging", "production"):
+        raise invalid_argument(
+            f"{prefix}.environment",
+            "development, staging or production (the broker sets it from the API key)",
+        )
     out = pb.QueueConfig()
     out.CopyFrom(config)
     out.partitions = config.partitions or 1
@@ -264,6 +269,10 @@ def merge_update(
                 f"update_mask.paths[{path}]", f"unknown or immutable field {path!r}"
             )
     chosen = set(paths) if paths else set(_ALL_MUTABLE)
+    if patch.environment not in ("", current.environment):
+        raise invalid_argument(
+            f"{prefix}.environment", "a queue cannot move to another environment"
+        )
     if not paths and patch.type not in (pb.QUEUE_TYPE_UNSPECIFIED, current.type):
         raise invalid_argument(f"{prefix}.type", "the queue type cannot be changed")
     new = pb.QueueConfig()

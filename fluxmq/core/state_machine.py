@@ -867,6 +867,7 @@ class QueueStateMachine:
             max_message_bytes=limits.MESSAGE_BYTES_MAX,
             lease_timeout=limits.LEASE_TIMEOUT_DEFAULT,
             dead_letter_disabled=True,
+            environment=origin.queue.config.environment,
         )
         config.retry_backoff.base = limits.RETRY_BACKOFF_BASE_DEFAULT
         config.retry_backoff.max = limits.RETRY_BACKOFF_MAX_DEFAULT

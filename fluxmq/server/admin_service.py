@@ -18,6 +18,8 @@ from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
 from fluxmq.server import node_stats
 from fluxmq.server.broker import Broker
+from fluxmq.server.guard import Identity, current_identity
+from fluxmq.server.key_admin import KeyAdmin
 from fluxmq.server.router import Router
 from raft import Shard, ShardStatus
 
@@ -214,6 +216,34 @@ class AdminService(pb_grpc.AdminServiceServicer):
         shard = self._shard(shard_id)
         await shard.remove_member(address)
         return self._info(shard)
+
+    # -- API keys -----------------------------------------------------------------------------
+
+    def _key_admin(self) -> tuple[KeyAdmin, Identity]:
+        admin = self._router.key_admin
+        identity = current_identity.get()
+        if admin is None or identity is None:
+            raise FluxError(
+                "REQUEST_DENIED",
+                "authentication is off on this node (auth = off): there are no API keys",
+            )
+        return admin, identity
+
+    async def CreateApiKey(
+        self, request: pb.CreateApiKeyRequest, context: Any
+    ) -> pb.CreateApiKeyResponse:
+        admin, identity = self._key_admin()
+        return await admin.create(identity, request)
+
+    async def ListApiKeys(
+        self, request: pb.ListApiKeysRequest, context: Any
+    ) -> pb.ListApiKeysResponse:
+        admin, identity = self._key_admin()
+        return await admin.list(identity, request)
+
+    async def RevokeApiKey(self, request: pb.RevokeApiKeyRequest, context: Any) -> pb.ApiKeyInfo:
+        admin, identity = self._key_admin()
+        return await admin.revoke(identity, request)
 
 
 def register(server: grpc.aio.Server, router: Router, node_id: str) -> None:

@@ -12,6 +12,7 @@ from fluxmq.server import admin_service, queue_service
 from fluxmq.server.broker import Broker
 from fluxmq.server.interceptors import EdgeInterceptor
 from fluxmq.server.router import Router, RoutingInterceptor
+from fluxmq.server.tls import TlsConfig
 
 QUEUE_SERVICE = queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
@@ -24,16 +25,18 @@ def build_server(
     request_bytes_max: int,
     node_id: str = "local",
     router: Router | None = None,
+    tls: TlsConfig | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """-> (server, health servicer, bound port). The server is not started. ``node_id`` names
     this node in AdminService answers; ``router`` knows the node's replication groups (default:
-    ``broker``'s alone)."""
+    ``broker``'s alone). With ``tls`` the port speaks TLS only (plaintext clients fail their
+    handshake), and requires client certificates when ``tls.client_auth``."""
     if router is None:
         router = Router(broker.shard.shard_id, broker, broker.cluster)
     server = grpc.aio.server(
         # Edge first: it maps the errors of everything inside, routing included.
         interceptors=[
-            EdgeInterceptor(router.catch_up, router.leader_address),
+            EdgeInterceptor(router.catch_up, router.leader_address, lambda: router.guard),
             RoutingInterceptor(router),
         ],
         options=[
@@ -55,7 +58,10 @@ def build_server(
         ),
         server,
     )
-    port = server.add_insecure_port(listen)
+    if tls is None:
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, tls.server_credentials())
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     return server, health_servicer, port

@@ -62,6 +62,13 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "STORAGE_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "DATA_CORRUPTED": grpc.StatusCode.DATA_LOSS,
     "INTERNAL": grpc.StatusCode.INTERNAL,
+    # Security: a missing, malformed, unknown or revoked key; a role or environment violation;
+    # a key over its rate (RetryInfo says when to come back); a third active key per role.
+    "INVALID_API_KEY": grpc.StatusCode.UNAUTHENTICATED,
+    "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
+    "RATE_LIMITED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "KEY_LIMIT_REACHED": grpc.StatusCode.FAILED_PRECONDITION,
+    "API_KEY_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
 }
 
 

@@ -1,6 +1,10 @@
 """Forwarding to the node that can answer: what only the leader of a shard knows (heartbeats
 live in its memory) goes there over the internal path, once (a forwarded call is never
-forwarded again, so a stale directory cannot make calls loop)."""
+forwarded again, so a stale directory cannot make calls loop).
+
+A forwarded call carries the caller's ``authorization`` metadata unchanged (the node that
+answers authenticates the caller again) and its request id. With TLS the channels to other nodes
+verify them with ``tls_ca_file`` and present this node's certificate (peers may require mTLS)."""
 
 from __future__ import annotations
 
@@ -13,8 +17,11 @@ from grpc_status import rpc_status
 
 from fluxmq._pb.v1 import queue_pb2_grpc
 from fluxmq.core.errors import FluxError
+from fluxmq.server.interceptors import REQUEST_ID_KEY, request_id_var
+from fluxmq.server.tls import TlsConfig
 
 FORWARDED_KEY = "x-fluxmq-forwarded"
+AUTHORIZATION_KEY = "authorization"
 FORWARD_TIMEOUT_S = 5.0
 CHANNELS_MAX = 64  # one per peer node; a larger directory reuses the oldest slot
 
@@ -47,9 +54,30 @@ def was_forwarded(context: Any) -> bool:
     return any(k == FORWARDED_KEY for k, _ in (context.invocation_metadata() or ()))
 
 
+def forwarded_metadata(context: Any) -> tuple[tuple[str, str], ...]:
+    """The metadata of a call forwarded on behalf of ``context``'s caller: the forwarded mark,
+    the caller's credentials (``authorization``, unchanged) and the request id."""
+    out = [(FORWARDED_KEY, "1")]
+    for key, value in context.invocation_metadata() or ():
+        if key == AUTHORIZATION_KEY and isinstance(value, str):
+            out.append((key, value))
+    request_id = request_id_var.get()
+    if request_id != "-":
+        out.append((REQUEST_ID_KEY, request_id))
+    return tuple(out)
+
+
 class Forwarder:
-    def __init__(self) -> None:
+    """Channels to the other nodes (plaintext, or TLS with ``tls``)."""
+
+    def __init__(self, tls: TlsConfig | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._credentials = None if tls is None else tls.channel_credentials()
+
+    def _open(self, address: str) -> grpc.aio.Channel:
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(address)
+        return grpc.aio.secure_channel(address, self._credentials)
 
     def queue_service(self, address: str) -> queue_pb2_grpc.QueueServiceStub:
         channel = self._channels.get(address)
@@ -58,7 +86,7 @@ class Forwarder:
                 _, oldest = self._channels.popitem()
                 # Closing is async; dropping the reference lets gRPC tear it down.
                 del oldest
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = self._open(address)
         return queue_pb2_grpc.QueueServiceStub(channel)  # type: ignore[no-untyped-call]
 
     async def forward(self, address: str, method: str, request: Any, context: Any) -> Any:
@@ -66,16 +94,21 @@ class Forwarder:
         (the rich status travels in the trailing metadata)."""
         call = getattr(self.queue_service(address), method)
         try:
-            return await call(request, metadata=((FORWARDED_KEY, "1"),), timeout=FORWARD_TIMEOUT_S)
+            return await call(
+                request, metadata=forwarded_metadata(context), timeout=FORWARD_TIMEOUT_S
+            )
         except grpc.aio.AioRpcError as err:
             raise remote_error(err, address) from None
 
-    async def forward_unary(self, address: str, method: str, request: Any) -> Any:
+    async def forward_unary(self, address: str, method: str, request: Any, context: Any) -> Any:
         """Like ``forward`` for a caller that reports errors itself (a PublishStream answers
-        each request): a failure comes back as the FluxError the other node sent."""
+        each request): a failure comes back as the FluxError the other node sent. ``context``
+        is the caller's (its credentials go along)."""
         call = getattr(self.queue_service(address), method)
         try:
-            return await call(request, metadata=((FORWARDED_KEY, "1"),), timeout=FORWARD_TIMEOUT_S)
+            return await call(
+                request, metadata=forwarded_metadata(context), timeout=FORWARD_TIMEOUT_S
+            )
         except grpc.aio.AioRpcError as err:
             raise remote_error(err, address) from None
 
@@ -84,7 +117,7 @@ class Forwarder:
     ) -> AsyncIterator[Any]:
         """A server stream (Tail, Consume) relayed from ``address`` for as long as it runs."""
         call = getattr(self.queue_service(address), method)(
-            request, metadata=((FORWARDED_KEY, "1"),)
+            request, metadata=forwarded_metadata(context)
         )
         try:
             async for item in call:

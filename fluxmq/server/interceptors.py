@@ -18,8 +18,10 @@ from typing import Any
 import grpc
 
 from fluxmq import metrics
+from fluxmq.core.auth import METHOD_ACTIONS, Action
 from fluxmq.core.errors import FluxError
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_grpc_status
+from fluxmq.server.guard import Guard, Identity, audit, current_identity, queues_of
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("fluxmq.access")
@@ -94,12 +96,38 @@ LEADER_KEY = "x-fluxmq-leader"
 LeaderAddress = Callable[[], "str | None"]
 
 
+ADMIN_ACTIONS = frozenset({Action.MANAGE, Action.CLUSTER})
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:
+    return tuple(context.invocation_metadata() or ())
+
+
+def _audit_target(request: Any) -> str:
+    if request is None:
+        return "-"
+    names = queues_of(request)
+    if names:
+        return "queue " + ",".join(names)
+    for field_name in ("key_id", "shard_id", "name"):
+        if field_name in request.DESCRIPTOR.fields_by_name:
+            value = getattr(request, field_name)
+            if value:
+                return f"{field_name} {value}"
+    return "-"
+
+
 class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(
-        self, catch_up: CatchUp | None = None, leader: LeaderAddress | None = None
+        self,
+        catch_up: CatchUp | None = None,
+        leader: LeaderAddress | None = None,
+        guard: Callable[[], Guard | None] | None = None,
     ) -> None:
         self._catch_up = catch_up
         self._leader = leader
+        # Read when a call starts: the composition root sets it up after building the server.
+        self._guard = guard or (lambda: None)
 
     async def intercept_service(
         self,
@@ -110,21 +138,23 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:
             return None
         method = details.method.rsplit("/", 1)[-1]
+        # Health checks and reflection stay open (probes carry no key); the API needs one.
+        guard = self._guard() if details.method.startswith("/fluxmq.v1.") else None
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                _unary(method, handler.unary_unary, self._catch_up, self._leader),
+                _unary(method, handler.unary_unary, self._catch_up, self._leader, guard),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                _streaming(method, handler.unary_stream),
+                _streaming(method, handler.unary_stream, guard, per_message=False),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
-                _streaming(method, handler.stream_stream),
+                _streaming(method, handler.stream_stream, guard, per_message=True),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -136,16 +166,23 @@ def _unary(
     behavior: Callable[..., Awaitable[Any]],
     catch_up: CatchUp | None = None,
     leader: LeaderAddress | None = None,
+    guard: Guard | None = None,
 ) -> Callable[..., Awaitable[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
         call = _Call(method, context)
+        identity: Identity | None = None
         try:
+            if guard is not None:
+                identity = guard.admit(method, request, _metadata(context))
+                current_identity.set(identity)
             try:
                 response = await behavior(request, context)
             except FluxError as err:
                 if catch_up is None or err.reason not in STALE_REASONS or not await catch_up():
                     raise
                 response = await behavior(request, context)
+            if guard is not None and identity is not None:
+                response = guard.filter_response(identity, method, response)
             call.ok(leader() if leader is not None else None)
             return response
         except BaseException as exc:
@@ -153,16 +190,31 @@ def _unary(
             raise
         finally:
             call.finish()
+            if METHOD_ACTIONS.get(method) in ADMIN_ACTIONS:
+                audit(identity, method, call.request_id, call.code, _audit_target(request))
 
     return wrapper
 
 
 def _streaming(
-    method: str, behavior: Callable[..., AsyncIterator[Any]]
+    method: str,
+    behavior: Callable[..., AsyncIterator[Any]],
+    guard: Guard | None = None,
+    *,
+    per_message: bool,
 ) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         call = _Call(method, context)
         try:
+            if guard is not None:
+                md = _metadata(context)
+                if per_message:
+                    # A client stream: every request is checked as it arrives (rate limits
+                    # count messages, environments are checked per queue).
+                    guard.authenticate(md)
+                    request = _checked(guard, method, request, md)
+                else:
+                    current_identity.set(guard.admit(method, request, md))
             async for response in behavior(request, context):
                 yield response
             call.ok()
@@ -173,3 +225,11 @@ def _streaming(
             call.finish()
 
     return wrapper
+
+
+async def _checked(
+    guard: Guard, method: str, requests: AsyncIterator[Any], md: tuple[tuple[str, Any], ...]
+) -> AsyncIterator[Any]:
+    async for request in requests:
+        current_identity.set(guard.admit(method, request, md))
+        yield request

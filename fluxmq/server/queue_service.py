@@ -194,7 +194,9 @@ class QueueService(pb_grpc.QueueServiceServicer):
                     req.publish.queue, forwarded=was_forwarded(context)
                 )
                 if isinstance(target, str):
-                    forwarded = await self._forwarder.forward_unary(target, "Publish", req.publish)
+                    forwarded = await self._forwarder.forward_unary(
+                        target, "Publish", req.publish, context
+                    )
                     resp = pb.PublishStreamResponse(sequence=req.sequence)
                     resp.results.extend(forwarded.results)
                     return resp

@@ -23,6 +23,8 @@ from fluxmq.server.forwarding import Forwarder, was_forwarded
 if TYPE_CHECKING:
     from fluxmq.server.broker import Broker
     from fluxmq.server.cluster_view import ClusterView
+    from fluxmq.server.guard import Guard
+    from fluxmq.server.key_admin import KeyAdmin
 
 QUEUE_SERVICE = pb.DESCRIPTOR.services_by_name["QueueService"].full_name
 # The servicer routes these itself: placement picks the group, a listing spans every group, a
@@ -63,12 +65,29 @@ def group_unreachable(group_id: str) -> FluxError:
 
 
 class Router:
-    def __init__(self, home_group: str, home: Broker, view: ClusterView | None) -> None:
+    def __init__(
+        self,
+        home_group: str,
+        home: Broker,
+        view: ClusterView | None,
+        forwarder: Forwarder | None = None,
+    ) -> None:
         self.home_group = home_group
         self.home = home
         self.view = view
         self.brokers: dict[str, Broker] = {home_group: home}
-        self.forwarder = Forwarder()
+        self.forwarder = forwarder or Forwarder()  # plaintext unless given a TLS one
+        # Set by the composition root when authentication is on (before build_server).
+        self.guard: Guard | None = None
+        self.key_admin: KeyAdmin | None = None
+
+    def queue_environment(self, queue: str) -> str | None:
+        """The environment in the config of ``queue`` on a group this node hosts (None: none)."""
+        for broker in self.brokers.values():
+            entry = broker.state.catalog.get(queue)
+            if entry is not None:
+                return str(entry.queue.config.environment)
+        return None
 
     def add_group(self, group_id: str, broker: Broker) -> None:
         self.brokers[group_id] = broker

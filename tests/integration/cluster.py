@@ -19,6 +19,7 @@ class Cluster:
         root.mkdir(parents=True, exist_ok=True)
         self.raft = [f"127.0.0.1:{free_port()}" for _ in range(n)]
         self.nodes: list[Node] = []
+        self.metadata: tuple[tuple[str, str], ...] = ()  # e.g. an API key, when auth is on
         for i, addr in enumerate(self.raft):
             peers = ",".join(a for a in self.raft if a != addr)
             node = Node(root / f"n{i}", "--raft-listen", addr, "--peers", peers, *extra)
@@ -42,7 +43,7 @@ class Cluster:
         try:
             with node.channel() as ch:
                 st = admin_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(
-                    admin_pb2.GetClusterStatusRequest(), timeout=5
+                    admin_pb2.GetClusterStatusRequest(), timeout=5, metadata=self.metadata
                 )
         except grpc.RpcError:
             return None

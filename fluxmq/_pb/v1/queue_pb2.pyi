@@ -76,7 +76,7 @@ class Retention(_message.Message):
     def __init__(self, max_age: _Optional[str] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[str] = ...) -> None: ...
 
 class QueueConfig(_message.Message):
-    __slots__ = ("name", "partitions", "type", "retention", "dedup_window", "max_message_bytes", "labels", "lease_timeout", "max_attempts", "retry_backoff", "message_ttl", "delivery_delay", "dead_letter_queue", "dead_letter_disabled", "retain_until_consumed", "dead_letter_alert_threshold", "replication")
+    __slots__ = ("name", "partitions", "type", "retention", "dedup_window", "max_message_bytes", "labels", "lease_timeout", "max_attempts", "retry_backoff", "message_ttl", "delivery_delay", "dead_letter_queue", "dead_letter_disabled", "retain_until_consumed", "dead_letter_alert_threshold", "replication", "environment")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class QueueConfig(_message.Message):
     RETAIN_UNTIL_CONSUMED_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_ALERT_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     partitions: int
     type: QueueType
@@ -118,7 +119,8 @@ class QueueConfig(_message.Message):
     retain_until_consumed: bool
     dead_letter_alert_threshold: int
     replication: Replication
-    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., type: _Optional[_Union[QueueType, str]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., dedup_window: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_timeout: _Optional[str] = ..., max_attempts: _Optional[int] = ..., retry_backoff: _Optional[_Union[RetryBackoff, _Mapping]] = ..., message_ttl: _Optional[str] = ..., delivery_delay: _Optional[str] = ..., dead_letter_queue: _Optional[str] = ..., dead_letter_disabled: _Optional[bool] = ..., retain_until_consumed: _Optional[bool] = ..., dead_letter_alert_threshold: _Optional[int] = ..., replication: _Optional[_Union[Replication, _Mapping]] = ...) -> None: ...
+    environment: str
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., type: _Optional[_Union[QueueType, str]] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., dedup_window: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_timeout: _Optional[str] = ..., max_attempts: _Optional[int] = ..., retry_backoff: _Optional[_Union[RetryBackoff, _Mapping]] = ..., message_ttl: _Optional[str] = ..., delivery_delay: _Optional[str] = ..., dead_letter_queue: _Optional[str] = ..., dead_letter_disabled: _Optional[bool] = ..., retain_until_consumed: _Optional[bool] = ..., dead_letter_alert_threshold: _Optional[int] = ..., replication: _Optional[_Union[Replication, _Mapping]] = ..., environment: _Optional[str] = ...) -> None: ...
 
 class Replication(_message.Message):
     __slots__ = ("factor", "min_in_sync", "mode", "ack_timeout", "group")

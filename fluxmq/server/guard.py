@@ -1,0 +1,298 @@
+"""The security edge: who is calling (API key), may they (role), where (environment), how often
+(rate limits). Runs inside EdgeInterceptor for every call, before routing, so a refused call
+never reaches a queue nor another node, and its error carries the request id.
+
+Keys come from the metadata store (etcd in a cluster, the embedded store on a single node)
+through ``KeyCache``: loaded at start, kept current by the store's watch (a revocation on any
+node reaches every node within the watch's latency, well under a second), re-read in full
+every ``KEYS_RESYNC_INTERVAL_S`` in case a watch event was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fluxmq._pb.v1 import admin_pb2 as apb
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core.auth import (
+    METHOD_ACTIONS,
+    RATE_CLASS,
+    KeyRecord,
+    authorize,
+    parse_bearer,
+    parse_key,
+    permission_denied,
+    unauthenticated,
+)
+from fluxmq.core.errors import FluxError
+from fluxmq.core.ratelimit import Limit, RateLimiter
+
+log = logging.getLogger("fluxmq.auth")
+audit_log = logging.getLogger("fluxmq.audit")
+
+KEYS_RESYNC_INTERVAL_S = 30.0
+TOUCH_INTERVAL_S = 5.0
+AUTH_HEADER = "authorization"
+API_KEY_EVENT_KIND = "api_key"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    key_id: str
+    environment: str
+    role: str
+    tier: str
+
+    def __str__(self) -> str:
+        return f"{self.key_id} ({self.environment}/{self.role})"
+
+
+current_identity: ContextVar[Identity | None] = ContextVar("current_identity", default=None)
+
+
+class KeyStore(Protocol):
+    async def list_api_keys(self) -> list[KeyRecord]: ...
+
+    async def get_api_key(self, key_id: str) -> KeyRecord | None: ...
+
+    async def touch_api_keys(self, last_used_ms: Mapping[str, int]) -> None: ...
+
+    def watch(self) -> Any: ...
+
+
+class KeyCache:
+    """Every key record in memory (a few thousand at most), by key id."""
+
+    def __init__(self, store: KeyStore, now_ms: Callable[[], int]) -> None:
+        self._store = store
+        self._now_ms = now_ms
+        self.records: dict[str, KeyRecord] = {}
+        self._used: dict[str, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.ensure_loaded()
+        for name, routine in (
+            ("keys_watch", self.watch_routine),
+            ("keys_resync", self.resync_routine),
+            ("keys_touch", self.touch_routine),
+        ):
+            self._tasks.append(asyncio.create_task(routine(), name=name))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=2.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.maybe_touch(), 2.0)
+
+    async def ensure_loaded(self) -> None:
+        records = await self._store.list_api_keys()
+        self.records = {r.key_id: r for r in records}
+
+    async def watch_routine(self) -> None:
+        while True:
+            try:
+                async for event in self._store.watch():
+                    if event.kind != API_KEY_EVENT_KIND:
+                        continue
+                    if event.key == "":
+                        await self.ensure_loaded()
+                        continue
+                    record = await self._store.get_api_key(event.key)
+                    if record is None:
+                        self.records.pop(event.key, None)
+                    else:
+                        self.records[record.key_id] = record
+                        if not record.active:
+                            log.info("API key %s revoked", record.prefix)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the store reconnects; keep the cache current meanwhile
+                log.warning("watching API keys failed (%s); retrying", err)
+                await asyncio.sleep(1.0)
+
+    async def resync_routine(self) -> None:
+        while True:
+            await asyncio.sleep(KEYS_RESYNC_INTERVAL_S)
+            with contextlib.suppress(Exception):
+                await self.ensure_loaded()
+
+    async def touch_routine(self) -> None:
+        while True:
+            await asyncio.sleep(TOUCH_INTERVAL_S)
+            with contextlib.suppress(Exception):
+                await self.maybe_touch()
+
+    async def maybe_touch(self) -> None:
+        if self._used:
+            used, self._used = self._used, {}
+            await self._store.touch_api_keys(used)
+
+    def note_used(self, key_id: str, now_ms: int) -> None:
+        self._used[key_id] = now_ms
+
+
+Tiers = Mapping[str, Mapping[str, tuple[float, int]]]
+# queue -> the environment its config names ("" for a queue created without auth), None when
+# no group this node hosts has it (the node that has it checks a forwarded call itself).
+QueueEnvironment = Callable[[str], "str | None"]
+
+
+def queues_of(request: Any) -> list[str]:
+    """Every queue a request names (to check each against the caller's environment)."""
+    if request.DESCRIPTOR.file is not pb.DESCRIPTOR:
+        return []  # AdminService requests name shards and keys, not queues
+    if isinstance(request, pb.TransactRequest):
+        return sorted({a.queue for a in request.acks} | {p.queue for p in request.publishes})
+    if isinstance(request, pb.CreateQueueRequest | pb.UpdateQueueRequest):
+        names = [request.config.name]
+        if request.config.dead_letter_queue:
+            names.append(request.config.dead_letter_queue)
+        return names
+    fields = request.DESCRIPTOR.fields_by_name
+    for name in ("queue", "name"):
+        if name in fields and fields[name].type == fields[name].TYPE_STRING:
+            value = str(getattr(request, name))
+            return [value] if value else []
+    return []
+
+
+def _cost(method: str, request: Any) -> int:
+    if isinstance(request, pb.PublishRequest):
+        return max(1, len(request.messages))
+    if isinstance(request, pb.TransactRequest):
+        return max(1, sum(len(p.messages) for p in request.publishes))
+    return 1
+
+
+class Guard:
+    def __init__(
+        self,
+        keys: KeyCache,
+        tiers: Tiers,
+        queue_environment: QueueEnvironment,
+        now_ms: Callable[[], int],
+        default_environment: str = "production",
+    ) -> None:
+        self.keys = keys
+        self.default_environment = default_environment  # of queues created without auth
+        self._tiers = {
+            tier: {cls: Limit(rate, burst) for cls, (rate, burst) in limits.items()}
+            for tier, limits in tiers.items()
+        }
+        self._queue_environment = queue_environment
+        self._now_ms = now_ms
+        self.limiter = RateLimiter()
+
+    def authenticate(self, metadata: Iterable[tuple[str, Any]]) -> KeyRecord:
+        values = [v for k, v in metadata if k == AUTH_HEADER]
+        if not values:
+            raise unauthenticated(
+                "missing API key: send the metadata 'authorization: Bearer fmq_..._sk_...'"
+            )
+        if len(values) > 1 or not isinstance(values[0], str):
+            raise unauthenticated("malformed API key: one authorization header, as text")
+        token = parse_bearer(values[0])
+        presented = parse_key(token) if token is not None else None
+        if presented is None:
+            raise unauthenticated(
+                "malformed API key: expected 'Bearer fmq_live_sk_<32 characters>' or "
+                "'Bearer fmq_test_sk_<32 characters>'"
+            )
+        record = self.keys.records.get(presented.key_id)
+        if record is None or not record.matches(presented):
+            raise unauthenticated(f"unknown API key fmq_{presented.kind}_sk_{presented.key_id}")
+        if not record.active:
+            raise unauthenticated(f"revoked API key {record.prefix}")
+        return record
+
+    def admit(self, method: str, request: Any, metadata: Iterable[tuple[str, Any]]) -> Identity:
+        """Authenticate, authorize, rate-limit and check environments; -> the caller."""
+        record = self.authenticate(metadata)
+        authorize(record, method)
+        now_ms = self._now_ms()
+        action = METHOD_ACTIONS[method]
+        rate_class = RATE_CLASS[action].value
+        limit = self._tiers.get(record.tier, self._tiers["default"])[rate_class]
+        wait_ms = self.limiter.take(
+            record.key_id, rate_class, limit, _cost(method, request), now_ms
+        )
+        if wait_ms:
+            raise FluxError(
+                "RATE_LIMITED",
+                f"key {record.prefix} is over its {rate_class} rate ({limit.rate_per_s:g}/s, "
+                f"burst {limit.burst}, tier {record.tier}): retry in {wait_ms} ms",
+                retriable=True,
+                retry_after_ms=wait_ms,
+                metadata={"rate_class": rate_class, "tier": record.tier},
+            )
+        identity = Identity(record.key_id, record.environment, record.role, record.tier)
+        self._check_environment(identity, method, request)
+        self.keys.note_used(record.key_id, now_ms)
+        return identity
+
+    def _check_environment(self, identity: Identity, method: str, request: Any) -> None:
+        if isinstance(request, pb.CreateQueueRequest):
+            if request.config.environment not in ("", identity.environment):
+                raise permission_denied(
+                    f"a {identity.environment} key cannot create a queue in "
+                    f"{request.config.environment}",
+                    environment=identity.environment,
+                )
+            request.config.environment = identity.environment
+        for queue in queues_of(request):
+            env = self._environment_of(queue)
+            if env is not None and env != identity.environment:
+                raise permission_denied(
+                    f"queue {queue!r} is not in the {identity.environment} environment",
+                    queue=queue,
+                    environment=identity.environment,
+                )
+
+    def filter_response(self, identity: Identity, method: str, response: Any) -> Any:
+        """Drop from listings what belongs to other environments."""
+        if isinstance(response, pb.ListQueuesResponse):
+            keep = [q for q in response.queues if self._visible(identity, q.config)]
+            del response.queues[:]
+            response.queues.extend(keep)
+        elif isinstance(response, apb.ClusterStatus):
+            for shard in response.shards:
+                names = [q for q in shard.queues if self._visible_name(identity, q)]
+                del shard.queues[:]
+                shard.queues.extend(names)
+            queues = [q for q in response.queues if self._visible_name(identity, q.name)]
+            del response.queues[:]
+            response.queues.extend(queues)
+            counters = [c for c in response.queue_counters if self._visible_name(identity, c.queue)]
+            del response.queue_counters[:]
+            response.queue_counters.extend(counters)
+        return response
+
+    def _visible(self, identity: Identity, config: pb.QueueConfig) -> bool:
+        return (config.environment or self.default_environment) == identity.environment
+
+    def _visible_name(self, identity: Identity, queue: str) -> bool:
+        env = self._environment_of(queue)
+        return env is None or env == identity.environment
+
+    def _environment_of(self, queue: str) -> str | None:
+        env = self._queue_environment(queue)
+        if env is None:
+            return None
+        return env or self.default_environment
+
+
+def audit(identity: Identity | None, method: str, request_id: str, outcome: str, what: str) -> None:
+    """One line per admin action: who, what, when (the log line's time), request id."""
+    who = str(identity) if identity is not None else "anonymous (auth off)"
+    audit_log.info(
+        "admin action %s by %s: %s -> %s (request id %s)", method, who, what, outcome, request_id
+    )
