@@ -56,8 +56,8 @@ class NodeConfig:
     # Token-bucket tiers: "tier:class=rate/burst,...;tier:..." with classes publish (messages/s),
     # consume and admin (calls/s). Every key names a tier; "default" must exist.
     rate_limit_tiers: str = (
-        "default:publish=50000/100000,consume=20000/40000,admin=100/200;"
-        "bulk:publish=500000/1000000,consume=200000/400000,admin=100/200"
+        "default:publish=200000/400000,consume=50000/100000,admin=100/200;"
+        "bulk:publish=1000000/2000000,consume=500000/1000000,admin=100/200"
     )
     # TLS for client and node-to-node gRPC (PEM files). With a cert, the port speaks only TLS.
     tls_cert_file: str = ""
