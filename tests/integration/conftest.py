@@ -56,7 +56,7 @@ class Node:
 
     def wait_serving(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        with grpc.insecure_channel(self.address) as ch:
+        with self.channel() as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while time.monotonic() < deadline:
                 assert self.proc is not None

@@ -12,7 +12,6 @@ import ipaddress
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
@@ -33,7 +31,7 @@ from fluxmq.server.forwarding import FORWARDED_KEY, forwarded_metadata
 from fluxmq.server.tls import names_host
 from tests.etcd_server import EtcdServer
 from tests.integration.cluster import SECRET
-from tests.integration.conftest import STARTUP_TIMEOUT_S, Node, free_port
+from tests.integration.conftest import Node, free_port
 from tests.integration.group_helpers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -184,7 +182,7 @@ def tls_flags(pki: Pki, *, mtls: bool) -> tuple[str, ...]:
 
 
 class TlsNode(Node):
-    """A Node whose health wait and channels use TLS (conftest's Node speaks plaintext)."""
+    """A Node whose channels (its health wait included) use TLS."""
 
     def __init__(self, data_dir: Path, creds: grpc.ChannelCredentials, *extra: str) -> None:
         super().__init__(data_dir, *extra)
@@ -192,23 +190,6 @@ class TlsNode(Node):
 
     def channel(self) -> grpc.Channel:
         return grpc.secure_channel(self.address, self.creds)
-
-    def wait_serving(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        with self.channel() as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            while time.monotonic() < deadline:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"node exited early:\n{self.log_path.read_text()}")
-                try:
-                    resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.05)
-        raise RuntimeError(f"node did not become ready:\n{self.log_path.read_text()}")
 
 
 def create(stub: queue_pb2_grpc.QueueServiceStub, name: str, **replication: object) -> pb.Queue:
