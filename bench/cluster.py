@@ -1,8 +1,8 @@
 """A 3-replica FluxMQ cluster on loopback, and the failover workload.
 
 Each replica is a `fluxmq serve` process in cluster mode (``--raft-listen``/``--peers``, the
-shared secret in FLUXMQ_CLUSTER_SECRET) with a fresh data dir; the leader is found through
-AdminService.GetClusterStatus.
+shared secret in FLUXMQ_CLUSTER_SECRET, static peers without etcd, so client authentication
+off) with a fresh data dir; the leader is found through AdminService.GetClusterStatus.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class FluxCluster:
                 root / f"n{i}",
                 "--raft-listen", addr,
                 "--peers", ",".join(a for a in self.raft if a != addr),
+                # No etcd, so no key store: auth off (bench.auth_overhead measures its cost).
+                "--auth", "off",
                 env={"FLUXMQ_CLUSTER_SECRET": SECRET},
             )
             for i, addr in enumerate(self.raft)

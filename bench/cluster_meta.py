@@ -7,6 +7,8 @@
 - queues: 1,000 queues created through the three nodes (8 concurrent clients), then listed
   through one node, page by page.
 
+Authentication is on, as in every cluster: each call carries the cluster's admin API key.
+
     python -m bench.cluster_meta [--dir /tmp/fluxmq-bench-meta] [--rounds 5]
 """
 
@@ -30,12 +32,21 @@ PARTITIONS = 100
 SESSION_MS = 3000
 QUEUES = 1000
 
+Metadata = tuple[tuple[str, str], ...]
+
+
+def auth_metadata(api_key: str) -> Metadata:
+    """gRPC metadata presenting ``api_key`` (the LocalCluster's admin key)."""
+    return (("authorization", f"Bearer {api_key}"),)
+
 
 class SimMember:
     """A member that follows the protocol and does no work."""
 
-    def __init__(self, stub: queue_pb2_grpc.QueueServiceStub, queue: str, consumer: str) -> None:
-        self.stub, self.queue, self.consumer = stub, queue, consumer
+    def __init__(
+        self, stub: queue_pb2_grpc.QueueServiceStub, queue: str, consumer: str, md: Metadata
+    ) -> None:
+        self.stub, self.queue, self.consumer, self.md = stub, queue, consumer, md
         self.a = pb.MemberAssignment()
         self.task: asyncio.Task[None] | None = None
 
@@ -46,7 +57,8 @@ class SimMember:
                 group="g",
                 consumer_id=self.consumer,
                 session_timeout_ms=SESSION_MS,
-            )
+            ),
+            metadata=self.md,
         )
         self.task = asyncio.create_task(self._beat_routine())
 
@@ -57,7 +69,8 @@ class SimMember:
                 group="g",
                 member_id=self.a.member_id,
                 generation_id=self.a.generation_id,
-            )
+            ),
+            metadata=self.md,
         )
 
     async def _beat_routine(self) -> None:
@@ -71,7 +84,8 @@ class SimMember:
         if self.task is not None:
             self.task.cancel()
         await self.stub.LeaveGroup(
-            pb.LeaveGroupRequest(queue=self.queue, group="g", member_id=self.a.member_id)
+            pb.LeaveGroupRequest(queue=self.queue, group="g", member_id=self.a.member_id),
+            metadata=self.md,
         )
 
 
@@ -81,38 +95,44 @@ def settled(desc: pb.GroupDescription, members: int) -> bool:
     return len(desc.members) == members and owned == list(range(PARTITIONS)) and not moving
 
 
-async def wait_settled(stub: queue_pb2_grpc.QueueServiceStub, queue: str, members: int) -> None:
+async def wait_settled(
+    stub: queue_pb2_grpc.QueueServiceStub, queue: str, members: int, md: Metadata
+) -> None:
     for _ in range(6000):  # bounded: 60 s
-        desc = await stub.DescribeGroup(pb.DescribeGroupRequest(queue=queue, group="g"))
+        desc = await stub.DescribeGroup(
+            pb.DescribeGroupRequest(queue=queue, group="g"), metadata=md
+        )
         if settled(desc, members):
             return
         await asyncio.sleep(0.01)
     raise RuntimeError("the group did not settle in 60 s")
 
 
-async def rebalance(addresses: list[str], rounds: int) -> list[float]:
+async def rebalance(addresses: list[str], rounds: int, md: Metadata) -> list[float]:
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
     stubs = [queue_pb2_grpc.QueueServiceStub(c) for c in channels]
     queue = "rebalance"
     await stubs[0].CreateQueue(
-        pb.CreateQueueRequest(config=pb.QueueConfig(name=queue, partitions=PARTITIONS))
+        pb.CreateQueueRequest(config=pb.QueueConfig(name=queue, partitions=PARTITIONS)),
+        metadata=md,
     )
     await stubs[0].CreateGroup(
-        pb.CreateGroupRequest(queue=queue, group="g", mode=pb.DELIVERY_MODE_ORDERED)
+        pb.CreateGroupRequest(queue=queue, group="g", mode=pb.DELIVERY_MODE_ORDERED),
+        metadata=md,
     )
-    members = [SimMember(stubs[i % 3], queue, f"c{i}") for i in range(4)]
+    members = [SimMember(stubs[i % 3], queue, f"c{i}", md) for i in range(4)]
     for m in members:
         await m.join()
-    await wait_settled(stubs[0], queue, 4)
+    await wait_settled(stubs[0], queue, 4, md)
     took: list[float] = []
     for r in range(rounds):
-        newcomer = SimMember(stubs[r % 3], queue, f"new{r}")
+        newcomer = SimMember(stubs[r % 3], queue, f"new{r}", md)
         t0 = time.monotonic()
         await newcomer.join()
-        await wait_settled(stubs[0], queue, 5)
+        await wait_settled(stubs[0], queue, 5, md)
         took.append((time.monotonic() - t0) * 1000)
         await newcomer.leave()
-        await wait_settled(stubs[0], queue, 4)
+        await wait_settled(stubs[0], queue, 4, md)
     for m in members:
         await m.leave()
     for c in channels:
@@ -120,7 +140,7 @@ async def rebalance(addresses: list[str], rounds: int) -> list[float]:
     return took
 
 
-async def queues(addresses: list[str]) -> tuple[float, float, int]:
+async def queues(addresses: list[str], md: Metadata) -> tuple[float, float, int]:
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
     stubs = [queue_pb2_grpc.QueueServiceStub(c) for c in channels]
     names = iter(range(QUEUES))
@@ -128,7 +148,9 @@ async def queues(addresses: list[str]) -> tuple[float, float, int]:
     async def creator(k: int) -> None:
         for i in names:
             await stubs[(k + i) % 3].CreateQueue(
-                pb.CreateQueueRequest(config=pb.QueueConfig(name=f"q{i:05d}")), timeout=30
+                pb.CreateQueueRequest(config=pb.QueueConfig(name=f"q{i:05d}")),
+                timeout=30,
+                metadata=md,
             )
 
     t0 = time.monotonic()
@@ -138,7 +160,7 @@ async def queues(addresses: list[str]) -> tuple[float, float, int]:
     listed, token = 0, ""
     for _ in range(100):
         resp = await stubs[2].ListQueues(
-            pb.ListQueuesRequest(prefix="q", limit=1000, page_token=token)
+            pb.ListQueuesRequest(prefix="q", limit=1000, page_token=token), metadata=md
         )
         listed += len(resp.queues)
         token = resp.next_page_token
@@ -168,14 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     cluster.up()
     try:
         addresses = cluster.node_addresses
-        took = asyncio.run(rebalance(addresses, args.rounds))
+        md = auth_metadata(cluster.api_key())
+        took = asyncio.run(rebalance(addresses, args.rounds, md))
         interval_ms = SESSION_MS // 3
         print(
             f"rebalance of {PARTITIONS} partitions, 4 -> 5 members, {args.rounds} rounds: "
             f"median {statistics.median(took):.0f} ms, max {max(took):.0f} ms "
             f"= {max(took) / interval_ms:.2f} heartbeat intervals of {interval_ms} ms"
         )
-        created_s, listed_s, listed = asyncio.run(queues(addresses))
+        created_s, listed_s, listed = asyncio.run(queues(addresses, md))
         print(
             f"{QUEUES} queues created through 3 nodes in {created_s:.2f} s "
             f"({QUEUES / created_s:.0f}/s); listed {listed} through one node in "

@@ -6,7 +6,8 @@ A writer publishes one message per call (idempotency key per message) as fast as
 through the nodes that are not being stopped, retrying a failed call on the next node. Each
 round stops the leader node one way, measures the longest gap between two acknowledgements
 (the write outage), restarts the node and checks that every acknowledged message is stored
-exactly once.
+exactly once. Every call presents the cluster's admin API key (authentication is on in a
+cluster).
 
     python -m bench.failover [--rounds 3] [--dir /tmp/fluxmq-bench-failover] [--write-results]
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.cluster_meta import free_base_port
+from bench.cluster_meta import Metadata, auth_metadata, free_base_port
 from bench.results_md import write_section
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
@@ -34,6 +35,8 @@ QUEUE = "failover"
 BEFORE_S = 2.0  # writes before the stop
 AFTER_S = 6.0  # writes after it
 ROUNDS_MAX = 20
+# Errors a retry cannot cure (a missing or wrong API key): the writer stops and the round fails.
+FATAL_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
 def leader_index(cluster: LocalCluster) -> int:
@@ -42,7 +45,7 @@ def leader_index(cluster: LocalCluster) -> int:
     while time.monotonic() < deadline:
         for i, address in enumerate(cluster.node_addresses, start=1):
             try:
-                st = cluster_status(address, 2.0)
+                st = cluster_status(address, 2.0, cluster.api_key())
             except grpc.RpcError:
                 continue
             if any(s["role"] == "leader" for s in st["shards"]):
@@ -54,12 +57,14 @@ def leader_index(cluster: LocalCluster) -> int:
 class Writer:
     """Publishes ``m<round>-<n>`` one at a time through ``addresses``; records ack times."""
 
-    def __init__(self, addresses: list[str], tag: str) -> None:
+    def __init__(self, addresses: list[str], tag: str, metadata: Metadata) -> None:
+        self.metadata = metadata
         self.channels = [grpc.insecure_channel(a) for a in addresses]
         self.stubs = [queue_pb2_grpc.QueueServiceStub(ch) for ch in self.channels]
         self.tag = tag
         self.acked: list[tuple[float, bytes]] = []
         self.errors = 0
+        self.fatal: grpc.RpcError | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"writer-{tag}")
 
@@ -72,8 +77,11 @@ class Writer:
                 messages=[pb.PublishMessage(value=value, idempotency_key=value.decode())],
             )
             try:
-                self.stubs[k % len(self.stubs)].Publish(req, timeout=5)
-            except grpc.RpcError:
+                self.stubs[k % len(self.stubs)].Publish(req, timeout=5, metadata=self.metadata)
+            except grpc.RpcError as err:
+                if err.code() in FATAL_CODES:
+                    self.fatal = err
+                    return
                 self.errors += 1
                 k += 1
                 time.sleep(0.01)
@@ -86,9 +94,13 @@ class Writer:
         self.thread.join(30)
         for ch in self.channels:
             ch.close()
+        if self.fatal is not None:
+            raise RuntimeError(
+                f"writer {self.tag}: {self.fatal.code().name}: {self.fatal.details()}"
+            )
 
 
-def stored(address: str) -> list[bytes]:
+def stored(address: str, metadata: Metadata) -> list[bytes]:
     out: list[bytes] = []
     offset = 0
     with grpc.insecure_channel(address) as ch:
@@ -97,6 +109,7 @@ def stored(address: str) -> list[bytes]:
             r = stub.Fetch(
                 pb.FetchRequest(queue=QUEUE, partition=0, offset=offset, max_messages=1000),
                 timeout=10,
+                metadata=metadata,
             )
             out.extend(rec.value for rec in r.records)
             if r.next_offset >= r.high_watermark:
@@ -108,7 +121,7 @@ def stored(address: str) -> list[bytes]:
 def one_round(cluster: LocalCluster, mode: str, r: int) -> dict[str, float]:
     victim = leader_index(cluster)
     others = [a for i, a in enumerate(cluster.node_addresses, start=1) if i != victim]
-    writer = Writer(others, f"{mode}{r}")
+    writer = Writer(others, f"{mode}{r}", auth_metadata(cluster.api_key()))
     writer.thread.start()
     time.sleep(BEFORE_S)
     stopped_at = time.monotonic()
@@ -123,7 +136,7 @@ def one_round(cluster: LocalCluster, mode: str, r: int) -> dict[str, float]:
     around = [t for t in times if stopped_at - 1.0 <= t <= stopped_at + AFTER_S]
     gaps = [b - a for a, b in itertools.pairwise(around)]
     cluster.restart(victim)
-    kept = stored(others[0])
+    kept = stored(others[0], auth_metadata(cluster.api_key()))
     acked = [v for _, v in writer.acked]
     mine = [v for v in kept if v.startswith(f"{mode}{r}-".encode())]
     assert mine == acked, f"{mode} round {r}: {len(acked)} acked, {len(mine)} stored in order"
@@ -144,6 +157,7 @@ def run(rounds: int, root: Path) -> dict[str, list[dict[str, float]]]:
                     config=pb.QueueConfig(name=QUEUE, partitions=1, dedup_window="10m")
                 ),
                 timeout=10,
+                metadata=auth_metadata(cluster.api_key()),
             )
         for r in range(rounds):
             for mode in ("sigterm", "kill9"):
@@ -168,10 +182,11 @@ def markdown(results: dict[str, list[dict[str, float]]]) -> str:
     lines = [
         "## Restarting the leader: SIGTERM vs kill -9 (`python -m bench.failover`)",
         "",
-        f"etcd + 3 nodes on loopback; one writer, one message per call, through the two other "
-        f"nodes; {rounds} rounds each, alternating. Write outage = the longest gap between two "
-        "acknowledgements around the stop. Every acknowledged message was stored exactly once, "
-        "in order, after each round (checked).",
+        "etcd + 3 nodes on loopback, authentication on (every call carries the admin key); one "
+        f"writer, one message per call, through the two other nodes; {rounds} rounds each, "
+        "alternating. Write outage = the longest gap between two acknowledgements around the "
+        "stop. Every acknowledged message was stored exactly once, in order, after each round "
+        "(checked).",
         "",
         "| stop | write outage median | worst | node gone after |",
         "|---|---|---|---|",

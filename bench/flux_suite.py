@@ -298,7 +298,9 @@ def markdown(results: list[RunResult], info: dict[str, object], profiles: dict[s
     if any(r.workload.startswith("cluster_") for r in results):
         text += (
             "\nCluster rows: 3 replicas (3 `fluxmq serve` processes in cluster mode, Raft on "
-            "loopback, each with its own data dir on the same disk) run on this machine, "
+            "loopback, static peers without etcd, so client authentication off: "
+            "`python -m bench.auth_overhead` measures its cost; each with its own data dir on "
+            "the same disk) run on this machine, "
             f"sharing its {os.cpu_count()} cores with each other and with the client process; "
             "the single-node rows ran first, alone. Broker CPU s of a cluster row is the sum "
             "over the 3 processes (per node in the details: cpu_leader_s, cpu_follower1_s = the "

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from fluxmq.launcher import LauncherError, LocalCluster
+from fluxmq.launcher import ADMIN_KEY_FILE, LauncherError, LocalCluster
 
 DEFAULT_DIR = "./cluster"
 
@@ -73,8 +73,11 @@ def _up(args: argparse.Namespace) -> int:
     if leader:
         print(f"  shard leader: {leader}")
     first = f"127.0.0.1:{nodes[0]['grpc_port']}"
-    print(f"\nConnect to any node, e.g. FLUXMQ_ADDR={first}, or:")
-    print(f"  grpcurl -plaintext {first} list")
+    key_file = cluster.dir / ADMIN_KEY_FILE
+    print(f"\nClients authenticate with API keys. The production admin key is in {key_file}:")
+    print(f"  export FLUXMQ_ADDR={first} FLUXMQ_API_KEY=$(cat {key_file})")
+    print("  fluxmqctl key create --environment production --role producer --name my-app")
+    print(f'  grpcurl -plaintext -H "authorization: Bearer $FLUXMQ_API_KEY" {first} list')
     print(f"Logs: {cluster.dir}/node{{1..{len(nodes)}}}.log and {etcd['log']}")
     print(f"Status: fluxmq cluster status --dir {args.dir}")
     print(f"Stop:   fluxmq cluster down --dir {args.dir} [--purge]")

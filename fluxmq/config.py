@@ -9,8 +9,9 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
+from fluxmq.core.auth import ENVIRONMENTS, kind_of, parse_key
 from fluxmq.core.errors import FluxError
 from fluxmq.core.units import parse_bytes
 
@@ -33,7 +34,8 @@ class NodeConfig:
     raft_listen: str = ""
     raft_bind: str = ""  # host:port the Raft endpoint binds (default: raft_listen)
     peers: str = ""  # comma-separated raft addresses of the other replicas
-    cluster_secret: str = ""  # required in cluster mode; prefer FLUXMQ_CLUSTER_SECRET
+    # Required in cluster mode; prefer FLUXMQ_CLUSTER_SECRET. Never in a repr (nor a log line).
+    cluster_secret: str = field(default="", repr=False)
     cluster_secret_file: str = ""  # or a file holding it (a mounted Kubernetes Secret)
     shard_id: str = "g1"
     ack_timeout_ms: int = 10_000
@@ -47,10 +49,13 @@ class NodeConfig:
     # Default of the cluster setting auto_provision_groups (etcd's value wins when set).
     auto_provision_groups: bool = False
     shutdown_grace_ms: int = 20_000  # SIGTERM: hand leadership over and finish in-flight calls
-    # Client authentication with API keys (see fluxmq/core/auth.py): "off" or "on".
-    auth: str = "off"
-    # A file holding an admin key registered at start when its environment has no active admin
-    # key yet: how an operator gets the first key (keep the file in a Secret).
+    # Client authentication with API keys (see fluxmq/core/auth.py): "on", "off", or "auto":
+    # on in cluster mode (keys live in etcd), off on a single node (the quickstart).
+    auth: str = "auto"
+    # An admin key registered at start when its environment has no active admin key yet: how
+    # an operator gets the first key. Given as a file (keep it in a Secret) or as the value
+    # (FLUXMQ_AUTH_BOOTSTRAP_KEY; a flag would show in `ps`).
+    auth_bootstrap_key: str = field(default="", repr=False)
     auth_bootstrap_key_file: str = ""
     auth_bootstrap_environment: str = "production"
     # Token-bucket tiers: "tier:class=rate/burst,...;tier:..." with classes publish (messages/s),
@@ -68,6 +73,10 @@ class NodeConfig:
     @property
     def cluster_mode(self) -> bool:
         return bool(self.raft_listen)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth == "on" or (self.auth == "auto" and self.cluster_mode)
 
     @property
     def node_name(self) -> str:
@@ -121,7 +130,11 @@ HELP = {
     "considered gone",
     "auto_provision_groups": "cluster mode: CreateQueue makes a new replication group when none "
     "has the queue's factor (the etcd setting auto_provision_groups overrides it)",
-    "auth": "client authentication with API keys: off or on",
+    "auth": "client authentication with API keys: on, off, or auto (on in cluster mode, off on "
+    "a single node)",
+    "auth_bootstrap_key": "an admin API key to register at start when its environment has no "
+    "active admin key (prefer auth_bootstrap_key_file or FLUXMQ_AUTH_BOOTSTRAP_KEY: flags are "
+    "visible to other users of the machine)",
     "auth_bootstrap_key_file": "file holding an admin API key to register at start when its "
     "environment has no active admin key (the operator's first key)",
     "auth_bootstrap_environment": "environment of the bootstrap key: development, staging or "
@@ -185,6 +198,20 @@ def _from_file(path: str, kinds: Mapping[str, type]) -> dict[str, object]:
     return values
 
 
+def _read_secret_file(values: dict[str, object], name: str) -> None:
+    """``<name>_file`` supplies ``<name>`` (a mounted Secret rather than a variable)."""
+    path = str(values.get(name + "_file", ""))
+    if not path:
+        return
+    if values.get(name):
+        raise ConfigError(f"{name}_file: set either it or {name}, not both")
+    try:
+        with open(path) as f:
+            values[name] = f.read().strip()
+    except OSError as e:
+        raise ConfigError(f"{name}_file: cannot read {path!r}: {e.strerror}") from None
+
+
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeConfig:
     environ = os.environ if environ is None else environ
     kinds = {f.name: type(getattr(NodeConfig(), f.name)) for f in fields(NodeConfig)}
@@ -214,17 +241,8 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeC
             values[name] = (
                 raw if kind is bool else _coerce("--" + name.replace("_", "-"), raw, kind)
             )
-    secret_file = str(values.get("cluster_secret_file", ""))
-    if secret_file:
-        if values.get("cluster_secret"):
-            raise ConfigError("cluster_secret_file: set either it or cluster_secret, not both")
-        try:
-            with open(secret_file) as f:
-                values["cluster_secret"] = f.read().rstrip()
-        except OSError as e:
-            raise ConfigError(
-                f"cluster_secret_file: cannot read {secret_file!r}: {e.strerror}"
-            ) from None
+    for name in ("cluster_secret", "auth_bootstrap_key"):
+        _read_secret_file(values, name)
     config = NodeConfig(**values)  # type: ignore[arg-type]
     validate(config)
     return config
@@ -283,18 +301,29 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError(err.message) from None
     if not 10 <= config.retention_interval_ms <= 3_600_000:
         raise ConfigError("retention_interval_ms: must be 10..3600000")
-    if config.auth not in ("off", "on"):
-        raise ConfigError(f"auth: {config.auth!r} is not off or on")
-    if config.auth_bootstrap_key_file and config.auth != "on":
-        raise ConfigError("auth_bootstrap_key_file: needs auth = on")
-    if config.auth_bootstrap_environment not in ("development", "staging", "production"):
+    if config.auth not in ("auto", "on", "off"):
+        raise ConfigError(f"auth: {config.auth!r} is not auto, on or off")
+    if config.auth_bootstrap_environment not in ENVIRONMENTS:
         raise ConfigError("auth_bootstrap_environment: development, staging or production")
+    if config.auth_bootstrap_key:
+        what = "auth_bootstrap_key" + ("_file" if config.auth_bootstrap_key_file else "")
+        if not config.auth_enabled:
+            raise ConfigError(
+                f"{what}: needs authentication (auth = on; a single node runs open unless told)"
+            )
+        presented = parse_key(config.auth_bootstrap_key)
+        kind = kind_of(config.auth_bootstrap_environment)
+        if presented is None or presented.kind != kind:
+            raise ConfigError(
+                f"{what}: not a fmq_{kind}_sk_<32 characters> key (an admin key of "
+                f"{config.auth_bootstrap_environment}, the auth_bootstrap_environment)"
+            )
     parse_tiers(config.rate_limit_tiers)
     if bool(config.tls_cert_file) != bool(config.tls_key_file):
         raise ConfigError("tls_cert_file and tls_key_file: set both or neither")
     if config.tls_client_auth and not (config.tls_cert_file and config.tls_ca_file):
         raise ConfigError("tls_client_auth: needs tls_cert_file, tls_key_file and tls_ca_file")
-    for name in ("tls_cert_file", "tls_key_file", "tls_ca_file", "auth_bootstrap_key_file"):
+    for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
         path = getattr(config, name)
         if path and not os.access(path, os.R_OK):
             raise ConfigError(f"{name}: cannot read {path!r}")
@@ -331,6 +360,12 @@ def validate(config: NodeConfig) -> None:
             raise ConfigError("ack_timeout_ms: must be 100..600000")
         if config.etcd:
             _host_port(config.etcd, "etcd")
+        elif config.auth_enabled:
+            raise ConfigError(
+                "auth: a cluster keeps its API keys in etcd, and this one has none: set etcd, "
+                "or auth = off to run the cluster without authentication"
+                + ("" if config.auth == "on" else " (auth is on by default in cluster mode)")
+            )
         if config.node_id and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", config.node_id):
             raise ConfigError("node_id: 1-64 of A-Z a-z 0-9 . _ -")
         if config.advertise:

@@ -333,20 +333,12 @@ async def hand_over_leadership(router: Router, timeout_s: float) -> None:
 
 
 def auth_line(cfg: config_mod.NodeConfig) -> str:
-    if cfg.auth == "on":
-        return "Clients authenticate with API keys (auth = on)."
+    if cfg.auth_enabled:
+        return f"Clients authenticate with API keys (auth = {cfg.auth})."
     return (
         "AUTHENTICATION IS OFF: anyone who can reach the gRPC port can use every queue "
-        "(set auth = on and an auth_bootstrap_key_file)."
+        "(set auth = on, and auth_bootstrap_key_file or FLUXMQ_AUTH_BOOTSTRAP_KEY)."
     )
-
-
-def read_key_file(path: str) -> str:
-    """The bootstrap key (start-up, before serving: a blocking read is fine here)."""
-    if not path:
-        return ""
-    with open(path) as f:
-        return f.read().strip()
 
 
 async def start_auth(
@@ -359,14 +351,11 @@ async def start_auth(
     store: Any
     if router.view is not None:
         store = router.view.store
-    elif cfg.cluster_mode:
-        raise config_mod.ConfigError(
-            "auth: a cluster keeps its API keys in etcd: set etcd (or auth = off)"
-        )
     else:
+        assert not cfg.cluster_mode, "validate() refuses a cluster with auth and without etcd"
         owned = store = EmbeddedMetadataStore(os.path.join(cfg.data_dir, "auth"))
     tiers = config_mod.parse_tiers(cfg.rate_limit_tiers)
-    key = read_key_file(cfg.auth_bootstrap_key_file)
+    key = cfg.auth_bootstrap_key
     deadline = asyncio.get_running_loop().time() + AUTH_START_TIMEOUT_S
     while True:
         try:
@@ -385,6 +374,12 @@ async def start_auth(
     )
     router.key_admin = KeyAdmin(store, cache, tiers, now_ms)
     log.info("authentication on: %d API keys known", len(cache.records))
+    if not any(r.active and r.role == "admin" for r in cache.records.values()):
+        log.warning(
+            "authentication is on and no admin API key exists: no client can create queues or "
+            "keys (give the nodes auth_bootstrap_key_file or FLUXMQ_AUTH_BOOTSTRAP_KEY; see the "
+            "README, Security)"
+        )
     return owned
 
 
@@ -411,7 +406,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         broker.cluster = router.view = build_cluster_view(cfg, shard, port, broker.now_ms)
         groups = GroupHost(cfg, shard.driver, router, broker.cluster)
         broker.cluster.host_group = groups.host
-    auth_store = await start_auth(cfg, router, broker.now_ms) if cfg.auth == "on" else None
+    auth_store = await start_auth(cfg, router, broker.now_ms) if cfg.auth_enabled else None
     health = HealthState()
     http: HttpEndpoint | None = None
     if cfg.metrics_listen:

@@ -5,6 +5,8 @@ Layout of the cluster directory ``DIR``::
 
     DIR/cluster.json   what is running: pids, ports, data directories, logs (written by ``up``)
     DIR/secret         the cluster secret (32 url-safe characters, mode 0600; generated once)
+    DIR/admin.key      a production admin API key (mode 0600; generated once), registered by
+                       the nodes at start: ``export FLUXMQ_API_KEY=$(cat DIR/admin.key)``
     DIR/etcd/          etcd's data        DIR/etcd.log     its log
     DIR/node{i}/       node i's data      DIR/node{i}.log  its log (i = 1..N)
 
@@ -13,7 +15,8 @@ the one after; its peers are the other nodes' Raft addresses. Processes are star
 session (Ctrl-C in the shell that ran ``up`` does not reach them) and outlive the launcher; the
 pids in ``cluster.json`` are how ``down`` and ``status`` find them again.
 
-Only loopback addresses are used: the cluster is for one machine. Client authentication is off.
+Only loopback addresses are used: the cluster is for one machine. Clients authenticate with API
+keys, as in every cluster: the admin key in ``DIR/admin.key`` creates the others.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -39,11 +43,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc
+from fluxmq.core.auth import new_key, parse_key
 
 HOST = "127.0.0.1"
 PORT_STRIDE = 10  # node i uses base + 10*(i-1) + {0: gRPC, 1: metrics, 2: Raft}
 STATE_FILE = "cluster.json"
 SECRET_FILE = "secret"
+ADMIN_KEY_FILE = "admin.key"
 SECRET_ENV = "FLUXMQ_CLUSTER_SECRET"
 ETCD_START_TIMEOUT_S = 15.0
 CLUSTER_START_TIMEOUT_S = 60.0
@@ -203,12 +209,15 @@ def health_status(address: str, timeout_s: float = RPC_TIMEOUT_S) -> str:
     return name
 
 
-def cluster_status(address: str, timeout_s: float = RPC_TIMEOUT_S) -> dict[str, Any]:
+def cluster_status(
+    address: str, timeout_s: float = RPC_TIMEOUT_S, api_key: str = ""
+) -> dict[str, Any]:
     """AdminService.GetClusterStatus of one node as a dict: node_id and shards (shard_id, role,
     leader, term, commit_index, applied_index, members); raises grpc.RpcError."""
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
     with grpc.insecure_channel(address, options=_CHANNEL_OPTIONS) as ch:
         st = admin_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(  # type: ignore[no-untyped-call]
-            admin_pb2.GetClusterStatusRequest(), timeout=timeout_s
+            admin_pb2.GetClusterStatusRequest(), timeout=timeout_s, metadata=metadata
         )
     return {
         "node_id": st.node_id,
@@ -327,16 +336,38 @@ class LocalCluster:
 
     def secret(self) -> str:
         """The cluster secret from ``DIR/secret``, generated (mode 0600) the first time."""
-        path = self.dir / SECRET_FILE
+        return self._private_file(
+            SECRET_FILE,
+            lambda: secrets.token_urlsafe(24),  # 24 random bytes -> 32 url-safe characters
+            lambda value: len(value) >= 16,
+            "the secret is shorter than 16 characters",
+        )
+
+    def api_key(self) -> str:
+        """The production admin key from ``DIR/admin.key``, generated (mode 0600) the first
+        time. Every node registers it at start while production has no active admin key."""
+        return self._private_file(
+            ADMIN_KEY_FILE,
+            lambda: new_key("production"),
+            lambda value: (p := parse_key(value)) is not None and p.kind == "live",
+            "not a production key (fmq_live_sk_<32 characters>); remove it",
+        )
+
+    def _private_file(
+        self, name: str, make: Callable[[], str], valid: Callable[[str], bool], invalid: str
+    ) -> str:
+        """``DIR/name``'s value; made (mode 0600, created exclusively: two launchers never
+        write different values) when there is none."""
+        path = self.dir / name
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             value = path.read_text().strip()
-            if len(value) < 16:
-                raise LauncherError(f"{path}: the secret is shorter than 16 characters") from None
+            if not valid(value):
+                raise LauncherError(f"{path}: {invalid}") from None
             return value
-        value = secrets.token_urlsafe(24)  # 24 random bytes -> 32 url-safe characters
+        value = make()
         with os.fdopen(fd, "w") as f:
             f.write(value + "\n")
         return value
@@ -363,6 +394,7 @@ class LocalCluster:
         self._check_ports(specs)
         etcd_bin = _etcd_binary()
         secret = self.secret()
+        self.api_key()
 
         state: dict[str, Any] = {
             "version": 1,
@@ -477,6 +509,7 @@ class LocalCluster:
             "--raft-listen", spec.raft_address,
             "--etcd", etcd_addr,
             "--node-id", spec.node_id,
+            "--auth-bootstrap-key-file", str(self.dir / ADMIN_KEY_FILE),
         ]  # fmt: skip
         if peers:
             cmd += ["--peers", peers]
@@ -517,7 +550,7 @@ class LocalCluster:
             if len(serving) == len(state["nodes"]):
                 for n in state["nodes"]:
                     try:
-                        if _leader_known(cluster_status(n_address(n), 1.0)):
+                        if _leader_known(cluster_status(n_address(n), 1.0, self.api_key())):
                             return
                     except grpc.RpcError:
                         continue
@@ -689,7 +722,7 @@ class LocalCluster:
             }
             if alive:
                 try:
-                    st = cluster_status(n_address(n))
+                    st = cluster_status(n_address(n), api_key=self.api_key())
                 except grpc.RpcError as err:
                     info["error"] = f"{err.code().name}: {err.details()}"
                 else:

@@ -1,5 +1,7 @@
 """FluxMQ as a peer of the comparison: the same `fluxmq serve` processes as the rest of bench/
-(one node, or three Raft replicas of one shard), driven through its gRPC API."""
+(one node, or three Raft replicas of one shard), driven through its gRPC API. Client
+authentication is off either way (the 3 replicas have static peers and no etcd, so no key
+store); `python -m bench.auth_overhead` measures what it costs."""
 
 from __future__ import annotations
 

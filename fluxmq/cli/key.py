@@ -1,4 +1,5 @@
-"""``fluxmqctl key create|list|revoke``: the broker's API keys (an admin key is needed).
+"""``fluxmqctl key create|list|revoke``: the broker's API keys (an admin key is needed);
+``key generate``: a fresh key made locally, for a node's ``auth_bootstrap_key``.
 
 A key is shown whole only by ``key create``, once; listings show its prefix
 (``fmq_live_sk_<key id>``), never a secret."""
@@ -6,6 +7,8 @@ A key is shown whole only by ``key create``, once; listings show its prefix
 from __future__ import annotations
 
 import argparse
+import secrets
+import string
 import sys
 from typing import Any
 
@@ -50,6 +53,17 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("key_id", metavar="KEY_ID", help="its id (8 characters) or prefix")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask")
     p.set_defaults(handler=revoke)
+
+    p = verbs.add_parser(
+        "generate",
+        help="print a new random key (no broker involved): the bootstrap admin key of a cluster",
+        description="Prints a new random API key, made on this machine. It means nothing until a "
+        "node registers it: give it to the nodes as auth_bootstrap_key (or _file, or "
+        "FLUXMQ_AUTH_BOOTSTRAP_KEY) and they register it as the first admin key of its "
+        "environment. For every other key use `key create`.",
+    )
+    p.add_argument("--environment", choices=ENVIRONMENTS, default="production")
+    p.set_defaults(handler=generate)
 
 
 def key_id_of(text: str) -> str:
@@ -120,6 +134,15 @@ def list_keys(args: argparse.Namespace, ctx: Context) -> int:
     ctx.out.table(
         ["PREFIX", "ENVIRONMENT", "ROLE", "TIER", "CREATED", "LAST_USED", "REVOKED", "NAME"], rows
     )
+    return 0
+
+
+def generate(args: argparse.Namespace, ctx: Context) -> int:
+    # The key format is public API (README, Security); fluxmqctl speaks only that, so it makes
+    # the key itself (tests/cli check the broker's parser accepts it).
+    kind = "live" if args.environment == "production" else "test"
+    alphabet = string.ascii_letters + string.digits
+    print(f"fmq_{kind}_sk_" + "".join(secrets.choice(alphabet) for _ in range(32)), flush=True)
     return 0
 
 

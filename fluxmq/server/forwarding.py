@@ -16,7 +16,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from fluxmq._pb.v1 import queue_pb2_grpc
-from fluxmq.core.errors import FluxError
+from fluxmq.core.errors import FieldViolation, FluxError
 from fluxmq.server.interceptors import REQUEST_ID_KEY, request_id_var
 from fluxmq.server.tls import TlsConfig
 
@@ -31,12 +31,22 @@ def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
     status; a call that never reached a broker (connection refused, reset, timeout) is
     GROUP_UNAVAILABLE, retriable: the group may be electing or its node restarting."""
     reason, metadata = "", {}
+    violations: list[FieldViolation] = []
+    retry_after_ms: int | None = None
     status = rpc_status.from_call(err)
     for detail in status.details if status is not None else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
             reason, metadata = info.reason, dict(info.metadata)
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            violations = [FieldViolation(v.field, v.description) for v in bad.field_violations]
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            detail.Unpack(retry)
+            retry_after_ms = retry.retry_delay.ToMilliseconds()
     if not reason:
         return FluxError(
             "GROUP_UNAVAILABLE",
@@ -47,7 +57,14 @@ def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
         )
     retriable = metadata.pop("retriable", "false") == "true"
     metadata.pop("request_id", None)
-    return FluxError(reason, err.details() or reason, retriable=retriable, metadata=metadata)
+    return FluxError(
+        reason,
+        err.details() or reason,
+        retriable=retriable,
+        violations=tuple(violations),
+        retry_after_ms=retry_after_ms,
+        metadata=metadata,
+    )
 
 
 def was_forwarded(context: Any) -> bool:

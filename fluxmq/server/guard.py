@@ -31,13 +31,29 @@ from fluxmq.core.auth import (
     unauthenticated,
 )
 from fluxmq.core.errors import FluxError
-from fluxmq.core.ratelimit import Limit, RateLimiter
+from fluxmq.core.ratelimit import Bucket, Limit, RateLimiter
 
 log = logging.getLogger("fluxmq.auth")
 audit_log = logging.getLogger("fluxmq.audit")
 
 KEYS_RESYNC_INTERVAL_S = 30.0
 TOUCH_INTERVAL_S = 5.0
+# Authorization values already checked against their record: a client sends the same key on
+# every call, and skipping the parse and the salted hash on a repeat is most of a check's cost.
+VERIFIED_MAX = 4096
+# A key created through another node may reach this node's cache a moment after its creator
+# hands it out; an unknown key id is looked up in the store, at most this often, so that a
+# stream of made-up keys costs the store a bounded trickle of reads.
+KEY_LOOKUPS = Limit(rate_per_s=20, burst=20)
+
+
+@dataclass(eq=False)
+class UnknownApiKey(FluxError):
+    """INVALID_API_KEY for a well-formed key whose id this node's cache does not hold."""
+
+    key_id: str = ""
+
+
 AUTH_HEADER = "authorization"
 API_KEY_EVENT_KIND = "api_key"
 
@@ -75,6 +91,7 @@ class KeyCache:
         self.records: dict[str, KeyRecord] = {}
         self._used: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._lookups = Bucket(KEY_LOOKUPS, float(KEY_LOOKUPS.burst), 0)
 
     async def start(self) -> None:
         await self.ensure_loaded()
@@ -136,6 +153,23 @@ class KeyCache:
             used, self._used = self._used, {}
             await self._store.touch_api_keys(used)
 
+    async def maybe_fetch(self, key_id: str) -> bool:
+        """Look an unknown key id up in the store (within KEY_LOOKUPS); -> whether it is known
+        now."""
+        if self._lookups.take(1, self._now_ms()):
+            return False
+        try:
+            record = await self._store.get_api_key(key_id)
+        except Exception as err:  # the caller answers INVALID_API_KEY; the watch catches up
+            log.warning("looking up API key %s failed (%s)", key_id, err)
+            return False
+        if record is None:
+            return False
+        # setdefault: a revocation the watch stored meanwhile must not be overwritten by this
+        # (older) read.
+        self.records.setdefault(record.key_id, record)
+        return True
+
     def note_used(self, key_id: str, now_ms: int) -> None:
         self._used[key_id] = now_ms
 
@@ -191,6 +225,7 @@ class Guard:
         self._queue_environment = queue_environment
         self._now_ms = now_ms
         self.limiter = RateLimiter()
+        self._verified: dict[str, KeyRecord] = {}
 
     def authenticate(self, metadata: Iterable[tuple[str, Any]]) -> KeyRecord:
         values = [v for k, v in metadata if k == AUTH_HEADER]
@@ -200,7 +235,19 @@ class Guard:
             )
         if len(values) > 1 or not isinstance(values[0], str):
             raise unauthenticated("malformed API key: one authorization header, as text")
-        token = parse_bearer(values[0])
+        cached = self._verified.get(values[0])
+        # Identity, not equality: a revocation or reload puts a new record object in the cache
+        # of keys, so a value checked against the old one is checked again.
+        if cached is not None and self.keys.records.get(cached.key_id) is cached:
+            return cached
+        record = self._verify(values[0])
+        if len(self._verified) >= VERIFIED_MAX:
+            self._verified.clear()
+        self._verified[values[0]] = record
+        return record
+
+    def _verify(self, value: str) -> KeyRecord:
+        token = parse_bearer(value)
         presented = parse_key(token) if token is not None else None
         if presented is None:
             raise unauthenticated(
@@ -208,7 +255,13 @@ class Guard:
                 "'Bearer fmq_test_sk_<32 characters>'"
             )
         record = self.keys.records.get(presented.key_id)
-        if record is None or not record.matches(presented):
+        if record is None:
+            raise UnknownApiKey(
+                "INVALID_API_KEY",
+                f"unknown API key fmq_{presented.kind}_sk_{presented.key_id}",
+                key_id=presented.key_id,
+            )
+        if not record.matches(presented):
             raise unauthenticated(f"unknown API key fmq_{presented.kind}_sk_{presented.key_id}")
         if not record.active:
             raise unauthenticated(f"revoked API key {record.prefix}")
@@ -235,11 +288,14 @@ class Guard:
                 metadata={"rate_class": rate_class, "tier": record.tier},
             )
         identity = Identity(record.key_id, record.environment, record.role, record.tier)
-        self._check_environment(identity, method, request)
+        self.check_environment(identity, method, request)
         self.keys.note_used(record.key_id, now_ms)
         return identity
 
-    def _check_environment(self, identity: Identity, method: str, request: Any) -> None:
+    def check_environment(self, identity: Identity, method: str, request: Any) -> None:
+        """PERMISSION_DENIED when the request names a queue of another environment. A queue
+        this node does not know passes (the node that has it checks forwarded calls): a caller
+        that learns a queue later, e.g. by catching up, must check again."""
         if isinstance(request, pb.CreateQueueRequest):
             if request.config.environment not in ("", identity.environment):
                 raise permission_denied(

@@ -21,7 +21,14 @@ from fluxmq import metrics
 from fluxmq.core.auth import METHOD_ACTIONS, Action
 from fluxmq.core.errors import FluxError
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_grpc_status
-from fluxmq.server.guard import Guard, Identity, audit, current_identity, queues_of
+from fluxmq.server.guard import (
+    Guard,
+    Identity,
+    UnknownApiKey,
+    audit,
+    current_identity,
+    queues_of,
+)
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("fluxmq.access")
@@ -173,13 +180,16 @@ def _unary(
         identity: Identity | None = None
         try:
             if guard is not None:
-                identity = guard.admit(method, request, _metadata(context))
+                identity = await _admit(guard, method, request, _metadata(context))
                 current_identity.set(identity)
             try:
                 response = await behavior(request, context)
             except FluxError as err:
                 if catch_up is None or err.reason not in STALE_REASONS or not await catch_up():
                     raise
+                if guard is not None and identity is not None:
+                    # The queue was unknown when admitted (so unchecked): check it now.
+                    guard.check_environment(identity, method, request)
                 response = await behavior(request, context)
             if guard is not None and identity is not None:
                 response = guard.filter_response(identity, method, response)
@@ -211,10 +221,10 @@ def _streaming(
                 if per_message:
                     # A client stream: every request is checked as it arrives (rate limits
                     # count messages, environments are checked per queue).
-                    guard.authenticate(md)
+                    await _authenticate(guard, md)
                     request = _checked(guard, method, request, md)
                 else:
-                    current_identity.set(guard.admit(method, request, md))
+                    current_identity.set(await _admit(guard, method, request, md))
             async for response in behavior(request, context):
                 yield response
             call.ok()
@@ -225,6 +235,27 @@ def _streaming(
             call.finish()
 
     return wrapper
+
+
+async def _admit(
+    guard: Guard, method: str, request: Any, md: tuple[tuple[str, Any], ...]
+) -> Identity:
+    try:
+        return guard.admit(method, request, md)
+    except UnknownApiKey as err:
+        # Perhaps created through another node a moment ago: once more if the store knows it.
+        if not await guard.keys.maybe_fetch(err.key_id):
+            raise
+    return guard.admit(method, request, md)
+
+
+async def _authenticate(guard: Guard, md: tuple[tuple[str, Any], ...]) -> None:
+    try:
+        guard.authenticate(md)
+    except UnknownApiKey as err:
+        if not await guard.keys.maybe_fetch(err.key_id):
+            raise
+        guard.authenticate(md)
 
 
 async def _checked(

@@ -98,14 +98,33 @@ class KeyAdmin:
                 environment=identity.environment,
             )
         tier = request.tier or "default"
-        existing = list(self._cache.records.values())
-        check_new_key(request.name, environment, request.role, tier, self._tiers, existing)
+        try:
+            check_new_key(
+                request.name, environment, request.role, tier, self._tiers,
+                self._cache.records.values(),
+            )  # fmt: skip
+        except FluxError as err:
+            if err.reason != "KEY_LIMIT_REACHED":
+                raise
+            # The cache may not have seen a revocation made through another node yet; the
+            # store is the authority on the limit.
+            try:
+                await self._cache.ensure_loaded()
+            except Exception as load_err:
+                raise translate(load_err) from load_err
+            check_new_key(
+                request.name, environment, request.role, tier, self._tiers,
+                self._cache.records.values(),
+            )  # fmt: skip
         key = new_key(environment)
         record = make_record(key, request.name, environment, request.role, tier, self._now_ms())
         try:
             await self._store.create_api_key(record, ACTIVE_KEYS_PER_ENV_ROLE_MAX)
         except Exception as err:
-            raise translate(err) from err
+            mapped = translate(err)
+            if mapped.reason == "KEY_LIMIT_REACHED":
+                mapped.metadata.update(environment=environment, role=request.role)
+            raise mapped from err
         self._cache.records[record.key_id] = record
         return apb.CreateApiKeyResponse(key=key, info=info(record))
 
@@ -152,7 +171,7 @@ async def ensure_bootstrap_key(
     if presented is None or presented.kind != kind_of(environment):
         raise FluxError(
             "INVALID_ARGUMENT",
-            f"auth_bootstrap_key_file: not a fmq_{kind_of(environment)}_sk_<32 characters> key "
+            f"auth_bootstrap_key: not a fmq_{kind_of(environment)}_sk_<32 characters> key "
             f"(the key of a {environment} admin)",
         )
     try:
@@ -181,7 +200,7 @@ def translate(err: Exception) -> FluxError:
     if isinstance(err, FluxError):
         return err
     if isinstance(err, LimitExceeded):
-        return FluxError("KEY_LIMIT_REACHED", f"{err}: revoke a key first")
+        return FluxError("KEY_LIMIT_REACHED", str(err))
     if isinstance(err, AlreadyExists):
         return FluxError("API_KEY_EXISTS", str(err))
     if isinstance(err, NotFound):

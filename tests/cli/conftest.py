@@ -33,14 +33,17 @@ class Ctl:
     """Runs ``fluxmqctl`` against one broker, with a clean environment (no profile, no
     FLUXMQ_ADDR unless given); never a traceback."""
 
-    def __init__(self, address: str, home: Path) -> None:
+    def __init__(self, address: str, home: Path, api_key: str = "") -> None:
         self.address = address
         self.home = home
+        self.api_key = api_key  # FLUXMQ_API_KEY of every run (a cluster authenticates)
         self.exe = fluxmqctl_path()
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FLUXMQ", "FLUXMQCTL"))}
         env.update(HOME=str(self.home), FLUXMQ_ADDR=self.address, PYTHONUNBUFFERED="1")
+        if self.api_key:
+            env["FLUXMQ_API_KEY"] = self.api_key
         env.update(extra)
         return env
 

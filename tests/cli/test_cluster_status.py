@@ -130,7 +130,7 @@ def test_etcd_cluster_is_found_from_one_node(tmp_path: Path) -> None:
     lc = LocalCluster(tmp_path / "lc", nodes=3, base_port=base, etcd_port=0, quiet=True)
     lc.up(timeout_s=60)
     try:
-        ctl = Ctl(f"127.0.0.1:{base + 10}", tmp_path)
+        ctl = Ctl(f"127.0.0.1:{base + 10}", tmp_path, api_key=lc.api_key())
         ctl.ok("queue", "create", "found")
         doc = ctl.json("cluster", "status")
         assert doc["healthy"] is True, doc["problems"]

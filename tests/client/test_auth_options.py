@@ -7,8 +7,6 @@ shown, TLS and mutual TLS. Nothing here needs the broker's own auth code.
 from __future__ import annotations
 
 import collections
-import datetime
-import ipaddress
 import logging
 import threading
 import time
@@ -20,10 +18,6 @@ from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -39,6 +33,7 @@ from fluxmq.client import (
     Unavailable,
     mask_key,
 )
+from tests.certs import LOCAL_SANS, Authority
 
 # A key in the documented shape: fmq_live_sk_ + 32 base62 (its first 8 are the public id).
 KEY = "fmq_live_sk_Ab3dE5gH9jKlMn0pQrStUvWxYz012345"
@@ -271,88 +266,19 @@ class Pki:
         )
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _cert(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: str,
-    issuer_key: ec.EllipticCurvePrivateKey,
-    *,
-    ca: bool = False,
-    server: bool = False,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(_name(issuer))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if ca:
-        builder = builder.add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-    elif server:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _write(path: Path, cert: x509.Certificate | None, key: Any = None) -> Path:
-    if cert is not None:
-        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    else:
-        path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-    return path
-
-
 def make_pki(directory: Path) -> Pki:
     """A CA, a server certificate for 127.0.0.1 / localhost and a client certificate, both
-    signed by the CA; and an unrelated CA."""
-    ca_key, srv_key, cli_key, other_key = _key(), _key(), _key(), _key()
-    ca = _cert("FluxMQ test CA", ca_key, "FluxMQ test CA", ca_key, ca=True)
-    other = _cert("Other CA", other_key, "Other CA", other_key, ca=True)
-    srv = _cert("127.0.0.1", srv_key, "FluxMQ test CA", ca_key, server=True)
-    cli = _cert("fluxmq-client", cli_key, "FluxMQ test CA", ca_key)
+    signed by the CA (no extended key usage); and an unrelated CA."""
+    ca = Authority("FluxMQ test CA")
+    server = ca.issue("127.0.0.1", sans=LOCAL_SANS).write(directory, "server")
+    client = ca.issue("fluxmq-client").write(directory, "client")
     return Pki(
-        ca=_write(directory / "ca.pem", ca),
-        server_cert=_write(directory / "server.pem", srv),
-        server_key=_write(directory / "server.key", None, srv_key),
-        client_cert=_write(directory / "client.pem", cli),
-        client_key=_write(directory / "client.key", None, cli_key),
-        other_ca=_write(directory / "other-ca.pem", other),
+        ca=ca.write(directory / "ca.pem"),
+        server_cert=server.cert,
+        server_key=server.key,
+        client_cert=client.cert,
+        client_key=client.key,
+        other_ca=Authority("Other CA").write(directory / "other-ca.pem"),
     )
 
 

@@ -147,7 +147,9 @@ async def test_leader_cache_sends_calls_to_the_queue_leader_and_follows_it(
     calls there; when that leader dies it fails over and learns the new one."""
     specs = etcd_cluster.specs()
     addresses = [s.address for s in specs]
-    async with AsyncClient(addresses[::-1], retry=PATIENT, timeout_s=5) as client:
+    async with AsyncClient(
+        addresses[::-1], retry=PATIENT, timeout_s=5, api_key=etcd_cluster.api_key()
+    ) as client:
         await client.admin.create_queue("lead")
         await client.publish("lead", b"first")
         leader = client.transport.leader_of("lead")

@@ -15,6 +15,10 @@ environments taken from it unchanged except for three things a container gets fr
 - volumes: each volume's container path (/var/lib/fluxmq, etcd's data dir) becomes a temporary
   directory.
 
+The nodes authenticate clients (auth is on by default in cluster mode): ``compose_config`` is given
+the host variables the compose file demands, the cluster secret and ``FLUXMQ_API_KEY`` (the
+first admin key, a fresh ``TEST_API_KEY``), which the nodes receive as their bootstrap key.
+
 A node's command is the image's ENTRYPOINT (the ``fluxmq`` console script, run as
 ``<this python> -m fluxmq``) plus the service's ``command``; its environment is the image's
 ``FLUXMQ_*`` ENV overlaid with the service's ``environment``, as Docker does.
@@ -43,6 +47,8 @@ from typing import Any
 
 import yaml
 
+from fluxmq.core.auth import new_key
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "compose" / "compose.yaml"
 PROMETHEUS_FILE = REPO / "deploy" / "compose" / "prometheus.yml"
@@ -50,6 +56,10 @@ DOCKERFILE = REPO / "deploy" / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 SECRET_ENV = "FLUXMQ_CLUSTER_SECRET"
 TEST_SECRET = "compose-test-secret-0123456789abcdef"
+# The host's variable (what fluxmqctl and the SDK present) and the node setting it feeds.
+API_KEY_ENV = "FLUXMQ_API_KEY"
+BOOTSTRAP_KEY_ENV = "FLUXMQ_AUTH_BOOTSTRAP_KEY"
+TEST_API_KEY = new_key("production")  # as `fluxmqctl key generate` makes it
 SUBNET = "127.0.9."  # loopback addresses of the compose services (unusual: no clash)
 ETCD_IMAGE = "quay.io/coreos/etcd"
 NODE_IMAGE = "fluxmq:latest"
@@ -90,9 +100,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def load_compose(secret: str = TEST_SECRET) -> dict[str, Any]:
-    """The resolved compose model (``docker-compose config``) with ``secret`` as the secret."""
-    done = compose_config(clean_env(**{SECRET_ENV: secret}))
+def host_env(secret: str = TEST_SECRET, api_key: str = TEST_API_KEY) -> dict[str, str]:
+    """``clean_env`` plus what the operator exports before ``up``: the secret and the key."""
+    return clean_env(**{SECRET_ENV: secret, API_KEY_ENV: api_key})
+
+
+def load_compose(secret: str = TEST_SECRET, api_key: str = TEST_API_KEY) -> dict[str, Any]:
+    """The resolved compose model (``docker-compose config``) with ``secret`` as the cluster
+    secret and ``api_key`` as FLUXMQ_API_KEY."""
+    done = compose_config(host_env(secret, api_key))
     assert done.returncode == 0, done.stderr
     model: dict[str, Any] = yaml.safe_load(done.stdout)
     return model
@@ -112,6 +128,13 @@ def etcd_service(model: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     ]
     assert len(found) == 1, f"one etcd service expected, found {[n for n, _ in found]}"
     return found[0]
+
+
+def interpolation_error(stderr: str) -> str:
+    """What ``docker-compose config`` says about a missing required variable, without the
+    unresolved ``${VAR:?message}`` templates docker-compose 1.x echoes (it dumps the whole
+    environment mapping, so every template's text would otherwise seem to be in the error)."""
+    return re.sub(r"\$\{[^}]*\}", "${...}", stderr)
 
 
 def volume_target(entry: str | Mapping[str, Any]) -> str:

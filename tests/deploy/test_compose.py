@@ -1,8 +1,9 @@
 """deploy/compose and deploy/Dockerfile: the compose file is valid and demands the cluster
-secret, Prometheus scrapes exactly the nodes, Grafana's provisioning agrees with the services,
-the image is built the way the compose file and the nodes expect - and the compose topology
-(etcd + 3 nodes, with the commands and environments of compose.yaml) forms a working cluster
-when run as processes on loopback (there is no Docker engine here)."""
+secret and the first admin key (FLUXMQ_API_KEY), Prometheus scrapes exactly the nodes,
+Grafana's provisioning agrees with the services, the image is built the way the compose file
+and the nodes expect - and the compose topology (etcd + 3 nodes, with the commands and
+environments of compose.yaml) forms a working cluster that refuses clients without a key when
+run as processes on loopback (there is no Docker engine here)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,16 +24,21 @@ from urllib.parse import urlsplit
 import grpc
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core.auth import parse_key
 from tests.deploy.compose_topology import (
+    API_KEY_ENV,
+    BOOTSTRAP_KEY_ENV,
     DOCKERFILE,
     DOCKERIGNORE,
     PROMETHEUS_FILE,
     REPO,
     SECRET_ENV,
+    TEST_API_KEY,
     TEST_SECRET,
     Proc,
     as_list,
@@ -41,7 +47,9 @@ from tests.deploy.compose_topology import (
     etcd_service,
     exec_form,
     final_stage,
+    host_env,
     http_get,
+    interpolation_error,
     load_compose,
     node_services,
     parse_dockerfile,
@@ -85,22 +93,40 @@ def published(spec: Mapping[str, Any]) -> dict[int, int]:
 # -- a: the compose file --------------------------------------------------------------------
 
 
-def test_compose_file_is_valid_with_the_secret_and_uses_it() -> None:
-    done = compose_config(clean_env(**{SECRET_ENV: TEST_SECRET}), "-q")
+def test_compose_file_is_valid_with_the_secret_and_the_key_and_uses_them() -> None:
+    done = compose_config(host_env(), "-q")
     assert done.returncode == 0, done.stderr
     text = (REPO / "deploy" / "compose" / "compose.yaml").read_text()
     assert not re.search(r"^version:", text, re.M), "the Compose spec has no version key"
-    model = load_compose("another-secret-of-some-length")
+    other_key = "fmq_live_sk_" + "A" * 32
+    model = load_compose("another-secret-of-some-length", other_key)
     nodes = node_services(model)
     assert {n: s["environment"][SECRET_ENV] for n, s in nodes.items()} == {
         n: "another-secret-of-some-length" for n in nodes
     }
+    # The host's FLUXMQ_API_KEY is every node's bootstrap admin key (and nothing else: the
+    # node knows no setting api_key, and authentication is left at its default, on).
+    for name, spec in nodes.items():
+        env = node_env(spec)
+        assert env[BOOTSTRAP_KEY_ENV] == other_key, name
+        assert API_KEY_ENV not in env and "FLUXMQ_AUTH" not in env, name
+        # The default environment, production, whose keys `fluxmqctl key generate` makes.
+        assert "FLUXMQ_AUTH_BOOTSTRAP_ENVIRONMENT" not in env, name
 
 
-def test_compose_file_without_the_secret_fails_naming_it_and_the_readme() -> None:
-    done = compose_config(clean_env(), "-q")
+@pytest.mark.parametrize(
+    ("missing", "present"), [(SECRET_ENV, API_KEY_ENV), (API_KEY_ENV, SECRET_ENV)]
+)
+def test_compose_file_without_a_required_variable_fails_naming_it_and_the_readme(
+    missing: str, present: str
+) -> None:
+    given = {SECRET_ENV: TEST_SECRET, API_KEY_ENV: TEST_API_KEY}
+    del given[missing]
+    done = compose_config(clean_env(**given), "-q")
     assert done.returncode != 0
-    assert SECRET_ENV in done.stderr and "deploy/README.md" in done.stderr, done.stderr
+    said = interpolation_error(done.stderr)
+    assert f"set {missing} to " in said and "deploy/README.md" in said, done.stderr
+    assert f"set {present} to " not in said, done.stderr
 
 
 def test_nodes_are_one_definition_with_their_identities_and_the_data_on_volumes(
@@ -218,13 +244,39 @@ def test_images_are_pinned(model: dict[str, Any]) -> None:
 # -- c: the compose topology as processes ---------------------------------------------------
 
 
-def cluster_status(address: str) -> admin_pb2.ClusterStatus:
+def bearer(api_key: str) -> tuple[tuple[str, str], ...]:
+    """The call metadata of a client presenting ``api_key`` (what the SDK and fluxmqctl send)."""
+    return (("authorization", f"Bearer {api_key}"),)
+
+
+def cluster_status(address: str, api_key: str | None) -> admin_pb2.ClusterStatus:
+    """AdminService.GetClusterStatus presenting ``api_key`` (None: no authorization at all)."""
     with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as ch:
         stub = admin_pb2_grpc.AdminServiceStub(ch)  # type: ignore[no-untyped-call]
         status: admin_pb2.ClusterStatus = stub.GetClusterStatus(
-            admin_pb2.GetClusterStatusRequest(), timeout=5
+            admin_pb2.GetClusterStatusRequest(),
+            timeout=5,
+            metadata=bearer(api_key) if api_key is not None else None,
         )
     return status
+
+
+def refusal(call: Callable[[], object]) -> grpc.StatusCode | None:
+    """The status code ``call`` fails with; None if it succeeds."""
+    try:
+        call()
+    except grpc.RpcError as err:
+        code: grpc.StatusCode = err.code()
+        return code
+    return None
+
+
+def grpc_health(address: str) -> int:
+    """grpc.health.v1 Check of the whole server, with no key (health is exempt from auth)."""
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    return int(resp.status)
 
 
 def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -279,6 +331,11 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
     with running(model, tmp_path) as topo:
         etcd, nodes = topo.etcd, topo.nodes
         assert [n.service for n in nodes] == ["fluxmq-1", "fluxmq-2", "fluxmq-3"]
+        # The key the operator exported as FLUXMQ_API_KEY: every node's bootstrap admin key,
+        # and what this test presents, as fluxmqctl on the host would.
+        api_key = TEST_API_KEY
+        assert {n.env[BOOTSTRAP_KEY_ENV] for n in nodes} == {api_key}
+        auth = bearer(api_key)
         # Nothing may touch the container paths on this machine: the volumes became temp dirs.
         assert all(str(tmp_path) in n.env["FLUXMQ_DATA_DIR"] for n in nodes)
         assert any(a.startswith(f"--data-dir={tmp_path}") for a in etcd.argv), etcd.argv
@@ -330,17 +387,32 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
         for node in nodes:
             assert run_check(healthcheck_argv(image_healthcheck(), node.ip)) == 0
 
+        # Authentication is on by default in the compose cluster: without a key, or with a key
+        # the cluster never registered, every node refuses the call; health is exempt.
+        unknown_key = "fmq_live_sk_" + "Z" * 32
+        assert parse_key(unknown_key) is not None and unknown_key != api_key
+        for node in nodes:
+            for presented in (None, unknown_key):
+                code = refusal(functools.partial(cluster_status, grpc_at[node.service], presented))
+                assert code == grpc.StatusCode.UNAUTHENTICATED, (
+                    f"{node.service}: GetClusterStatus with key {presented!r} gave {code}, not "
+                    f"UNAUTHENTICATED: is authentication on?\n{topo.diagnose()}"
+                )
+            assert grpc_health(grpc_at[node.service]) == health_pb2.HealthCheckResponse.SERVING
+
         # Every node knows the same three nodes (by their compose identities) and one leader.
         ids = {n.env["FLUXMQ_NODE_ID"] for n in nodes}
         raft = {n.env["FLUXMQ_RAFT_LISTEN"] for n in nodes}
         advertised = {n.env["FLUXMQ_NODE_ID"]: n.env["FLUXMQ_ADVERTISE"] for n in nodes}
         statuses: dict[str, admin_pb2.ClusterStatus] = {}
+        errors: dict[str, str] = {}
 
         def agreed() -> bool:
             for n in nodes:
                 try:
-                    statuses[n.service] = cluster_status(grpc_at[n.service])
-                except grpc.RpcError:
+                    statuses[n.service] = cluster_status(grpc_at[n.service], api_key)
+                except grpc.RpcError as err:
+                    errors[n.service] = f"{err.code().name}: {err.details()}"
                     return False
             leaders = set()
             for st in statuses.values():
@@ -354,7 +426,7 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
             "every node lists the 3 nodes and the same leader of g1",
             agreed,
             20,
-            lambda: f"{statuses}\n{topo.diagnose()}",
+            lambda: f"{statuses}\nlast errors: {errors}\n{topo.diagnose()}",
         )
         for service, st in statuses.items():
             assert st.node_id == service
@@ -362,6 +434,19 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
             assert {x.raft_address for x in st.nodes} == raft, st
             g1 = next(s for s in st.shards if s.shard_id == "g1")
             assert set(g1.members) == raft and g1.leader in raft, f"{service}: {g1}"
+
+        # The three nodes all bootstrapped the same key: one admin key, whichever node is asked.
+        bootstrap = parse_key(api_key)
+        assert bootstrap is not None, "TEST_API_KEY is not a well-formed key"
+        for node in nodes:
+            with grpc.insecure_channel(grpc_at[node.service], options=CHANNEL_OPTIONS) as ch:
+                admin = admin_pb2_grpc.AdminServiceStub(ch)  # type: ignore[no-untyped-call]
+                keys = admin.ListApiKeys(
+                    admin_pb2.ListApiKeysRequest(include_revoked=True), timeout=10, metadata=auth
+                ).keys
+            assert [(k.key_id, k.environment, k.role, k.revoked_ms) for k in keys] == [
+                (bootstrap.key_id, "production", "admin", 0)
+            ], f"{node.service}: {keys}"
 
         # Create through node 1, publish through node 2, read and consume through node 3.
         first, second, third = (
@@ -375,14 +460,18 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
             q1.CreateQueue(
                 pb.CreateQueueRequest(config=pb.QueueConfig(name="compose", partitions=1)),
                 timeout=10,
+                metadata=auth,
             )
-            q1.CreateGroup(pb.CreateGroupRequest(queue="compose", group="g"), timeout=10)
+            q1.CreateGroup(
+                pb.CreateGroupRequest(queue="compose", group="g"), timeout=10, metadata=auth
+            )
             sent = [b"m%d" % i for i in range(20)]
             resp, call = q2.Publish.with_call(
                 pb.PublishRequest(
                     queue="compose", messages=[pb.PublishMessage(value=v) for v in sent]
                 ),
                 timeout=10,
+                metadata=auth,
             )
             assert len(resp.results) == len(sent)
             leader_hint = dict(call.trailing_metadata() or ())["x-fluxmq-leader"]
@@ -394,6 +483,7 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
                 r = q3.Fetch(
                     pb.FetchRequest(queue="compose", partition=0, offset=0, wait_ms=200),
                     timeout=10,
+                    metadata=auth,
                 )
                 fetched[:] = [rec.value for rec in r.records]
                 return len(fetched) >= len(sent)
@@ -408,6 +498,7 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
                         queue="compose", group="g", consumer_id="c", max_messages=50, wait_ms=200
                     ),
                     timeout=10,
+                    metadata=auth,
                 )
                 leased += [m.record.value for m in got.messages]
                 if got.messages:
@@ -416,6 +507,7 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
                             queue="compose", group="g", receipts=[m.receipt for m in got.messages]
                         ),
                         timeout=10,
+                        metadata=auth,
                     )
             assert sorted(leased) == sorted(sent)
 

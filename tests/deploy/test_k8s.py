@@ -2,7 +2,9 @@
 files there are, and the FluxMQ StatefulSet is wired the way the node needs it: labels that the
 Services and the PDB select, probes on the node's health endpoints, setting names the node knows,
 and a per-pod entrypoint whose FLUXMQ_PEERS are the other replicas. The config test runs the
-pod's real entrypoint and loads the result through fluxmq.config, as the container would."""
+pod's real entrypoint and loads the result through fluxmq.config, as the container would: with
+the cluster secret and the bootstrap admin key read from their mounted Secrets and client
+authentication on."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import pytest
 import yaml
 
 from fluxmq.config import CONFIG_ENV, NodeConfig
+from fluxmq.core.auth import new_key
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
@@ -35,6 +38,8 @@ KUBE_VERSIONS = ("1.27.0", str(kubernetes_validate.latest_version()))
 SETTINGS = {f.name for f in dataclasses.fields(NodeConfig)}
 SETTING_ENV = {"FLUXMQ_" + name.upper() for name in SETTINGS} | {CONFIG_ENV}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+TEST_CLUSTER_SECRET = "s" * 64
+TEST_ADMIN_KEY = new_key("production")  # as `fluxmqctl key generate > admin-key.txt` makes it
 
 Obj = dict[str, Any]
 
@@ -432,11 +437,23 @@ def image_environment() -> dict[str, str]:
     return out
 
 
+def secret_contents(
+    cluster_secret: str = TEST_CLUSTER_SECRET, admin_key: str = TEST_ADMIN_KEY
+) -> dict[str, str]:
+    """What the operator's files hold, by the generated Secrets' keys (kustomization.yaml)."""
+    return {"cluster_secret": cluster_secret, "auth_bootstrap_key": admin_key}
+
+
 def run_entrypoint(
-    tmp_path: Path, pod_name: str, fake_fluxmq: str, secret: str = "s" * 64
+    tmp_path: Path,
+    pod_name: str,
+    fake_fluxmq: str,
+    secrets: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Runs the container command under /bin/sh with a stand-in `fluxmq` first on PATH, the
-    ConfigMap and Secret written where the pod mounts them (paths mapped into tmp_path)."""
+    ConfigMap and Secrets written where the pod mounts them (paths mapped into tmp_path);
+    ``secrets``: the content of each Secret key (default ``secret_contents()``)."""
+    secrets = secret_contents() if secrets is None else secrets
     sts = fluxmq_sts()
     pod = sts["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -454,7 +471,9 @@ def run_entrypoint(
         else:
             gen = kust_secret[vol["secret"]["secretName"]]
             keys = [entry.split("=", 1)[0] for entry in gen["files"]]
-            data = {key: secret + "\n" for key in keys}  # as `openssl rand -hex 32 > file`
+            unknown = sorted(set(keys) - secrets.keys())
+            assert not unknown, f"no test content for the Secret keys {unknown}"
+            data = {key: secrets[key] + "\n" for key in keys}  # as `... > file` writes them
         items = vol.get("configMap", vol.get("secret", {})).get("items")
         for item in items or [{"key": k, "path": k} for k in data]:
             (where / item["path"]).write_text(data[item["key"]])
@@ -507,7 +526,8 @@ LOAD_CONFIG = """#!/bin/sh
 exec "$PYTHON" -c '
 import dataclasses, json, sys
 from fluxmq.config import load
-print(json.dumps(dataclasses.asdict(load(sys.argv[2:]))))
+config = load(sys.argv[2:])
+print(json.dumps({**dataclasses.asdict(config), "auth_enabled": config.auth_enabled}))
 ' "$@"
 """
 
@@ -515,10 +535,13 @@ print(json.dumps(dataclasses.asdict(load(sys.argv[2:]))))
 @pytest.mark.parametrize("ordinal", [0, 2])
 def test_pod_configuration_loads_through_the_node_config(tmp_path: Path, ordinal: int) -> None:
     """What `fluxmq serve` sees in the pod: the image's ENV, the pod's env, the ConfigMap TOML
-    (FLUXMQ_CONFIG), the mounted secret file, the computed FLUXMQ_PEERS, all validated by
+    (FLUXMQ_CONFIG), the mounted secret files, the computed FLUXMQ_PEERS, all validated by
     fluxmq.config.load as at start."""
     secret = "0123456789abcdef" * 4
-    proc = run_entrypoint(tmp_path, f"fluxmq-{ordinal}", LOAD_CONFIG, secret=secret)
+    admin_key = new_key("production")
+    proc = run_entrypoint(
+        tmp_path, f"fluxmq-{ordinal}", LOAD_CONFIG, secret_contents(secret, admin_key)
+    )
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(proc.stdout)
     toml = config_toml()
@@ -533,9 +556,31 @@ def test_pod_configuration_loads_through_the_node_config(tmp_path: Path, ordinal
         raft_address(f"fluxmq-{i}") for i in range(3) if i != ordinal
     ]
     assert cfg["cluster_secret"] == secret
+    # Clients authenticate (the default in a cluster, not switched off anywhere), and the
+    # first admin key is the operator's admin-key.txt, a key of the bootstrap environment.
+    assert cfg["auth_enabled"] is True and cfg["auth"] in ("auto", "on"), cfg["auth"]
+    assert cfg["auth_bootstrap_key"] == admin_key
+    assert cfg["auth_bootstrap_environment"] == "production"
     assert cfg["etcd"] == "etcd:2379"
     etcd_service = find("Service", cfg["etcd"].rpartition(":")[0])
     assert int(cfg["etcd"].rpartition(":")[2]) in {p["port"] for p in etcd_service["spec"]["ports"]}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "0123456789abcdef" * 4,  # `openssl rand -hex 32 > admin-key.txt`: not a key
+        new_key("staging"),  # fmq_test_sk_: not a key of production, the bootstrap environment
+    ],
+)
+def test_pod_refuses_an_admin_key_file_that_is_not_a_production_key(
+    tmp_path: Path, content: str
+) -> None:
+    """The replica stops at start (configuration error) instead of running without an admin."""
+    proc = run_entrypoint(tmp_path, "fluxmq-0", LOAD_CONFIG, secret_contents(admin_key=content))
+    assert proc.returncode != 0, proc.stdout
+    assert "auth_bootstrap_key_file" in proc.stderr, proc.stderr
+    assert content not in proc.stderr, "the error must not show the file's content"
 
 
 # -- Prometheus ----------------------------------------------------------------------------------

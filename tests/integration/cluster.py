@@ -9,21 +9,39 @@ from pathlib import Path
 import grpc
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2, queue_pb2_grpc
+from fluxmq.core.auth import new_key
 from tests.integration.conftest import Node, free_port
 
 SECRET = "integration-test-secret-0123456789"
 
 
 class Cluster:
+    """With ``--etcd`` among ``extra`` the cluster authenticates (the default in cluster mode):
+    a production admin key is bootstrapped from a file, and ``channel()`` of every node, like
+    ``metadata``, presents it. Without etcd there is nowhere to keep keys, so the cluster runs
+    with ``--auth off``, as an operator of a static-peer cluster must say explicitly."""
+
     def __init__(self, root: Path, n: int = 3, *extra: str, secret: str = SECRET) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.raft = [f"127.0.0.1:{free_port()}" for _ in range(n)]
         self.nodes: list[Node] = []
-        self.metadata: tuple[tuple[str, str], ...] = ()  # e.g. an API key, when auth is on
+        self.api_key = ""
+        if "--auth" not in extra:
+            if "--etcd" in extra:
+                self.api_key = new_key("production")
+                key_file = root / "admin.key"
+                key_file.write_text(self.api_key + "\n")
+                extra = (*extra, "--auth-bootstrap-key-file", str(key_file))
+            else:
+                extra = (*extra, "--auth", "off")
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+        )
         for i, addr in enumerate(self.raft):
             peers = ",".join(a for a in self.raft if a != addr)
             node = Node(root / f"n{i}", "--raft-listen", addr, "--peers", peers, *extra)
             node.env = {**os.environ, "FLUXMQ_CLUSTER_SECRET": secret}
+            node.api_key = self.api_key
             self.nodes.append(node)
 
     def start(self) -> None:

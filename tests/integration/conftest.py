@@ -20,14 +20,55 @@ from fluxmq._pb.v1 import queue_pb2_grpc
 STARTUP_TIMEOUT_S = 30.0
 
 
+_ISSUED: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, and never one this process handed out before: the kernel
+    may offer a just-released port again, and one cluster asks for several at once."""
+    for _ in range(1_000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _ISSUED:
+            _ISSUED.add(port)
+            return port
+    raise RuntimeError("no fresh free port in 1000 tries")
+
+
+class _Authorize(  # type: ignore[misc]
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds ``authorization: Bearer <key>`` to every call that does not carry its own."""
+
+    def __init__(self, api_key: str) -> None:
+        self._header = ("authorization", f"Bearer {api_key}")
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = list(details.metadata or ())
+        if any(k == "authorization" for k, _ in metadata):
+            return details
+        return details._replace(metadata=[*metadata, self._header])  # type: ignore[attr-defined,no-any-return]
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return continuation(self._details(details), requests)
 
 
 class Node:
-    """One `fluxmq serve` process with its data dir; can be killed and restarted."""
+    """One `fluxmq serve` process with its data dir; can be killed and restarted. With
+    ``api_key`` set, every call on ``channel()`` presents it (unless the call brings its own)."""
 
     def __init__(self, data_dir: Path, *extra: str) -> None:
         self.data_dir = data_dir
@@ -37,6 +78,7 @@ class Node:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.env: dict[str, str] | None = None  # None: inherit this process's environment
+        self.api_key = ""
 
     @property
     def address(self) -> str:
@@ -88,7 +130,51 @@ class Node:
             raise
 
     def channel(self) -> grpc.Channel:
-        return grpc.insecure_channel(self.address)
+        return authorized_channel(self.address, self.api_key)
+
+
+def authorized_channel(address: str, api_key: str) -> grpc.Channel:
+    """A plaintext channel to ``address`` whose calls present ``api_key`` ('' for none)."""
+    channel = grpc.insecure_channel(address)
+    if not api_key:
+        return channel
+    return _AuthorizedChannel(channel, api_key)
+
+
+class _AuthorizedChannel(grpc.Channel):  # type: ignore[misc]
+    """An intercepted channel that still closes (and works as a context manager) like the
+    channel under it: tests write ``with node.channel() as ch``."""
+
+    def __init__(self, channel: grpc.Channel, api_key: str) -> None:
+        self._raw = channel
+        self._channel = grpc.intercept_channel(channel, _Authorize(api_key))
+
+    def subscribe(self, callback, try_to_connect=False):  # type: ignore[no-untyped-def]
+        self._raw.subscribe(callback, try_to_connect)
+
+    def unsubscribe(self, callback):  # type: ignore[no-untyped-def]
+        self._raw.unsubscribe(callback)
+
+    def unary_unary(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._channel.unary_unary(*args, **kwargs)
+
+    def unary_stream(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._channel.unary_stream(*args, **kwargs)
+
+    def stream_unary(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._channel.stream_unary(*args, **kwargs)
+
+    def stream_stream(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._channel.stream_stream(*args, **kwargs)
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> _AuthorizedChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ class MemberProcess:
         events: Path,
         session_ms: int = 3000,
         seconds: float = 120,
+        api_key: str = "",
     ) -> None:
         self.consumer = consumer
         self.killed_at: float | None = None
@@ -37,7 +39,8 @@ class MemberProcess:
         ]  # fmt: skip
         self.log_path = events.parent / f"{consumer}.log"
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child process owns it
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        env = {**os.environ, "FLUXMQ_API_KEY": api_key}
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def kill9(self) -> None:
         self.killed_at = time.monotonic()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -40,6 +41,8 @@ class Member:
         self.member_id = ""
         self.generation = 0
         self.held: set[int] = set()
+        key = os.environ.get("FLUXMQ_API_KEY", "")  # a cluster authenticates its clients
+        self.metadata = (("authorization", f"Bearer {key}"),) if key else None
 
     def log(self, ev: str, **fields: Any) -> None:
         rec = {"t": time.monotonic(), "c": self.args.consumer, "ev": ev, **fields}
@@ -50,7 +53,7 @@ class Member:
         deadline = time.monotonic() + 30
         while True:
             try:
-                return getattr(self.stub, name)(req, timeout=10)
+                return getattr(self.stub, name)(req, timeout=10, metadata=self.metadata)
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise

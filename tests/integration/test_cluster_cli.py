@@ -157,6 +157,13 @@ def test_cluster_up_status_use_down(cluster_dir: Path) -> None:
     pids = [int(state["etcd"]["pid"])] + [int(n["pid"]) for n in state["nodes"]]
     assert [n["grpc_port"] for n in state["nodes"]] == [base, base + 10, base + 20]
     assert (cluster_dir / "secret").stat().st_mode & 0o777 == 0o600
+    # Clients authenticate (a cluster's default): the admin key is generated, private, and `up`
+    # says how to use it.
+    key_file = cluster_dir / "admin.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text().strip()
+    assert key.startswith("fmq_live_sk_") and f"FLUXMQ_API_KEY=$(cat {key_file})" in up.stdout
+    md = (("authorization", f"Bearer {key}"),)
 
     status = fluxmq("cluster", "status", "--dir", d)
     assert status.returncode == 0, status.stdout + status.stderr
@@ -170,22 +177,29 @@ def test_cluster_up_status_use_down(cluster_dir: Path) -> None:
     assert again.returncode == 1 and "already running" in again.stderr
     assert json.loads((cluster_dir / STATE_FILE).read_text()) == state
 
-    # Publish and fetch through node 2 (whichever node leads).
+    # Publish and fetch through node 2 (whichever node leads); without the key: refused.
     with grpc.insecure_channel(f"127.0.0.1:{base + 10}") as ch:
         stub = queue_pb2_grpc.QueueServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ListQueues(queue_pb2.ListQueuesRequest(), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         stub.CreateQueue(
             queue_pb2.CreateQueueRequest(config=queue_pb2.QueueConfig(name="cli", partitions=1)),
             timeout=30,
+            metadata=md,
         )
         sent = stub.Publish(
             queue_pb2.PublishRequest(
                 queue="cli", messages=[queue_pb2.PublishMessage(value=b"via node2")]
             ),
             timeout=30,
+            metadata=md,
         )
         assert sent.results[0].offset == 0
         got = stub.Fetch(
-            queue_pb2.FetchRequest(queue="cli", partition=0, offset=0, wait_ms=2000), timeout=30
+            queue_pb2.FetchRequest(queue="cli", partition=0, offset=0, wait_ms=2000),
+            timeout=30,
+            metadata=md,
         )
         assert [r.value for r in got.records] == [b"via node2"]
 
@@ -205,7 +219,9 @@ def test_cluster_up_status_use_down(cluster_dir: Path) -> None:
     pids.append(int(restarted))
     with grpc.insecure_channel(f"127.0.0.1:{base + 10}") as ch:
         got = queue_pb2_grpc.QueueServiceStub(ch).Fetch(
-            queue_pb2.FetchRequest(queue="cli", partition=0, offset=0, wait_ms=5000), timeout=30
+            queue_pb2.FetchRequest(queue="cli", partition=0, offset=0, wait_ms=5000),
+            timeout=30,
+            metadata=md,
         )
         assert [r.value for r in got.records] == [b"via node2"]
 

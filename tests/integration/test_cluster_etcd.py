@@ -245,7 +245,10 @@ def test_leader_failover_keeps_consumer_groups(cluster: Cluster, tmp_path: Path)
     events = tmp_path / "events.jsonl"
     addresses = [n.address for n in cluster.nodes]
     members = [
-        MemberProcess(addresses, queue, "g", f"c{i}", events, session_ms=4000) for i in range(2)
+        MemberProcess(
+            addresses, queue, "g", f"c{i}", events, session_ms=4000, api_key=cluster.api_key
+        )
+        for i in range(2)
     ]
     try:
         follower = next(n for n in cluster.nodes if n is not cluster.wait_leader())

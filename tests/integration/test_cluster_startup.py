@@ -53,6 +53,19 @@ def test_cluster_mode_without_peers_is_a_configuration_error(tmp_path: Path) -> 
     assert "peers" in r.stderr
 
 
+def test_a_cluster_without_etcd_refuses_to_start_open_unless_told(tmp_path: Path) -> None:
+    # Auth is on by default in cluster mode and the keys live in etcd: a static-peer cluster
+    # must say auth = off, never silently run without authentication.
+    r = run_node(
+        tmp_path,
+        "--raft-listen", f"127.0.0.1:{free_port()}",
+        "--peers", f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}",
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert "auth: a cluster keeps its API keys in etcd" in r.stderr
+    assert "auth = off" in r.stderr and "on by default in cluster mode" in r.stderr
+
+
 def test_a_raft_port_in_use_is_a_clear_startup_error(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -62,6 +75,7 @@ def test_a_raft_port_in_use_is_a_clear_startup_error(tmp_path: Path) -> None:
             tmp_path,
             "--raft-listen", f"127.0.0.1:{port}",
             "--peers", f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}",
+            "--auth", "off",
         )  # fmt: skip
     assert r.returncode == 1
     assert f"raft address 127.0.0.1:{port} is not available" in r.stderr
@@ -74,6 +88,7 @@ def test_a_data_dir_of_a_single_node_is_refused_in_cluster_mode(tmp_path: Path) 
         tmp_path,
         "--raft-listen", f"127.0.0.1:{free_port()}",
         "--peers", f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}",
+        "--auth", "off",
     )  # fmt: skip
     assert r.returncode == 1
     assert "belongs to a 'single' node" in r.stderr

@@ -15,16 +15,21 @@ import pytest
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.cluster import EtcdMetadataStore, GroupInfo
-from fluxmq.launcher import LocalCluster
+from fluxmq.core.auth import new_key
+from fluxmq.launcher import ADMIN_KEY_FILE, LocalCluster
+from tests.integration.conftest import authorized_channel
 from tests.integration.group_helpers import wait_for
 from tests.integration.rpc_helpers import rich_error
 from tests.integration.test_cluster_cli import free_port_range
 
 pytestmark = pytest.mark.slow
+KEY = new_key("production")  # every test's cluster bootstraps this admin key
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / ADMIN_KEY_FILE).write_text(KEY + "\n")
     c = LocalCluster(tmp_path / "c", nodes=3, base_port=free_port_range(), etcd_port=0)
     c.up()
     try:
@@ -45,12 +50,12 @@ def metadata(c: LocalCluster, call: str, *args: object) -> object:
 
 
 def stub(address: str) -> tuple[grpc.Channel, queue_pb2_grpc.QueueServiceStub]:
-    ch = grpc.insecure_channel(address)
+    ch = authorized_channel(address, KEY)
     return ch, queue_pb2_grpc.QueueServiceStub(ch)
 
 
 def shards_of(address: str) -> set[str]:
-    with grpc.insecure_channel(address) as ch:
+    with authorized_channel(address, KEY) as ch:
         st = admin_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(
             admin_pb2.GetClusterStatusRequest(), timeout=10
         )
@@ -58,7 +63,7 @@ def shards_of(address: str) -> set[str]:
 
 
 def groups_seen_by(address: str) -> set[str]:
-    with grpc.insecure_channel(address) as ch:
+    with authorized_channel(address, KEY) as ch:
         st = admin_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(
             admin_pb2.GetClusterStatusRequest(), timeout=10
         )

@@ -1,14 +1,12 @@
 """TLS on the gRPC port (issue 10): server certificate, mutual TLS, TLS between nodes when they
 forward calls, and a bad TLS setting stopping the node at start.
 
-Certificates are made here with ``cryptography``: a CA, node certificates naming 127.0.0.1 and
-localhost, a client certificate, and a CA (with its own client certificate) nobody trusts."""
+Certificates come from tests/certs.py: a CA, node certificates naming 127.0.0.1 and localhost,
+a client certificate, and a CA (with its own client certificate) nobody trusts."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import os
 import subprocess
 import sys
@@ -20,15 +18,14 @@ from types import SimpleNamespace
 import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.cluster import EtcdMetadataStore, GroupInfo
+from fluxmq.core.auth import new_key
 from fluxmq.server.forwarding import FORWARDED_KEY, forwarded_metadata
 from fluxmq.server.tls import names_host
+from tests.certs import LOCAL_SANS, Authority, CertFiles, Issued
 from tests.etcd_server import EtcdServer
 from tests.integration.cluster import SECRET
 from tests.integration.conftest import Node, free_port
@@ -44,136 +41,56 @@ EXIT_TIMEOUT_S = 30.0
 
 
 @dataclass
-class Issued:
-    cert: Path
-    key: Path
-
-    def pair(self) -> tuple[bytes, bytes]:
-        return self.key.read_bytes(), self.cert.read_bytes()
-
-
-class Authority:
-    """A CA that writes what it issues under ``directory``."""
-
-    def __init__(self, directory: Path, name: str) -> None:
-        self.directory = directory
-        self.name = name
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} CA")])
-        now = datetime.datetime.now(datetime.UTC)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
-        self.bundle = directory / f"{name}-ca.pem"
-        self.bundle.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
-
-    def issue(
-        self,
-        filename: str,
-        *,
-        server: bool,
-        client: bool,
-        days: float = 1.0,
-        dns: tuple[str, ...] = ("localhost",),
-    ) -> Issued:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        usages = [ExtendedKeyUsageOID.SERVER_AUTH] * server + [ExtendedKeyUsageOID.CLIENT_AUTH] * (
-            client
-        )
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, filename)]))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=2))
-            .not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        )
-        if server:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [
-                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                        *(x509.DNSName(name) for name in dns),
-                    ]
-                ),
-                critical=False,
-            )
-        cert = builder.sign(self.key, hashes.SHA256())
-        out = Issued(self.directory / f"{filename}.crt", self.directory / f"{filename}.key")
-        out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        out.key.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        out.key.chmod(0o600)
-        return out
-
-
-@dataclass
 class Pki:
     ca: Authority
-    node: Issued  # serverAuth + clientAuth, SAN 127.0.0.1 / localhost: every node uses it
-    client: Issued  # clientAuth, signed by ca
-    other_ca: Authority  # trusted by nobody
-    other_node: Issued  # a server certificate of other_ca, same SANs
-    other_client: Issued  # a client certificate of other_ca
+    ca_file: Path
+    node: CertFiles  # serverAuth + clientAuth, SAN 127.0.0.1 / localhost: every node uses it
+    client: CertFiles  # clientAuth, signed by ca
+    other_ca_file: Path  # a CA trusted by nobody
+    other_node: CertFiles  # a server certificate of the other CA, same SANs
+    other_client: CertFiles  # a client certificate of the other CA
+
+
+def node_cert(ca: Authority, name: str, *, expired: bool = False) -> Issued:
+    """A certificate a node serves and forwards with: serverAuth + clientAuth, 127.0.0.1 and
+    localhost."""
+    return ca.issue(name, sans=LOCAL_SANS, server=True, client=True, expired=expired)
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     d = tmp_path_factory.mktemp("pki")
-    ca, other = Authority(d, "fluxmq"), Authority(d, "other")
+    ca, other = Authority("fluxmq CA"), Authority("other CA")
     return Pki(
         ca=ca,
-        node=ca.issue("node", server=True, client=True),
-        client=ca.issue("client", server=False, client=True),
-        other_ca=other,
-        other_node=other.issue("other-node", server=True, client=True),
-        other_client=other.issue("other-client", server=False, client=True),
+        ca_file=ca.write(d / "fluxmq-ca.pem"),
+        node=node_cert(ca, "node").write(d, "node"),
+        client=ca.issue("client", client=True).write(d, "client"),
+        other_ca_file=other.write(d / "other-ca.pem"),
+        other_node=node_cert(other, "other-node").write(d, "other-node"),
+        other_client=other.issue("other-client", client=True).write(d, "other-client"),
     )
 
 
-def credentials(ca: Path, client: Issued | None = None) -> grpc.ChannelCredentials:
+def credentials(
+    ca: Path, client: CertFiles | None = None, *, api_key: str = ""
+) -> grpc.ChannelCredentials:
+    """TLS trusting ``ca``, with ``client``'s certificate (mTLS) and, given ``api_key``,
+    ``authorization: Bearer <api_key>`` on every call."""
     key, chain = client.pair() if client is not None else (None, None)
-    return grpc.ssl_channel_credentials(
+    tls = grpc.ssl_channel_credentials(
         root_certificates=ca.read_bytes(), private_key=key, certificate_chain=chain
     )
+    if not api_key:
+        return tls
+    return grpc.composite_channel_credentials(tls, grpc.access_token_call_credentials(api_key))
 
 
 def tls_flags(pki: Pki, *, mtls: bool) -> tuple[str, ...]:
     flags = (
         "--tls-cert-file", str(pki.node.cert),
         "--tls-key-file", str(pki.node.key),
-        "--tls-ca-file", str(pki.ca.bundle),
+        "--tls-ca-file", str(pki.ca_file),
     )  # fmt: skip
     return (*flags, "--tls-client-auth") if mtls else flags
 
@@ -211,7 +128,7 @@ def refused(channel: grpc.Channel) -> grpc.RpcError:
 def tls_node(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsNode]:
     n = TlsNode(
         tmp_path_factory.mktemp("tls") / "node",
-        credentials(pki.ca.bundle),
+        credentials(pki.ca_file),
         "--tls-cert-file", str(pki.node.cert),
         "--tls-key-file", str(pki.node.key),
     )  # fmt: skip
@@ -224,7 +141,7 @@ def tls_node(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tls
 def mtls_node(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsNode]:
     n = TlsNode(
         tmp_path_factory.mktemp("mtls") / "node",
-        credentials(pki.ca.bundle, pki.client),
+        credentials(pki.ca_file, pki.client),
         *tls_flags(pki, mtls=True),
     )
     n.start()
@@ -243,7 +160,7 @@ def test_a_client_trusting_the_ca_talks_tls(tls_node: TlsNode, pki: Pki) -> None
         stats = stub.GetQueueStats(pb.GetQueueStatsRequest(name="q"), timeout=RPC_TIMEOUT_S)
         assert stats.messages == 1
     # The name in the certificate is checked: localhost is one of its SANs too.
-    with grpc.secure_channel(f"localhost:{tls_node.port}", credentials(pki.ca.bundle)) as ch:
+    with grpc.secure_channel(f"localhost:{tls_node.port}", credentials(pki.ca_file)) as ch:
         stats = queue_pb2_grpc.QueueServiceStub(ch).GetQueueStats(
             pb.GetQueueStatsRequest(name="q"), timeout=RPC_TIMEOUT_S
         )
@@ -257,29 +174,29 @@ def test_a_plaintext_client_is_refused(tls_node: TlsNode) -> None:
 
 
 def test_a_client_trusting_another_ca_is_refused(tls_node: TlsNode, pki: Pki) -> None:
-    with grpc.secure_channel(tls_node.address, credentials(pki.other_ca.bundle)) as ch:
+    with grpc.secure_channel(tls_node.address, credentials(pki.other_ca_file)) as ch:
         refused(ch)
 
 
 def test_a_node_with_another_cas_certificate_is_not_trusted(pki: Pki, tmp_path: Path) -> None:
     n = TlsNode(
         tmp_path / "node",
-        credentials(pki.other_ca.bundle),
+        credentials(pki.other_ca_file),
         "--tls-cert-file", str(pki.other_node.cert),
         "--tls-key-file", str(pki.other_node.key),
     )  # fmt: skip
     n.start()
     try:
-        with grpc.secure_channel(n.address, credentials(pki.ca.bundle)) as ch:
+        with grpc.secure_channel(n.address, credentials(pki.ca_file)) as ch:
             refused(ch)
     finally:
         n.stop()
 
 
 def test_mtls_requires_a_client_certificate_of_the_ca(mtls_node: TlsNode, pki: Pki) -> None:
-    with grpc.secure_channel(mtls_node.address, credentials(pki.ca.bundle)) as ch:
+    with grpc.secure_channel(mtls_node.address, credentials(pki.ca_file)) as ch:
         refused(ch)  # no client certificate
-    with grpc.secure_channel(mtls_node.address, credentials(pki.ca.bundle, pki.other_client)) as ch:
+    with grpc.secure_channel(mtls_node.address, credentials(pki.ca_file, pki.other_client)) as ch:
         refused(ch)  # a client certificate of a CA the node does not trust
     with grpc.insecure_channel(mtls_node.address) as ch:
         refused(ch)
@@ -294,6 +211,10 @@ def test_mtls_requires_a_client_certificate_of_the_ca(mtls_node: TlsNode, pki: P
 
 
 def test_nodes_forward_calls_to_each_other_over_mtls(pki: Pki, tmp_path: Path) -> None:
+    # Cluster mode authenticates by default: the nodes bootstrap an admin key, the test presents it.
+    api_key = new_key("production")
+    key_file = tmp_path / "admin.key"
+    key_file.write_text(api_key + "\n")
     with EtcdServer() as etcd:
         raft = [f"127.0.0.1:{free_port()}" for _ in range(3)]
         nodes = []
@@ -301,12 +222,13 @@ def test_nodes_forward_calls_to_each_other_over_mtls(pki: Pki, tmp_path: Path) -
             peers = ",".join(a for a in raft if a != addr)
             node = TlsNode(
                 tmp_path / f"n{i}",
-                credentials(pki.ca.bundle, pki.client),
+                credentials(pki.ca_file, pki.client, api_key=api_key),
                 "--raft-listen", addr,
                 "--peers", peers,
                 "--etcd", etcd.endpoint,
                 "--node-id", f"n{i}",
                 "--node-ttl-ms", "2000",
+                "--auth-bootstrap-key-file", str(key_file),
                 *tls_flags(pki, mtls=True),
             )  # fmt: skip
             node.env = {**os.environ, "FLUXMQ_CLUSTER_SECRET": SECRET}
@@ -430,8 +352,10 @@ def serve_and_fail(data_dir: Path, *flags: str) -> str:
 def test_bad_tls_settings_stop_the_node_naming_the_setting(pki: Pki, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a pem file\n")
-    expired = pki.ca.issue("expired", server=True, client=True, days=-1)
-    server_only = pki.ca.issue("server-only", server=True, client=False)
+    expired = node_cert(pki.ca, "expired", expired=True).write(tmp_path, "expired")
+    server_only = pki.ca.issue("server-only", sans=LOCAL_SANS, server=True).write(
+        tmp_path, "server-only"
+    )
     cases: list[tuple[tuple[str, ...], str, str]] = [
         (
             ("--tls-cert-file", str(pki.node.key), "--tls-key-file", str(pki.node.key)),
@@ -462,7 +386,7 @@ def test_bad_tls_settings_stop_the_node_naming_the_setting(pki: Pki, tmp_path: P
             (
                 *("--tls-cert-file", str(server_only.cert)),
                 *("--tls-key-file", str(server_only.key)),
-                *("--tls-ca-file", str(pki.ca.bundle), "--tls-client-auth"),
+                *("--tls-ca-file", str(pki.ca_file), "--tls-client-auth"),
             ),
             "tls_cert_file",
             "clientAuth",
@@ -483,7 +407,7 @@ def test_the_advertised_host_check_matches_as_grpc_does(pki: Pki) -> None:
     cert = x509.load_pem_x509_certificate(pki.node.cert.read_bytes())
     assert names_host(cert, "127.0.0.1") and names_host(cert, "localhost")
     assert not names_host(cert, "127.0.0.2") and not names_host(cert, "node-0.fluxmq")
-    wildcard = pki.ca.issue("wild", server=True, client=True, dns=("*.fluxmq.svc",))
-    cert = x509.load_pem_x509_certificate(wildcard.cert.read_bytes())
+    wildcard = pki.ca.issue("wild", sans=("127.0.0.1", "*.fluxmq.svc"), server=True, client=True)
+    cert = x509.load_pem_x509_certificate(wildcard.cert_pem)
     assert names_host(cert, "fluxmq-0.fluxmq.svc")
     assert not names_host(cert, "a.b.fluxmq.svc") and not names_host(cert, "fluxmq.svc")

@@ -48,6 +48,7 @@ def test_bad_setting_stops_start_with_its_name(
 CLUSTER_ENV = {
     "FLUXMQ_RAFT_LISTEN": "fluxmq-0.fluxmq-headless:7100",
     "FLUXMQ_PEERS": "fluxmq-1.fluxmq-headless:7100,fluxmq-2.fluxmq-headless:7100",
+    "FLUXMQ_ETCD": "etcd:2379",
 }
 
 
@@ -119,3 +120,30 @@ def test_raft_bind_is_validated_and_needs_cluster_mode() -> None:
         load(["--raft-bind", "7100"], environ=env)
     with pytest.raises(ConfigError, match="raft_bind: needs raft_listen"):
         load(["--raft-bind", "0.0.0.0:7100"], environ={})
+
+
+def test_auth_is_on_by_default_in_cluster_mode_and_off_on_a_single_node() -> None:
+    env = {**CLUSTER_ENV, "FLUXMQ_CLUSTER_SECRET": "s" * 32}
+    assert load([], environ=env).auth_enabled
+    assert not load([], environ={}).auth_enabled
+    assert load(["--auth", "on"], environ={}).auth_enabled
+    assert not load(["--auth", "off"], environ=env).auth_enabled
+
+
+def test_cluster_without_etcd_must_turn_auth_off_explicitly() -> None:
+    static = {k: v for k, v in CLUSTER_ENV.items() if k != "FLUXMQ_ETCD"}
+    env = {**static, "FLUXMQ_CLUSTER_SECRET": "s" * 32}
+    with pytest.raises(ConfigError, match="auth: a cluster keeps its API keys in etcd"):
+        load([], environ=env)
+    with pytest.raises(ConfigError, match="auth: a cluster keeps its API keys in etcd"):
+        load(["--auth", "on"], environ=env)
+    assert load(["--auth", "off"], environ=env).auth == "off"
+
+
+def test_bootstrap_key_file_without_authentication_is_refused(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("fmq_live_sk_" + "a" * 32 + "\n")
+    with pytest.raises(ConfigError, match="auth_bootstrap_key_file: needs authentication"):
+        load(["--auth-bootstrap-key-file", str(key)], environ={})
+    with pytest.raises(ConfigError, match="auth: 'maybe' is not auto, on or off"):
+        load(["--auth", "maybe"], environ={})

@@ -128,3 +128,48 @@ def test_malformed_input_never_crashes_and_never_bypasses_auth(
 def test_admit_is_synchronous_so_the_hot_path_never_awaits() -> None:
     # admit() is synchronous: nothing in the hot path awaits.
     assert not asyncio.iscoroutinefunction(Guard.admit)
+
+
+def test_a_key_admitted_before_is_refused_once_revoked() -> None:
+    # The guard remembers values it has checked; a revocation (a new record from the watch) or
+    # a reload must make it check again.
+    g = guard()
+    md = [("authorization", f"Bearer {ADMIN}")]
+    request = pb.GetQueueRequest(name="prod-q")
+    assert g.admit("GetQueue", request, md).role == "admin"
+    staging = [("authorization", f"Bearer {PRODUCER}")]
+    assert g.admit("GetQueue", pb.GetQueueRequest(name="stage-q"), staging).role == "producer"
+    key_id = ADMIN[len("fmq_live_sk_") :][:8]
+    g.keys.records[key_id] = replace(g.keys.records[key_id], revoked_ms=2000)
+    try:
+        g.admit("GetQueue", request, md)
+    except FluxError as err:
+        assert err.reason == "INVALID_API_KEY" and "revoked" in err.message
+    else:
+        raise AssertionError("a revoked key was admitted from the guard's memory")
+    g.keys.records = {}  # a reload that no longer has the key
+    try:
+        g.admit("GetQueue", pb.GetQueueRequest(name="stage-q"), staging)
+    except FluxError as err:
+        assert err.reason == "INVALID_API_KEY"
+    else:
+        raise AssertionError("a key missing from the reloaded records was admitted")
+
+
+def test_a_value_close_to_an_admitted_key_is_not_admitted() -> None:
+    g = guard()
+    assert g.admit(
+        "GetQueue", pb.GetQueueRequest(name="prod-q"), [("authorization", f"Bearer {ADMIN}")]
+    )
+    for other in (ADMIN[:-1] + ("x" if ADMIN[-1] != "x" else "y"), ADMIN + " ", ADMIN.upper()):
+        try:
+            identity = g.admit(
+                "GetQueue",
+                pb.GetQueueRequest(name="prod-q"),
+                [("authorization", f"Bearer {other}")],
+            )
+        except FluxError as err:
+            assert err.reason == "INVALID_API_KEY"
+        else:
+            # Trailing space is stripped by the bearer parser: the same key, checked afresh.
+            assert other.strip() == ADMIN and identity.role == "admin"
