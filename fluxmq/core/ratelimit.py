@@ -59,7 +59,8 @@ class RateLimiter:
     def take(self, key_id: str, rate_class: str, limit: Limit, n: int, now_ms: int) -> int:
         slot = (key_id, rate_class)
         bucket = self._buckets.get(slot)
-        if bucket is None or bucket.limit != limit:
+        # `is not` first: the limits of a tier are built once, so equality is rarely needed.
+        if bucket is None or (bucket.limit is not limit and bucket.limit != limit):
             bucket = Bucket(limit, float(limit.burst), now_ms)
             self._buckets[slot] = bucket
             while len(self._buckets) > self.buckets_max:

@@ -191,12 +191,25 @@ def queues_of(request: Any) -> list[str]:
         if request.config.dead_letter_queue:
             names.append(request.config.dead_letter_queue)
         return names
+    kind = type(request)
+    field_name = _QUEUE_FIELD.get(kind, "?")
+    if field_name == "?":
+        field_name = _QUEUE_FIELD[kind] = _queue_field(request)
+    if not field_name:
+        return []
+    value = str(getattr(request, field_name))
+    return [value] if value else []
+
+
+_QUEUE_FIELD: dict[type, str] = {}  # message type -> its field naming a queue ("" for none)
+
+
+def _queue_field(request: Any) -> str:
     fields = request.DESCRIPTOR.fields_by_name
     for name in ("queue", "name"):
         if name in fields and fields[name].type == fields[name].TYPE_STRING:
-            value = str(getattr(request, name))
-            return [value] if value else []
-    return []
+            return name
+    return ""
 
 
 def _cost(method: str, request: Any) -> int:

@@ -45,9 +45,13 @@ class Cluster:
             self.nodes.append(node)
 
     def start(self) -> None:
-        for n in self.nodes:
-            n.start()
-        self.wait_leader()
+        try:
+            for n in self.nodes:
+                n.start()
+            self.wait_leader()
+        except BaseException:
+            self.stop()  # no node outlives a failed start
+            raise
 
     def stop(self) -> None:
         for n in self.nodes:
