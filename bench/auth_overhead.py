@@ -108,6 +108,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="length of one slice")
     ap.add_argument("--pairs", type=int, default=10, help="slice pairs per batch size (1..50)")
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help="both nodes with auth off (an A/A run): the bias and noise floor of the method",
+    )
     ap.add_argument("--write-results", action="store_true")
     args = ap.parse_args()
     pairs = max(1, min(args.pairs, 50))
@@ -119,7 +124,7 @@ def main() -> None:
     nodes = {}
     try:
         for auth, root in roots.items():
-            nodes[auth] = start(root, auth)
+            nodes[auth] = start(root, auth and not args.control)
         for batch in (1, 100):
             for _, address, key in nodes.values():
                 create_queue(address, key, f"q{batch}")
