@@ -43,9 +43,12 @@ class MemberProcess:
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def kill9(self) -> None:
-        self.killed_at = time.monotonic()
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
+        # Taken once the process is reaped, not before the signal: a member still running
+        # between the two may log a lease after a timestamp taken too early. Nobody else may
+        # take its partitions before its session lapses, so this later bound is still strict.
+        self.killed_at = time.monotonic()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
