@@ -33,6 +33,7 @@ import lmdb
 
 from fluxmq.cluster.metadata import (
     API_KEYS_MAX,
+    API_KEYS_READ_MAX,
     GROUPS_MAX,
     NODES_MAX,
     AlreadyExists,
@@ -77,6 +78,7 @@ from fluxmq.cluster.metadata import (
     encode_placement,
     encode_setting,
     key_limit_reached,
+    keys_to_forget,
     sort_api_keys,
 )
 from fluxmq.core.auth import KeyRecord
@@ -565,8 +567,6 @@ class EmbeddedMetadataStore:
             stored = [
                 decode_api_key(entry.record, name) for name, entry in self._scan(txn, "api_key")
             ]
-            if len(stored) >= API_KEYS_MAX:
-                raise LimitExceeded(f"at most {API_KEYS_MAX} api keys (revoked ones included)")
             active = [
                 r.key_id
                 for r in stored
@@ -574,8 +574,15 @@ class EmbeddedMetadataStore:
             ]
             if len(active) >= active_max:
                 raise key_limit_reached(record.environment, record.role, active)
+            forgotten = keys_to_forget(stored, API_KEYS_MAX)
+            for key_id in forgotten:
+                txn.delete(_key("api_key", key_id))
+                txn.delete(_key("api_key_usage", key_id))
             self._put(txn, key, encode_api_key(record), self._next_revision(txn))
-        self._publish(MetadataEvent("api_key", record.key_id))
+        self._publish(
+            *(MetadataEvent("api_key", key_id, deleted=True) for key_id in forgotten),
+            MetadataEvent("api_key", record.key_id),
+        )
 
     async def revoke_api_key(self, key_id: str, revoked_ms: int) -> KeyRecord:
         check_key_id(key_id)
@@ -603,8 +610,8 @@ class EmbeddedMetadataStore:
         found: list[KeyRecord] = []
         with self._read() as txn:
             for name, entry in self._scan(txn, "api_key"):
-                if len(found) == API_KEYS_MAX:
-                    raise LimitExceeded(f"more than {API_KEYS_MAX} api keys are stored")
+                if len(found) == API_KEYS_READ_MAX:
+                    raise LimitExceeded(f"more than {API_KEYS_READ_MAX} api keys are stored")
                 found.append(decode_api_key(entry.record, name))
         return sort_api_keys(found)
 
@@ -630,8 +637,8 @@ class EmbeddedMetadataStore:
         found: dict[str, int] = {}
         with self._read() as txn:
             for name, entry in self._scan(txn, "api_key_usage"):
-                if len(found) == API_KEYS_MAX:
-                    raise LimitExceeded(f"more than {API_KEYS_MAX} api key usage records")
+                if len(found) == API_KEYS_READ_MAX:
+                    raise LimitExceeded(f"more than {API_KEYS_READ_MAX} api key usage records")
                 found[name] = decode_key_usage(entry.record, name)
         return found
 

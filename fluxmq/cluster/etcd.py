@@ -18,7 +18,9 @@ Layout under the prefix (default ``/fluxmq/``): ``nodes/<id>`` (leased), ``group
   removes the id. A writer that loses re-reads and tries again, at most KEY_CAS_ATTEMPTS times
   (then RevisionConflict), so of concurrent creators on any number of nodes only as many win as
   there are free slots. Last-used times live in their own keys, so touching never makes a
-  revocation retry; they move forward by compare-and-set too.
+  revocation retry; they move forward by compare-and-set too, guarded by the record's create
+  revision so that no usage record outlives its key. At API_KEYS_MAX keys a create first
+  deletes the longest-revoked ones (record and usage), each only while unchanged.
 - Every public call runs under one deadline (``timeout_ms``, default 2 s). Connection failures,
   timeouts and etcd-side unavailability become ``MetadataUnavailable``; the gRPC channel retries
   connecting with a short backoff, so calls work again soon after etcd is back.
@@ -47,6 +49,7 @@ import aetcd.rpc
 
 from fluxmq.cluster.metadata import (
     API_KEYS_MAX,
+    API_KEYS_READ_MAX,
     EVENT_KINDS,
     GROUPS_MAX,
     NODES_MAX,
@@ -96,6 +99,7 @@ from fluxmq.cluster.metadata import (
     encode_placement,
     encode_setting,
     key_limit_reached,
+    keys_to_forget,
     sort_api_keys,
 )
 from fluxmq.core.auth import KeyRecord
@@ -108,7 +112,10 @@ PAGE_KEYS = 1000  # keys per etcd range request when reading a whole kind
 LEADER_CAS_ATTEMPTS = 16
 KEY_CAS_ATTEMPTS = 16
 KEY_CAS_BACKOFF_MS = 5  # at most this x the attempt number, at random, between attempts
-TOUCH_BATCH_KEYS = 50  # two gets per key: within etcd's default 128 operations per transaction
+# etcd refuses a transaction with more than 128 compares, or 128 operations on either branch
+# (its default --max-txn-ops): at most two of each per key.
+TOUCH_BATCH_KEYS = 50
+KEYS_FORGOTTEN_PER_TXN = 50
 WATCH_RETRY_MIN_MS = 100
 WATCH_RETRY_MAX_MS = 2000
 
@@ -634,11 +641,11 @@ class EtcdMetadataStore:
                 existing, slots = await self._get_many([key, slots_key])
                 if existing is not None:
                     raise AlreadyExists(f"api key {record.key_id!r} already exists")
-                if attempt == 0 and await self._count("api_key") >= API_KEYS_MAX:
-                    raise LimitExceeded(f"at most {API_KEYS_MAX} api keys (revoked ones included)")
                 active = self._active_ids(slots_key, slots)
                 if len(active) >= active_max:
                     raise key_limit_reached(record.environment, record.role, active)
+                if attempt == 0 and await self._count("api_key") >= API_KEYS_MAX:
+                    await self._forget_revoked_keys()
                 succeeded, _ = await self.client.transaction(
                     compare=[tx.create(key) == 0, self._unchanged(slots_key, slots)],
                     success=[
@@ -656,6 +663,29 @@ class EtcdMetadataStore:
             )
 
         await self._call("create_api_key", create)
+
+    async def _forget_revoked_keys(self) -> None:
+        """Make room for one more key: delete the longest-revoked ones (keys_to_forget). Each
+        delete holds only while its record is unchanged; a racing creator that deleted it
+        first is fine, the count is a soft limit."""
+        found = await self._scan_dir(self._dir("api_key"), API_KEYS_READ_MAX)
+        kvs = dict(found)
+        records = [decode_api_key(bytes(kv.value), name) for name, kv in found]
+        forget = keys_to_forget(records, API_KEYS_MAX)
+        tx = self.client.transactions
+        for start in range(0, len(forget), KEYS_FORGOTTEN_PER_TXN):
+            chunk = forget[start : start + KEYS_FORGOTTEN_PER_TXN]
+            await self.client.transaction(
+                compare=[
+                    tx.mod(self._key("api_key", i)) == int(kvs[i].mod_revision) for i in chunk
+                ],
+                success=[
+                    op
+                    for i in chunk
+                    for op in (tx.delete(self._key("api_key", i)), tx.delete(self._usage_key(i)))
+                ],
+                failure=[],
+            )
 
     async def revoke_api_key(self, key_id: str, revoked_ms: int) -> KeyRecord:
         check_key_id(key_id)
@@ -704,7 +734,7 @@ class EtcdMetadataStore:
 
     async def list_api_keys(self) -> list[KeyRecord]:
         async def list_all() -> list[KeyRecord]:
-            found = await self._scan_dir(self._dir("api_key"), API_KEYS_MAX)
+            found = await self._scan_dir(self._dir("api_key"), API_KEYS_READ_MAX)
             return sort_api_keys([decode_api_key(bytes(kv.value), name) for name, kv in found])
 
         return await self._call("list_api_keys", list_all)
@@ -731,11 +761,15 @@ class EtcdMetadataStore:
             for index, (key_id, used_ms) in enumerate(wanted):
                 record, usage = found[2 * index], found[2 * index + 1]
                 if record is None:
-                    continue  # no such key (records are never deleted, so it stays so)
+                    continue  # no such key, or forgotten since
                 if usage is not None and decode_key_usage(bytes(usage.value), key_id) >= used_ms:
                     continue
                 usage_key = self._usage_key(key_id)
                 compare.append(self._unchanged(usage_key, usage))
+                # The record still exists (a revocation keeps its create revision; forgetting
+                # it does not), so no usage record outlives its key.
+                record_key = self._key("api_key", key_id)
+                compare.append(tx.create(record_key) == int(record.create_revision))
                 success.append(tx.put(usage_key, encode_key_usage(used_ms)))
             if not success:
                 return
@@ -750,7 +784,7 @@ class EtcdMetadataStore:
     async def list_api_key_usage(self) -> dict[str, int]:
         async def list_all() -> dict[str, int]:
             directory = f"{self._prefix}{_USAGE_DIR}".encode()
-            found = await self._scan_dir(directory, API_KEYS_MAX)
+            found = await self._scan_dir(directory, API_KEYS_READ_MAX)
             return {name: decode_key_usage(bytes(kv.value), name) for name, kv in found}
 
         return await self._call("list_api_key_usage", list_all)

@@ -43,7 +43,10 @@ LIST_LIMIT_MAX = 1000
 NODE_TTL_MS_MIN = 1000  # etcd leases have whole-second TTLs and a 1 s floor
 NODE_TTL_MS_MAX = 300_000
 INT_MAX = 2**63 - 1  # terms, revisions and timestamps are int64 in etcd and on disk
-API_KEYS_MAX = 10_000  # stored keys, revoked ones included
+API_KEYS_MAX = 10_000  # stored keys, revoked ones included (the longest-revoked are forgotten)
+# On etcd the count is checked before writing, so racing creators can overshoot API_KEYS_MAX a
+# little; reads accept up to this many so that an overshoot never stops a node loading its keys.
+API_KEYS_READ_MAX = 2 * API_KEYS_MAX
 ACTIVE_KEYS_LIMIT_MAX = 100  # the largest active_max a caller may ask for
 KEY_ID_RE = re.compile(rf"[A-Za-z0-9]{{{KEY_ID_CHARS}}}")
 KEY_NAME_RE = re.compile(r"[A-Za-z0-9._ -]{1,64}")  # as fluxmq.core.auth.check_new_key
@@ -221,6 +224,35 @@ def key_limit_reached(environment: str, role: str, active: list[str]) -> LimitEx
         f"{environment}/{role} already has {len(active)} active keys "
         f"({', '.join(sorted(active))}): revoke one first"
     )
+
+
+def keys_to_forget(records: list[KeyRecord], cap: int) -> list[str]:
+    """The ids of the keys to delete so that one more fits under ``cap``: the longest-revoked
+    first (a revoked key is history; an active one is never forgotten). LimitExceeded when
+    there are not enough revoked keys.
+
+    Worked example: cap 3, keys a (revoked at 50), b (active), c (revoked at 20). One more
+    needs one gone: c, revoked first.
+
+    >>> rec = lambda key_id, revoked_ms: KeyRecord(
+    ...     key_id, "n", "production", "admin", "default", b"s", b"d" * 32, 1, revoked_ms)
+    >>> keys_to_forget([rec("a", 50), rec("b", 0), rec("c", 20)], cap=3)
+    ['c']
+    >>> keys_to_forget([rec("a", 50), rec("b", 0)], cap=3)
+    []
+    """
+    excess = len(records) - cap + 1
+    if excess <= 0:
+        return []
+    revoked = sorted(
+        (r for r in records if not r.active), key=lambda r: (r.revoked_ms, r.created_ms, r.key_id)
+    )
+    if len(revoked) < excess:
+        raise LimitExceeded(
+            f"at most {cap} api keys are stored and {len(records) - len(revoked)} of them are "
+            "active: revoke some first"
+        )
+    return [r.key_id for r in revoked[:excess]]
 
 
 def sort_api_keys(records: list[KeyRecord]) -> list[KeyRecord]:
@@ -708,9 +740,11 @@ class MetadataStore(Protocol):
 
     async def create_api_key(self, record: KeyRecord, active_max: int) -> None:
         """Stores a new, active key. Atomically (even between nodes on etcd): LimitExceeded when
-        its (environment, role) already has ``active_max`` (1..100) active keys, naming them, or
-        past API_KEYS_MAX keys in all; AlreadyExists when the key_id is taken. The record holds
-        only the salted digest; the key itself never reaches the store."""
+        its (environment, role) already has ``active_max`` (1..100) active keys, naming them;
+        AlreadyExists when the key_id is taken. At API_KEYS_MAX stored keys it first deletes
+        the longest-revoked ones (keys_to_forget; LimitExceeded when all are active), with a
+        watch event each. The record holds only the salted digest; the key itself never
+        reaches the store."""
         ...
 
     async def revoke_api_key(self, key_id: str, revoked_ms: int) -> KeyRecord:
@@ -723,7 +757,7 @@ class MetadataStore(Protocol):
 
     async def list_api_keys(self) -> list[KeyRecord]:
         """Every key, revoked ones too, by created_ms then key_id; LimitExceeded past
-        API_KEYS_MAX."""
+        API_KEYS_READ_MAX."""
         ...
 
     async def touch_api_keys(self, last_used_ms: Mapping[str, int]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import doctest
 import json
 import secrets
 import time
@@ -218,13 +219,51 @@ async def test_concurrent_creates_for_one_role_let_exactly_the_limit_win(h: Harn
     assert await active_ids(h.store, "production", "producer") == winners
 
 
-async def test_stored_keys_are_bounded(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_full_store_forgets_the_longest_revoked_keys_and_never_an_active_one(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for module in (md, embedded_module, etcd_module):
         monkeypatch.setattr(module, "API_KEYS_MAX", 3)
-    for environment in ("production", "staging", "development"):
-        await h.store.create_api_key(record(environment, "admin"), LIMIT)
-    with pytest.raises(LimitExceeded):
+    a, b, c = (
+        record(environment, "admin") for environment in ("production", "staging", "development")
+    )
+    for r in (a, b, c):
+        await h.store.create_api_key(r, LIMIT)
+    with pytest.raises(LimitExceeded, match="active"):  # all three active: nothing to forget
         await h.store.create_api_key(record("production", "consumer"), LIMIT)
+
+    await h.store.touch_api_keys({a.key_id: 5, c.key_id: 6})
+    await h.store.revoke_api_key(c.key_id, 2_000)  # revoked first: forgotten first
+    await h.store.revoke_api_key(a.key_id, 3_000)
+    watch = h.store.watch()
+    await established(watch)
+    d = record("production", "consumer")
+    await h.store.create_api_key(d, LIMIT)
+
+    assert await next_event(watch, lambda e: e.kind == "api_key") == MetadataEvent(
+        "api_key", c.key_id, deleted=True
+    )
+    assert await h.store.get_api_key(c.key_id) is None
+    listed = await h.store.list_api_keys()
+    assert sorted(r.key_id for r in listed) == sorted([a.key_id, b.key_id, d.key_id])
+    assert await h.store.list_api_key_usage() == {a.key_id: 5}  # c's usage went with it
+    await h.store.touch_api_keys({c.key_id: 9})  # a forgotten key is not touched back to life
+    assert await h.store.list_api_key_usage() == {a.key_id: 5}
+    await watch.aclose()
+
+
+def test_keys_to_forget_worked_example() -> None:
+    assert doctest.testmod(md).failed == 0
+
+
+async def test_reads_refuse_a_store_past_its_read_limit(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (md, embedded_module, etcd_module):
+        monkeypatch.setattr(module, "API_KEYS_READ_MAX", 2)
+    for environment in ("production", "staging"):
+        await h.store.create_api_key(record(environment, "admin"), LIMIT)
+    assert len(await h.store.list_api_keys()) == 2
     extra = record("production", "consumer")
     await h.write_raw("api_key", extra.key_id, md.encode_api_key(extra))  # past the guard
     with pytest.raises(LimitExceeded):
