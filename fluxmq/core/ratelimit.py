@@ -30,22 +30,29 @@ class Bucket:
     def take(self, n: int, now_ms: int) -> int:
         """Take ``n`` tokens; -> 0 when taken, else the milliseconds until they would be there.
 
+        A batch larger than the burst waits for a full bucket, then takes all ``n``: the bucket
+        goes into debt, and later calls wait until it is paid back, so the rate holds for any
+        batch size.
+
         >>> b = Bucket(Limit(rate_per_s=10, burst=5), tokens=5, updated_ms=0)
         >>> [b.take(1, 0) for _ in range(6)]
         [0, 0, 0, 0, 0, 100]
         >>> b.take(1, 100)
         0
+        >>> b = Bucket(Limit(rate_per_s=10, burst=5), tokens=5, updated_ms=0)
+        >>> b.take(25, 0), b.take(1, 0), b.take(1, 2000), b.take(1, 2100)
+        (0, 2100, 100, 0)
         """
         elapsed_ms = max(0, now_ms - self.updated_ms)
         self.tokens = min(
             float(self.limit.burst), self.tokens + elapsed_ms * self.limit.rate_per_s / 1000
         )
         self.updated_ms = max(self.updated_ms, now_ms)
-        want = min(n, self.limit.burst)  # a batch larger than the burst waits for a full bucket
-        if self.tokens >= want:
-            self.tokens -= want
+        admit_at = min(n, self.limit.burst)  # what must be there before the call may go
+        if self.tokens >= admit_at:
+            self.tokens -= n
             return 0
-        return max(1, int((want - self.tokens) * 1000 / self.limit.rate_per_s + 0.999))
+        return max(1, int((admit_at - self.tokens) * 1000 / self.limit.rate_per_s + 0.999))
 
 
 @dataclass(slots=True)

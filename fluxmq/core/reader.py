@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fluxmq._pb.v1 import queue_pb2 as pb
@@ -17,7 +18,13 @@ from fluxmq.core.errors import (
 )
 from fluxmq.core.membership import Membership, check_member, releasable
 from fluxmq.core.queue_config import labels_match, parse_label_selector, validate_name
-from fluxmq.core.state_machine import QueueEntry, QueueStateMachine, member_required, member_view
+from fluxmq.core.state_machine import (
+    QueueEntry,
+    QueueStateMachine,
+    dead_letter_entry,
+    member_required,
+    member_view,
+)
 from fluxmq.core.validation import group_name as validate_group_name
 from storage.api import Record, Watermarks
 
@@ -57,8 +64,15 @@ class QueueReader:
         return keys.log_id(entry.queue_id, partition)
 
     def list_queues(
-        self, prefix: str, label_selector: str, page_token: str, limit: int
+        self,
+        prefix: str,
+        label_selector: str,
+        page_token: str,
+        limit: int,
+        visible: Callable[[pb.Queue], bool] | None = None,
     ) -> tuple[list[pb.Queue], str]:
+        """A page of queues, by name. ``visible`` (the caller's environment) filters before the
+        page is cut, so neither the page nor its token reveals a queue the caller may not see."""
         selector = parse_label_selector(label_selector)
         start = keys.queue_key(prefix)
         if page_token:
@@ -78,6 +92,8 @@ class QueueReader:
             for _key, value in txn.scan(keys.queue_key(prefix), start):
                 queue = pb.Queue.FromString(value)
                 if selector and not labels_match(queue.config.labels, selector):
+                    continue
+                if visible is not None and not visible(queue):
                     continue
                 if len(out) == limit:
                     more = True
@@ -285,8 +301,7 @@ class QueueReader:
                 start = int(raw[len(_DEAD_TOKEN_TAG) :].decode())
             except (binascii.Error, UnicodeDecodeError, ValueError):
                 raise invalid_argument("page_token", "not a token this server issued") from None
-        name = entry.policy.dead_letter_queue
-        dlq = self._state.catalog.get(name) if name is not None else None
+        dlq = dead_letter_entry(self._state.catalog, entry)
         if dlq is None:
             return [], ""
         out: list[pb.DeadLetter] = []

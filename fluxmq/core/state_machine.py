@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -360,6 +360,7 @@ class QueueStateMachine:
         name = cmd.config.name
         if name in self._cat(batch):
             raise queue_exists(name)
+        check_dead_letter_environments(self._cat(batch), cmd.config)
         if len(self._cat(batch)) >= limits.QUEUES_MAX:
             raise FluxError("QUEUE_LIMIT", f"the broker holds {limits.QUEUES_MAX} queues already")
         txn = batch.txn
@@ -385,6 +386,7 @@ class QueueStateMachine:
             raise FluxError("INVALID_ARGUMENT", "partitions can grow but never shrink")
         if cmd.config.type != old.queue.config.type:
             raise FluxError("INVALID_ARGUMENT", "the queue type cannot be changed")
+        check_dead_letter_environments(self._cat(batch), cmd.config)
         queue = pb.Queue()
         queue.CopyFrom(old.queue)
         queue.config.CopyFrom(cmd.config)
@@ -858,7 +860,9 @@ class QueueStateMachine:
             return None
         existing = self._cat(batch).get(name)
         if existing is not None:
-            return existing
+            # Another environment's queue is never a DLQ (creates refuse that pairing; this
+            # guards state written before they did): the message is dropped and counted.
+            return existing if same_environment(existing, origin) else None
         config = pb.QueueConfig(
             name=name,
             partitions=1,
@@ -976,8 +980,7 @@ class QueueStateMachine:
         return purged
 
     def _dead_letter_queue_if_any(self, batch: _Batch, origin: QueueEntry) -> QueueEntry | None:
-        name = origin.policy.dead_letter_queue
-        return None if name is None else self._cat(batch).get(name)
+        return dead_letter_entry(self._cat(batch), origin)
 
     def _dead_letter_records(
         self, txn: ReadTxn, dlq: QueueEntry, log: PartitionLogReader, ids: Sequence[int], all_: bool
@@ -1023,12 +1026,53 @@ class QueueStateMachine:
 
     def dead_letter_depth(self, txn: ReadTxn, origin: QueueEntry) -> int:
         """Dead letters of ``origin`` not replayed or purged (read-only, any thread)."""
-        name = origin.policy.dead_letter_queue
-        dlq = self._catalog.get(name) if name is not None else None
+        dlq = dead_letter_entry(self._catalog, origin)
         if dlq is None:
             return 0
         wm = txn.log(keys.log_id(dlq.queue_id, 0)).watermarks()
         return wm.high - wm.low - self._gone_count(txn, dlq.queue_id, wm.low)
+
+
+def same_environment(a: QueueEntry, b: QueueEntry) -> bool:
+    return a.queue.config.environment == b.queue.config.environment
+
+
+def dead_letter_entry(catalog: Mapping[str, QueueEntry], origin: QueueEntry) -> QueueEntry | None:
+    """The DLQ of ``origin`` if it exists and is in the same environment (a queue of another
+    environment never serves as one: its messages would cross environments)."""
+    name = origin.policy.dead_letter_queue
+    dlq = catalog.get(name) if name is not None else None
+    return dlq if dlq is not None and same_environment(dlq, origin) else None
+
+
+def check_dead_letter_environments(
+    catalog: Mapping[str, QueueEntry], config: pb.QueueConfig
+) -> None:
+    """PERMISSION_DENIED when creating or updating ``config`` would pair a queue with a DLQ of
+    another environment: its DLQ exists elsewhere, or it is the DLQ some other environment's
+    queue names. Checked in the state machine, so racing creates through two nodes cannot
+    slip past it."""
+    dlq_name = policy_of(config).dead_letter_queue
+    dlq = catalog.get(dlq_name) if dlq_name is not None else None
+    if dlq is not None and dlq.queue.config.environment != config.environment:
+        raise FluxError(
+            "PERMISSION_DENIED",
+            f"queue {config.name!r} cannot use {dlq_name!r} as its dead-letter queue: it belongs "
+            "to another environment",
+            metadata={"queue": config.name, "dead_letter_queue": str(dlq_name)},
+        )
+    for entry in catalog.values():
+        if (
+            entry.policy.dead_letter_queue == config.name
+            and entry.name != config.name
+            and entry.queue.config.environment != config.environment
+        ):
+            raise FluxError(
+                "PERMISSION_DENIED",
+                f"the name {config.name!r} is the dead-letter queue of a queue in another "
+                "environment: choose another name",
+                metadata={"queue": config.name},
+            )
 
 
 def start_offset(log: PartitionLogReader, start: pb.StartPosition) -> int:

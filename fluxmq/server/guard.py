@@ -23,6 +23,7 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import (
     METHOD_ACTIONS,
     RATE_CLASS,
+    Action,
     KeyRecord,
     authorize,
     parse_bearer,
@@ -186,6 +187,8 @@ def queues_of(request: Any) -> list[str]:
         return []  # AdminService requests name shards and keys, not queues
     if isinstance(request, pb.TransactRequest):
         return sorted({a.queue for a in request.acks} | {p.queue for p in request.publishes})
+    if isinstance(request, pb.PublishStreamRequest):
+        return [request.publish.queue] if request.publish.queue else []
     if isinstance(request, pb.CreateQueueRequest | pb.UpdateQueueRequest):
         names = [request.config.name]
         if request.config.dead_letter_queue:
@@ -215,6 +218,8 @@ def _queue_field(request: Any) -> str:
 def _cost(method: str, request: Any) -> int:
     if isinstance(request, pb.PublishRequest):
         return max(1, len(request.messages))
+    if isinstance(request, pb.PublishStreamRequest):
+        return max(1, len(request.publish.messages))
     if isinstance(request, pb.TransactRequest):
         return max(1, sum(len(p.messages) for p in request.publishes))
     return 1
@@ -301,6 +306,15 @@ class Guard:
                 metadata={"rate_class": rate_class, "tier": record.tier},
             )
         identity = Identity(record.key_id, record.environment, record.role, record.tier)
+        if action is Action.CLUSTER and identity.environment != self.default_environment:
+            # Shards are shared by every environment: moving leaders or replicas is for the
+            # operators' environment only.
+            raise permission_denied(
+                f"{method} changes shards every environment shares: it takes an admin key of "
+                f"the {self.default_environment} environment",
+                method=method,
+                environment=identity.environment,
+            )
         self.check_environment(identity, method, request)
         self.keys.note_used(record.key_id, now_ms)
         return identity
@@ -329,14 +343,14 @@ class Guard:
     def filter_response(self, identity: Identity, method: str, response: Any) -> Any:
         """Drop from listings what belongs to other environments."""
         if isinstance(response, pb.ListQueuesResponse):
-            keep = [q for q in response.queues if self._visible(identity, q.config)]
+            keep = [q for q in response.queues if self.visible(identity, q.config)]
             del response.queues[:]
             response.queues.extend(keep)
+        elif isinstance(response, apb.ShardInfo):
+            self._filter_shard(identity, response)
         elif isinstance(response, apb.ClusterStatus):
             for shard in response.shards:
-                names = [q for q in shard.queues if self._visible_name(identity, q)]
-                del shard.queues[:]
-                shard.queues.extend(names)
+                self._filter_shard(identity, shard)
             queues = [q for q in response.queues if self._visible_name(identity, q.name)]
             del response.queues[:]
             response.queues.extend(queues)
@@ -345,7 +359,12 @@ class Guard:
             response.queue_counters.extend(counters)
         return response
 
-    def _visible(self, identity: Identity, config: pb.QueueConfig) -> bool:
+    def _filter_shard(self, identity: Identity, shard: apb.ShardInfo) -> None:
+        names = [q for q in shard.queues if self._visible_name(identity, q)]
+        del shard.queues[:]
+        shard.queues.extend(names)
+
+    def visible(self, identity: Identity, config: pb.QueueConfig) -> bool:
         return (config.environment or self.default_environment) == identity.environment
 
     def _visible_name(self, identity: Identity, queue: str) -> bool:

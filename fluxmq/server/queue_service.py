@@ -20,6 +20,7 @@ from fluxmq.server.broker import Broker
 from fluxmq.server.consumers import Consumers
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_rpc_status
 from fluxmq.server.forwarding import was_forwarded
+from fluxmq.server.guard import current_identity
 from fluxmq.server.interceptors import request_id_var
 from fluxmq.server.router import Router, current_broker, group_unreachable
 from storage import Record
@@ -115,8 +116,14 @@ class QueueService(pb_grpc.QueueServiceServicer):
         self, request: pb.ListQueuesRequest, context: Any
     ) -> pb.ListQueuesResponse:
         limit = validation.list_limit(request.limit)
+        guard, identity = self._router.guard, current_identity.get()
+        visible = None
+        if guard is not None and identity is not None:
+            visible = lambda q: guard.visible(identity, q.config)  # noqa: E731
         pages = [
-            b.reader.list_queues(request.prefix, request.label_selector, request.page_token, limit)
+            b.reader.list_queues(
+                request.prefix, request.label_selector, request.page_token, limit, visible
+            )
             for b in self._router.brokers.values()
         ]
         view = self._router.view

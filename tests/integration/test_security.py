@@ -5,6 +5,7 @@ default there), through nodes that lead, follow, own or only forward to a queue.
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -202,6 +203,134 @@ def test_rate_limit_trips_with_retry_info_and_recovers(live: tuple[Node, str, Ap
     api.q.Publish(ten, metadata=md(admin), timeout=10)
     time.sleep(info.retry_delay_ms / 1000 + 0.05)
     api.q.Publish(ten, metadata=md(tight), timeout=10)
+
+
+def stream_outcome(api: Api, key: str, requests: list[pb.PublishStreamRequest]) -> str:
+    """Send a PublishStream; -> "ok", or the gRPC code name that ended it or failed a request."""
+    try:
+        for response in api.q.PublishStream(iter(requests), metadata=md(key), timeout=30):
+            if response.HasField("error"):
+                return next(c.name for c in grpc.StatusCode if c.value[0] == response.error.code)
+    except grpc.RpcError as err:
+        return str(err.code().name)
+    return "ok"
+
+
+def stored(api: Api, admin: str, queue: str) -> int:
+    stats = api.q.GetQueueStats(pb.GetQueueStatsRequest(name=queue), metadata=md(admin), timeout=10)
+    return int(stats.messages)
+
+
+def test_a_publish_stream_is_checked_like_publish_for_environment_and_rate(
+    live: tuple[Node, str, Api],
+) -> None:
+    _node, admin, api = live
+    for name in ("prod-q", "rl"):
+        api.q.CreateQueue(
+            pb.CreateQueueRequest(config=pb.QueueConfig(name=name)), metadata=md(admin)
+        )
+    staging = api.key(admin, "producer", "staging")
+    evil = pb.PublishRequest(queue="prod-q", messages=[pb.PublishMessage(value=b"evil")])
+    assert stream_outcome(api, staging, [pb.PublishStreamRequest(sequence=1, publish=evil)]) == (
+        "PERMISSION_DENIED"
+    )
+    assert stored(api, admin, "prod-q") == 0
+
+    # A stream request costs one token per message, as a Publish does.
+    tight = api.key(admin, "producer", tier="tight")  # publish 20/s, burst 20
+    thousand = pb.PublishRequest(queue="rl", messages=[pb.PublishMessage(value=b"x")] * 1000)
+    requests = [pb.PublishStreamRequest(sequence=i, publish=thousand) for i in range(15)]
+    assert stream_outcome(api, tight, requests) == "RESOURCE_EXHAUSTED"
+    assert stored(api, admin, "rl") == 1000  # the first, on a full bucket; then 49 s of debt
+
+
+def test_a_batch_larger_than_the_burst_pays_for_every_message(
+    live: tuple[Node, str, Api],
+) -> None:
+    _node, admin, api = live
+    api.q.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name="rl")), metadata=md(admin))
+    tight = api.key(admin, "producer", tier="tight")  # publish 20/s, burst 20
+    thousand = pb.PublishRequest(queue="rl", messages=[pb.PublishMessage(value=b"x")] * 1000)
+    api.q.Publish(thousand, metadata=md(tight), timeout=10)  # waited for a full bucket: passes
+    time.sleep(1.05)  # 21 tokens back: once enough for a batch, not now
+    err = refused(api.q.Publish, thousand, metadata=md(tight))
+    info = rich_error(err)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and info.reason == "RATE_LIMITED"
+    assert info.retry_delay_ms is not None and info.retry_delay_ms > 40_000  # 980 owed at 20/s
+    assert stored(api, admin, "rl") == 1000
+
+
+def test_listing_pages_and_their_tokens_reveal_no_other_environments_queue(
+    live: tuple[Node, str, Api],
+) -> None:
+    _node, admin, api = live
+    staging = api.key(admin, "admin", "staging")
+    for name, key in (("a-prod-payroll", admin), ("b-stage", staging), ("c-prod", admin)):
+        api.q.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name=name)), metadata=md(key))
+    api.q.CreateQueue(
+        pb.CreateQueueRequest(config=pb.QueueConfig(name="d-stage")), metadata=md(staging)
+    )
+    seen, token = [], ""
+    for _ in range(10):
+        page = api.q.ListQueues(
+            pb.ListQueuesRequest(limit=1, page_token=token), metadata=md(staging)
+        )
+        seen += [q.config.name for q in page.queues]
+        assert len(page.queues) == 1 or not page.next_page_token  # no empty pages mid-listing
+        token = page.next_page_token
+        assert "prod" not in base64.urlsafe_b64decode(token + "==").decode(errors="replace")
+        if not token:
+            break
+    assert seen == ["b-stage", "d-stage"]
+
+
+def test_a_dead_letter_queue_never_pairs_queues_of_two_environments(
+    live: tuple[Node, str, Api],
+) -> None:
+    _node, admin, api = live
+    dev = api.key(admin, "admin", "development")
+
+    def create(key: str, name: str, dlq: str = "") -> grpc.RpcError | None:
+        config = pb.QueueConfig(name=name, type=pb.QUEUE_TYPE_WORK, dead_letter_queue=dlq)
+        try:
+            api.q.CreateQueue(pb.CreateQueueRequest(config=config), metadata=md(key), timeout=10)
+        except grpc.RpcError as err:
+            return err
+        return None
+
+    # A name a development queue reserved as its DLQ cannot become a production queue...
+    assert create(dev, "dev-q", dlq="billing") is None
+    err = create(admin, "billing")
+    assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "dead-letter queue of a queue in another environment" in str(err.details())
+    # ...nor can a queue take another environment's queue as its DLQ, named or by default.
+    assert create(admin, "ledger") is None
+    err = create(dev, "dev-2", dlq="ledger")
+    assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert create(admin, "orders.dlq") is None
+    err = create(dev, "orders")  # its DLQ would be orders.dlq, a production queue
+    assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED
+    # The dead-letter calls of dev-q therefore never reach a production queue.
+    listed = api.q.ListDeadLetters(pb.ListDeadLettersRequest(queue="dev-q"), metadata=md(dev))
+    assert list(listed.dead_letters) == []
+
+
+def test_shard_operations_take_an_admin_key_of_the_operators_environment(
+    live: tuple[Node, str, Api],
+) -> None:
+    _node, admin, api = live
+    dev = api.key(admin, "admin", "development")
+    for call, request in (
+        (api.a.TransferLeadership, apb.TransferLeadershipRequest(shard_id="g1")),
+        (api.a.AddReplica, apb.AddReplicaRequest(shard_id="g1", address="127.0.0.1:1")),
+        (api.a.RemoveReplica, apb.RemoveReplicaRequest(shard_id="g1", address="127.0.0.1:1")),
+    ):
+        err = refused(call, request, metadata=md(dev))
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, err
+        assert "production" in str(err.details())
+        with pytest.raises(grpc.RpcError) as other:  # production's admin gets past the guard
+            call(request, metadata=md(admin), timeout=10)
+        assert other.value.code() != grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_every_admin_action_is_audit_logged(live: tuple[Node, str, Api]) -> None:

@@ -145,8 +145,26 @@ def test_bucket_refills_at_its_rate_and_never_beyond_its_burst() -> None:
     assert b.take(1, 0) == 10  # 1 token at 100/s: 10 ms
     assert b.take(5, 50) == 0
     assert b.take(1, 10_000) == 0 and b.tokens == 9  # capped at the burst, then one taken
-    # A batch larger than the burst waits for a full bucket instead of never passing.
+    # A batch larger than the burst waits for a full bucket instead of never passing...
     assert b.take(50, 10_000) == 10
+    assert b.take(50, 10_010) == 0 and b.tokens == -40
+    # ...and then pays for all of it: the next call waits until the debt is paid back.
+    assert b.take(1, 10_010) == 410
+
+
+def test_batches_larger_than_the_burst_still_hold_the_rate() -> None:
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    limit = Limit(rate_per_s=rng.choice([5, 50, 500]), burst=rng.choice([1, 10, 100]))
+    limiter = RateLimiter()
+    now = passed = 0
+    n_max = 3 * limit.burst
+    for _ in range(5000):
+        now += rng.randrange(0, 200)
+        n = rng.randrange(1, n_max + 1)
+        if limiter.take("k", "publish", limit, n, now) == 0:
+            passed += n
+    assert passed <= n_max + limit.rate_per_s * now / 1000 + 1e-6, f"seed {seed}"
 
 
 def test_random_traffic_never_exceeds_rate_times_time_plus_burst() -> None:
