@@ -215,6 +215,7 @@ def _streaming(
 ) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         call = _Call(method, context)
+        md: tuple[tuple[str, Any], ...] = ()
         try:
             if guard is not None:
                 md = _metadata(context)
@@ -226,6 +227,10 @@ def _streaming(
                 else:
                     current_identity.set(await _admit(guard, method, request, md))
             async for response in behavior(request, context):
+                if guard is not None:
+                    # A stream can outlive its key: a revoked key ends it at the next message
+                    # (a remembered verdict makes this a dictionary lookup).
+                    guard.authenticate(md)
                 yield response
             call.ok()
         except BaseException as exc:

@@ -333,6 +333,24 @@ def test_shard_operations_take_an_admin_key_of_the_operators_environment(
         assert other.value.code() != grpc.StatusCode.PERMISSION_DENIED
 
 
+def test_a_revoked_key_ends_its_open_streams_at_the_next_message(
+    live: tuple[Node, str, Api],
+) -> None:
+    _node, admin, api = live
+    api.q.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name="feed")), metadata=md(admin))
+    reader = api.key(admin, "read-only")
+    one = pb.PublishRequest(queue="feed", messages=[pb.PublishMessage(value=b"1")])
+    api.q.Publish(one, metadata=md(admin), timeout=10)
+    stream = api.q.Tail(pb.TailRequest(queue="feed"), metadata=md(reader), timeout=30)
+    assert [r.value for r in next(stream).records] == [b"1"]
+    api.a.RevokeApiKey(apb.RevokeApiKeyRequest(key_id=reader[12:20]), metadata=md(admin))
+    api.q.Publish(one, metadata=md(admin), timeout=10)
+    with pytest.raises(grpc.RpcError) as err:
+        for _ in range(100):  # bounded: the stream must end, not deliver
+            next(stream)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, err.value
+
+
 def test_every_admin_action_is_audit_logged(live: tuple[Node, str, Api]) -> None:
     node, admin, api = live
     api.q.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name="aud")), metadata=md(admin))

@@ -19,6 +19,7 @@ from fluxmq.server.key_admin import make_record
 
 ADMIN = new_key("production")
 PRODUCER = new_key("staging")
+STAGE_ADMIN = new_key("staging")
 REVOKED = new_key("production")
 TIERS = {"default": {"publish": (1e9, 10**9), "consume": (1e9, 10**9), "admin": (1e9, 10**9)}}
 
@@ -42,6 +43,7 @@ def guard() -> Guard:
     for key, env, role, revoked in [
         (ADMIN, "production", "admin", 0),
         (PRODUCER, "staging", "producer", 0),
+        (STAGE_ADMIN, "staging", "admin", 0),
         (REVOKED, "production", "admin", 5),
     ]:
         rec = make_record(key, "k", env, role, "default", 1)
@@ -59,7 +61,15 @@ header_values = st.one_of(
     text,
     st.binary(max_size=40),
     st.builds(lambda k: f"Bearer {k}", text),
-    st.sampled_from([f"Bearer {ADMIN}", f"bearer {PRODUCER}", f"Bearer {REVOKED}", ADMIN]),
+    st.sampled_from(
+        [
+            f"Bearer {ADMIN}",
+            f"bearer {PRODUCER}",
+            f"Bearer {STAGE_ADMIN}",
+            f"Bearer {REVOKED}",
+            ADMIN,
+        ]
+    ),
     st.builds(
         lambda k, n: f"Bearer {k[:n]}", st.sampled_from([ADMIN, PRODUCER]), st.integers(0, 44)
     ),
@@ -93,7 +103,15 @@ requests = st.one_of(
         queue_names,
         queue_names,
     ),
+    st.builds(
+        lambda q, n: pb.PublishStreamRequest(
+            sequence=1, publish=pb.PublishRequest(queue=q, messages=[pb.PublishMessage()] * n)
+        ),
+        queue_names,
+        st.integers(0, 5),
+    ),
     st.builds(lambda n: apb.CreateApiKeyRequest(name=n, role="admin"), text),
+    st.builds(lambda s: apb.TransferLeadershipRequest(shard_id=s), text),
     st.just(pb.ListQueuesRequest()),
 )
 
@@ -112,13 +130,15 @@ def test_malformed_input_never_crashes_and_never_bypasses_auth(
     # Admitted: exactly one authorization header carrying a known, active key, whose role
     # allows the method and whose environment holds every queue named.
     assert len(headers) == 1
-    assert headers[0].strip().split(" ", 1)[1].strip() in (ADMIN, PRODUCER)
+    assert headers[0].strip().split(" ", 1)[1].strip() in (ADMIN, PRODUCER, STAGE_ADMIN)
     assert method in METHOD_ACTIONS
     if identity.role == "producer":
         assert (
             method in ("Publish", "PublishStream", "GetQueue", "ListQueues")
             or METHOD_ACTIONS[method].value == "read"
         )
+    if METHOD_ACTIONS[method].value == "cluster":  # shared shards: the operators' keys only
+        assert identity.environment == "production"
     for q in ("prod-q", "stage-q", "old-q"):
         named = q in str(request)
         if named and (q != "old-q"):
@@ -173,3 +193,19 @@ def test_a_value_close_to_an_admitted_key_is_not_admitted() -> None:
         else:
             # Trailing space is stripped by the bearer parser: the same key, checked afresh.
             assert other.strip() == ADMIN and identity.role == "admin"
+
+
+def test_stream_requests_and_shard_operations_are_held_to_the_environment() -> None:
+    g = guard()
+    stage = [("authorization", f"Bearer {STAGE_ADMIN}")]
+    prod = [("authorization", f"Bearer {ADMIN}")]
+    into_prod = pb.PublishStreamRequest(publish=pb.PublishRequest(queue="prod-q"))
+    shard_op = apb.TransferLeadershipRequest(shard_id="g1")
+    for method, request in (("PublishStream", into_prod), ("TransferLeadership", shard_op)):
+        try:
+            g.admit(method, request, stage)
+        except FluxError as err:
+            assert err.reason == "PERMISSION_DENIED", err
+        else:
+            raise AssertionError(f"a staging admin was admitted to {method} {request}")
+        assert g.admit(method, request, prod).environment == "production"
