@@ -2,15 +2,31 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# Two installs into the one .venv: the broker alone (`make run`, about 100 MB) and everything the
+# tests and linters need (dev and audit extras: PySpark, over 1 GB). The full one satisfies both.
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
 .PHONY: run cluster cluster-down test lint fmt proto proto-check bench sysdeps clean
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+# One line, before anything is created, when the Python cannot build the venv.
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "FluxMQ needs Python 3.11 or newer; $(PYTHON) is $$($(PYTHON) --version 2>/dev/null || echo 'not installed') (install python3.11+, or make PYTHON=python3.12 ...)"; exit 1; }
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
+	  echo "$(PYTHON) cannot create a virtual environment: install its venv module (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(RUN_STAMP): pyproject.toml | $(PY)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then touch $@; else \
+	  echo "installing the broker into $(VENV) (pip install -e .; make test adds the dev extras)" && \
+	  $(PY) -m pip install --quiet --upgrade pip && \
+	  $(PY) -m pip install --quiet -e . && touch $@; fi
+
+$(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,audit]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 # Debian packages the test suite uses (promtool lints /metrics; etcd 3.4+ backs the cluster
 # metadata tests; docker-compose validates deploy/compose). Installed only when missing.
@@ -25,15 +41,15 @@ sysdeps:
 	  echo "installing Debian package docker-compose (checks deploy/compose offline; no engine needed)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null; }
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(PY) -m fluxmq serve
 
 # A local cluster: etcd (`make sysdeps` installs it) + 3 nodes on 127.0.0.1 (gRPC 7070/7080/7090),
 # data and logs in ./cluster.
-cluster: $(STAMP)
+cluster: $(RUN_STAMP)
 	$(PY) -m fluxmq cluster up
 
-cluster-down: $(STAMP)
+cluster-down: $(RUN_STAMP)
 	$(PY) -m fluxmq cluster down
 
 test: $(STAMP) sysdeps

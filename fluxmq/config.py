@@ -153,6 +153,32 @@ HELP = {
 CONFIG_ENV = "FLUXMQ_CONFIG"
 
 
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_of(name: str) -> str:
+    return f"FLUXMQ_{name.upper()}"
+
+
+def where_set(name: str) -> str:
+    """How an operator changes a setting, for messages: ``--listen / FLUXMQ_LISTEN``."""
+    return f"{flag_of(name)} / {env_of(name)}"
+
+
+def help_of(name: str, default: object) -> str:
+    """A setting's --help line: what it is, its default and its variable (from the settings
+    table, so a new setting cannot be documented without them)."""
+    if isinstance(default, bool):
+        shown = "on" if default else "off"
+    else:
+        shown = repr(default) if default != "" else "unset"
+    if name in ("cluster_secret", "auth_bootstrap_key"):
+        shown = "unset"  # a secret's default is never a value worth printing
+    text = f"{HELP[name]} (default: {shown}; env {env_of(name)})"
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
 def _host_port(value: str, name: str) -> None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -215,19 +241,25 @@ def _read_secret_file(values: dict[str, object], name: str) -> None:
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeConfig:
     environ = os.environ if environ is None else environ
     kinds = {f.name: type(getattr(NodeConfig(), f.name)) for f in fields(NodeConfig)}
-    parser = argparse.ArgumentParser(prog="fluxmq serve", description="Run a FluxMQ node.")
+    parser = argparse.ArgumentParser(
+        prog="fluxmq serve",
+        description="Run a FluxMQ node. Each setting comes from, last one winning: its default, "
+        "the --config TOML file, its FLUXMQ_<SETTING> environment variable, its flag.",
+    )
     parser.add_argument(
         "--config",
         default=None,
         help=f'TOML file of settings (keys as below, e.g. listen = "0.0.0.0:7070"); '
         f"environment variables FLUXMQ_<SETTING> and flags override it (also {CONFIG_ENV})",
     )
+    defaults = NodeConfig()
     for name, kind in kinds.items():
-        flag = "--" + name.replace("_", "-")
+        flag = flag_of(name)
+        text = help_of(name, getattr(defaults, name))
         if kind is bool:
-            parser.add_argument(flag, dest=name, action="store_true", default=None, help=HELP[name])
+            parser.add_argument(flag, dest=name, action="store_true", default=None, help=text)
         else:
-            parser.add_argument(flag, dest=name, default=None, help=HELP[name])
+            parser.add_argument(flag, dest=name, default=None, help=text)
     args = parser.parse_args(list(argv))
     path = args.config if args.config is not None else environ.get(CONFIG_ENV, "")
     values: dict[str, object] = _from_file(path, kinds) if path else {}

@@ -7,12 +7,15 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 from prometheus_client import PlatformCollector, ProcessCollector
@@ -38,7 +41,7 @@ from fluxmq.server.tls import from_config as load_tls
 from raft import LocalShard, Shard, ShardError
 from raft.driver import RaftDriver
 from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError
-from storage import LmdbStore
+from storage import LmdbStore, StorageError
 
 log = logging.getLogger("fluxmq")
 READINESS_INTERVAL_S = 0.2
@@ -98,6 +101,64 @@ def observe_disk(shard_id: str, store: LmdbStore, shard: Shard) -> None:
         )
 
 
+class StartupError(Exception):
+    """The node cannot start: one line naming what failed, the setting that decides it and what
+    to do (``main`` prints it, exit code 1, no traceback)."""
+
+
+_LISTEN_HINTS = {
+    errno.EADDRINUSE: "another process holds that port: stop it or choose another port",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address: use one it has "
+    "(or 0.0.0.0)",
+    errno.EACCES: "ports below 1024 need privileges: choose a higher port",
+}
+
+
+def listen_failure(address: str, purpose: str, setting: str, err: OSError) -> StartupError:
+    reason = (err.strerror or str(err)).lower()
+    hint = _LISTEN_HINTS.get(err.errno or 0, "check the address")
+    return StartupError(
+        f"cannot listen on {address} for {purpose} ({config_mod.where_set(setting)}): "
+        f"{reason}; {hint}"
+    )
+
+
+def check_listen(address: str, purpose: str, setting: str) -> None:
+    """Binds ``address`` once and lets it go, before anything starts: a port in use stops the
+    node with one line instead of a traceback from deep in gRPC, http.server or Raft. Like
+    gRPC, it passes when any of the host's addresses binds."""
+    host, _, port_text = address.rpartition(":")
+    port = int(port_text)
+    if port == 0:
+        return  # the system picks a free port
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as err:
+        raise listen_failure(address, purpose, setting, OSError(err.errno, err.strerror)) from None
+    first: OSError | None = None
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+            try:
+                probe.bind(sockaddr)
+                return
+            except OSError as err:
+                first = first or err
+    if first is not None:
+        raise listen_failure(address, purpose, setting, first)
+
+
+def check_listen_addresses(cfg: config_mod.NodeConfig) -> None:
+    check_listen(cfg.listen, "grpc", "listen")
+    if cfg.metrics_listen:
+        check_listen(cfg.metrics_listen, "metrics and health", "metrics_listen")
+    if cfg.cluster_mode:
+        setting = "raft_bind" if cfg.raft_bind else "raft_listen"
+        check_listen(cfg.raft_bind or cfg.raft_listen, "raft", setting)
+
+
 MODE_FILE = "MODE"
 
 
@@ -142,15 +203,19 @@ def build_shard(
     return PySyncObjShard(state, shard_cfg, RaftDriver())
 
 
+def advertised_grpc_address(cfg: config_mod.NodeConfig, port: int) -> str:
+    """Where other nodes and clients reach this node's gRPC (``port``: the one bound)."""
+    host, _, listen_port = cfg.advertised.rpartition(":")
+    return f"{host}:{port if listen_port == '0' else listen_port}"
+
+
 def build_cluster_view(
     cfg: config_mod.NodeConfig, shard: Shard, port: int, clock_ms: Callable[[], int]
 ) -> ClusterView:
-    host, _, listen_port = cfg.advertised.rpartition(":")
-    grpc_address = f"{host}:{port if listen_port == '0' else listen_port}"
     raft_host, _, raft_port = cfg.raft_listen.rpartition(":")
     node = NodeInfo(
         node_id=cfg.node_name,
-        grpc_address=grpc_address,
+        grpc_address=advertised_grpc_address(cfg, port),
         raft_host=raft_host,
         raft_port_base=int(raft_port),
         started_ms=clock_ms(),
@@ -244,7 +309,11 @@ class GroupHost:
 
     async def _start(self, spec: dict[str, Any]) -> bool:
         group_id = str(spec["group_id"])
-        store = LmdbStore(self._dir(group_id), map_size_bytes=self._cfg.storage_map_size_bytes)
+        try:
+            store = LmdbStore(self._dir(group_id), map_size_bytes=self._cfg.storage_map_size_bytes)
+        except StorageError as err:
+            log.error("cannot open the store of replication group %s: %s", group_id, err)
+            return False
         state = QueueStateMachine(store)
         shard_cfg = ShardConfig(
             shard_id=group_id,
@@ -265,7 +334,11 @@ class GroupHost:
         observe_disk(group_id, store, shard)
         broker = Broker(state, shard, retention_interval_ms=self._cfg.retention_interval_ms)
         broker.cluster = self._view
+        # Each shard answers and publishes its own leader (not the home shard's).
+        broker.advertise(self._view.node.grpc_address, str(spec["self"]))
         await broker.start()
+        # Registered once it runs: a shard that failed to start publishes no leader record.
+        self._view.add_shard(group_id, shard)
         self._router.add_group(group_id, broker)
         self.running.append((broker, store))
         log.info(
@@ -302,6 +375,13 @@ async def readiness_routine(
         if refresh(health, verdict):
             await on_change(verdict.ready)
         await asyncio.sleep(READINESS_INTERVAL_S)
+
+
+def drain(router: Router) -> None:
+    """SIGTERM: every shard this node hosts ends its long polls, Consume and Tail streams with
+    NODE_SHUTTING_DOWN and refuses new ones, and so do the ones this node relays to another
+    node; writes (publishes, acks) are still served."""
+    router.drain()
 
 
 async def hand_over_leadership(router: Router, timeout_s: float) -> None:
@@ -385,34 +465,55 @@ async def start_auth(
 
 async def serve(cfg: config_mod.NodeConfig) -> None:
     tls = load_tls(cfg)  # checked before anything starts: a bad file stops the node here
-    check_mode(cfg)
-    store = LmdbStore(cfg.data_dir, map_size_bytes=cfg.storage_map_size_bytes)
+    check_listen_addresses(cfg)
+    try:
+        check_mode(cfg)
+        store = LmdbStore(cfg.data_dir, map_size_bytes=cfg.storage_map_size_bytes)
+    except (OSError, StorageError) as err:
+        detail = (err.strerror or str(err)).lower() if isinstance(err, OSError) else str(err)
+        raise StartupError(
+            f"cannot use the data directory {cfg.data_dir!r} ({config_mod.where_set('data_dir')}): "
+            f"{detail}; choose a directory this user can create and write"
+        ) from None
     state = QueueStateMachine(store)
     shard = build_shard(cfg, state)
     observe_disk(shard.shard_id, store, shard)
     broker = Broker(state, shard, retention_interval_ms=cfg.retention_interval_ms)
     router = Router(cfg.shard_id, broker, None, Forwarder(tls))
-    server, health_servicer, port = build_server(
-        broker,
-        cfg.listen,
-        request_bytes_max=cfg.request_bytes_max_value,
-        node_id=cfg.node_name,
-        router=router,
-        tls=tls,
-    )
+    try:
+        server, health_servicer, port = build_server(
+            broker,
+            cfg.listen,
+            request_bytes_max=cfg.request_bytes_max_value,
+            node_id=cfg.node_name,
+            router=router,
+            tls=tls,
+        )
+    except (RuntimeError, OSError) as err:
+        # Taken since check_listen passed: probe again for the reason, which gRPC's error lacks.
+        check_listen(cfg.listen, "grpc", "listen")
+        raise StartupError(
+            f"cannot listen on {cfg.listen} for grpc ({config_mod.where_set('listen')}): {err}"
+        ) from None
     groups: GroupHost | None = None
     if cfg.etcd:
         assert isinstance(shard, PySyncObjShard)
         broker.cluster = router.view = build_cluster_view(cfg, shard, port, broker.now_ms)
         groups = GroupHost(cfg, shard.driver, router, broker.cluster)
         broker.cluster.host_group = groups.host
+    if cfg.cluster_mode:  # every replica can then name the leader's gRPC address, etcd or not
+        broker.advertise(advertised_grpc_address(cfg, port), cfg.raft_listen)
     auth_store = await start_auth(cfg, router, broker.now_ms) if cfg.auth_enabled else None
     health = HealthState()
     http: HttpEndpoint | None = None
     if cfg.metrics_listen:
         _register_collectors(router, health)
         host, _, mport = cfg.metrics_listen.rpartition(":")
-        http = HttpEndpoint(host, int(mport), metrics.REGISTRY, health)
+        try:
+            http = HttpEndpoint(host, int(mport), metrics.REGISTRY, health)
+        except OSError as err:
+            where = cfg.metrics_listen
+            raise listen_failure(where, "metrics and health", "metrics_listen", err) from None
         http.start()
     await broker.start()
     if groups is not None:
@@ -463,11 +564,17 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
 
-    # Order matters: out of load balancers first, then leadership away while this node still
-    # serves (in-flight proposals continue to the new leader), then drain calls, then leave.
+    # Order matters: the calls that wait for messages end at once (their clients go to another
+    # node now, not when the grace period cancels them), out of load balancers, then
+    # leadership away while this node still serves (in-flight proposals continue to the new
+    # leader), then the in-flight calls finish, then leave.
     grace_s = cfg.shutdown_grace_ms / 1000
     started = loop.time()
-    log.info("shutting down: not ready, handing leadership over, finishing in-flight calls")
+    log.info(
+        "shutting down: ending waiting calls, not ready, handing leadership over, finishing "
+        "in-flight calls"
+    )
+    drain(router)
     stopping.set()
     refresh(health, Verdict(False, "shutting down"))
     await set_serving(health_servicer, True, queue_service=False)
@@ -492,16 +599,35 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     log.info("stopped cleanly")
 
 
+USAGE = """\
+usage: fluxmq serve [--help] | fluxmq cluster up|down|status [--help] | fluxmq --version
+
+  serve     run a node (single node by default; `fluxmq serve --help` lists every setting,
+            its default and its FLUXMQ_* variable)
+  cluster   a local 3-node cluster on etcd for development (up, down, status)"""
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("fluxmq")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "cluster":
         from fluxmq.cluster_cli import main as cluster_main
 
         return cluster_main(args[1:])
+    if args and args[0] in ("--version", "-V"):
+        print(f"fluxmq {package_version()}")
+        return 0
+    if args and args[0] in ("--help", "-h"):
+        print(USAGE)
+        return 0
     if not args or args[0] != "serve":
-        print(
-            "usage: fluxmq serve [--help] | fluxmq cluster up|down|status [--help]", file=sys.stderr
-        )
+        print(USAGE, file=sys.stderr)
         return 1
     try:
         cfg = config_mod.load(args[1:])
@@ -521,6 +647,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except ShardStartError as err:
         print(f"fluxmq: cannot start: {err}", file=sys.stderr)
+        return 1
+    except StartupError as err:
+        print(f"fluxmq: {err}", file=sys.stderr)
         return 1
     return 0
 

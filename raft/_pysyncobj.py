@@ -25,7 +25,10 @@ pysyncobj upgrade that moves them fails loudly instead of silently losing data.
    term, installs the state copy only when the state is older than the snapshot, and sets the
    applied index.
 5. Security logging. A peer with the wrong secret fails decryption and stock pysyncobj drops it
-   silently; ``SyncingTransport`` logs it.
+   silently; ``SyncingTransport`` logs it, and only it, as a secret mismatch: each incoming
+   connection's encryptor is wrapped to see whether its first message failed authentication,
+   and a connection that closed before its first message (a peer stopped, paused or cut off
+   mid-handshake, the common case in a failover) is logged as just that.
 6. Asynchronous replication needs to know that a command handed to ``_applyCommand`` is in the
    leader's log: ``queued_commands`` reads the length of pysyncobj's command queue.
 """
@@ -94,6 +97,8 @@ def check_assumptions() -> list[str]:
         "send",
         "destroy",
         "_onDisconnected",
+        "_onNewIncomingConnection",
+        "_onIncomingMessageReceived",
         "_onOutgoingConnected",
         "_onOutgoingMessageReceived",
         "_connToNode",
@@ -112,21 +117,66 @@ def create_poller() -> Any:
     return createPoller("auto")
 
 
+class _WatchedEncryptor:
+    """The shared encryptor as one incoming connection uses it, noting whether a complete first
+    message arrived and whether it failed authentication: pysyncobj drops such a connection
+    without saying why, and only this tells a wrong secret from a peer that went away."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.messages = 0  # complete messages received
+        self.rejected = False  # one failed authentication (signature or decryption)
+
+    def extract_timestamp(self, token: bytes) -> int:
+        self.messages += 1
+        try:
+            return int(self._inner.extract_timestamp(token))
+        except Exception:
+            self.rejected = True
+            raise
+
+    def decrypt(self, token: bytes) -> bytes:
+        try:
+            return bytes(self._inner.decrypt(token))
+        except Exception:
+            self.rejected = True
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # encrypt_at_time and the rest: as the inner one
+        return getattr(self._inner, name)
+
+
 class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
     """TCP transport that makes the journal durable before any message leaves (hook 2) and logs
-    peers that fail the shared-secret handshake (hook 5)."""
+    peers that fail the shared-secret handshake, or leave in the middle of it (hook 5)."""
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
         super().__init__(syncObj, selfNode, otherNodes)
         self._fx_journal: LmdbJournal = syncObj._SyncObj__raftLog
         assert isinstance(self._unknownConnections, set)  # used by _onDisconnected
-        self._fx_last_warning = 0.0
+        assert isinstance(self._nodeAddrToNode, dict)  # used by _onIncomingMessageReceived
+        self._fx_last_logged: dict[str, float] = {}  # kind of line -> when it was last logged
         self.flush_before_send = True  # tests turn it off to prove the fsync check can fail
 
     def send(self, node: Any, message: Any) -> bool:
         if self.flush_before_send:
             self._fx_journal.flush()
         return bool(super().send(node, message))
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:
+        super()._onNewIncomingConnection(conn)
+        if getattr(conn, "encryptor", None) is not None:
+            conn.encryptor = _WatchedEncryptor(conn.encryptor)
+
+    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
+        if (
+            conn.sendRandKey  # keys exchanged: this message names the peer
+            and isinstance(message, str)
+            and message != "readonly"
+            and message not in self._nodeAddrToNode
+        ):
+            conn._fx_unknown_peer = message  # pysyncobj drops it next
+        super()._onIncomingMessageReceived(conn, message)
 
     def _onOutgoingConnected(self, conn: Any) -> None:
         conn._fx_connected = True
@@ -145,27 +195,57 @@ class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
         if getattr(self, "_fx_destroying", False):
             pass
         elif encrypted and conn in self._unknownConnections:
-            self._fx_warn(
-                "dropped an incoming raft connection that did not complete the handshake: "
-                "a peer with a different cluster secret, or not a FluxMQ node"
-            )
+            self._fx_incoming_dropped(conn)
         elif (
             encrypted
             and getattr(conn, "_fx_connected", False)
             and not getattr(conn, "_fx_handshaken", False)
         ):
+            # All we know: the peer sent nothing back. A peer with another secret drops us
+            # this way too, and says so in its own log (it receives our handshake).
             node = self._connToNode(conn)
-            self._fx_warn(
-                f"raft peer {getattr(node, 'id', '?')} closed the connection during the "
-                "handshake: its cluster secret differs from ours"
+            self._fx_log(
+                "outgoing-closed",
+                logging.INFO,
+                f"raft peer {getattr(node, 'id', '?')} closed the connection before its first "
+                "message (stopped, paused or unreachable mid-handshake)",
             )
         super()._onDisconnected(conn)
 
-    def _fx_warn(self, text: str) -> None:
+    def _fx_incoming_dropped(self, conn: Any) -> None:
+        """An incoming connection ended before the handshake completed: say why, if known."""
+        watched = conn.encryptor if isinstance(conn.encryptor, _WatchedEncryptor) else None
+        unknown_peer = getattr(conn, "_fx_unknown_peer", None)
+        if watched is not None and watched.rejected:
+            self._fx_log(
+                "secret",
+                logging.WARNING,
+                "dropped an incoming raft connection whose first message failed "
+                "authentication: a peer with a different cluster secret, or not a FluxMQ node",
+            )
+        elif unknown_peer is not None:
+            self._fx_log(
+                "unknown-peer",
+                logging.WARNING,
+                f"dropped an incoming raft connection from {unknown_peer!r}, which is not a "
+                "peer of this shard (check the peer lists of both nodes)",
+            )
+        else:
+            when = "its first message" if watched is None or not watched.messages else "the end"
+            self._fx_log(
+                "incoming-closed",
+                logging.INFO,
+                f"an incoming raft connection closed before {when} of the handshake (the peer "
+                "stopped, was paused or cut off mid-handshake)",
+            )
+
+    def _fx_log(self, kind: str, level: int, text: str) -> None:
+        """At most one line of each ``kind`` per SECURITY_LOG_INTERVAL_S."""
         now = time.monotonic()
-        if now - self._fx_last_warning >= SECURITY_LOG_INTERVAL_S:
-            self._fx_last_warning = now
-            log.warning("%s (shard %s)", text, self._selfNode.id if self._selfNode else "?")
+        last = self._fx_last_logged.get(kind)
+        if last is None or now - last >= SECURITY_LOG_INTERVAL_S:
+            self._fx_last_logged[kind] = now
+            log.log(level, "%s (shard %s)", text, self._selfNode.id if self._selfNode else "?")
 
 
 class HardenedSyncObj(SyncObj):  # type: ignore[misc]

@@ -291,6 +291,9 @@ class LmdbStore:
             yield txn
         finally:
             txn._unusable = _ENDED
+            # The logs point back at the transaction: without this cycle broken, its LMDB
+            # reader slot stays taken until the garbage collector runs (MDB_READERS_FULL).
+            txn._logs.clear()
             raw.abort()
 
     def stat(self) -> StoreStat:

@@ -11,6 +11,10 @@ a three-node cluster with R3 streams), driven through nats-py's JetStream API.
   (leader stepdown with a preferred placement), as FluxMQ's clients talk to the Raft leader and a
   RabbitMQ quorum queue's leader is the node it was declared through. If that move fails the
   queue still works, one route hop further away (a warning says so).
+- Ready (``start`` returns) once every node is healthy, the route mesh is complete, every node
+  names the same JetStream meta leader and that leader sees every peer current (``/jsz``,
+  ``readiness.nats_cluster_ready``), and a probe R``nodes`` stream could be placed and deleted.
+  Creates answered "no suitable peers for placement" are retried (``create_placed``).
 
 ``python -m bench.peers.nats --smoke`` starts a 1-node then a 3-node cluster, pushes 200 messages
 through two groups and stops everything.
@@ -57,6 +61,7 @@ from nats.js.api import (
 )
 
 from bench.peers.api import Delivered
+from bench.peers.readiness import is_placement_not_ready, nats_cluster_ready
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +81,9 @@ def durability(nodes: int) -> str:
     )
 
 
-START_TIMEOUT_S = 30.0  # every node's /healthz?js-enabled-only=true must answer OK within this
+# Spawn -> ready (healthy, routes complete, meta group current, a probe stream placed). Under
+# load a peer's first STATSZ can reach the meta leader only after a few of its doubling retries.
+START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL after this
 HEALTH_POLL_S = 0.05
 MAX_POLLS = 1000  # every polling loop also stops at its deadline
@@ -88,7 +95,14 @@ LEADER_MOVE_ATTEMPTS = 3
 INFO_POLL_TIMEOUT_S = 0.5
 PULL_GRACE_S = 1.0  # beyond wait_ms, for the server's end-of-request status
 CREATE_TIMEOUT_S = 5.0
-CREATE_ATTEMPTS = 3
+CREATE_ATTEMPTS = 3  # creates that got no answer at all
+# A create the meta leader cannot place yet ("no suitable peers for placement, peer offline")
+# is retried with a doubling delay for at most this long (bench/peers/readiness.py says why).
+PLACEMENT_RETRY_S = 30.0
+PLACEMENT_RETRY_FIRST_S = 0.1
+PLACEMENT_RETRY_MAX_DELAY_S = 2.0
+PLACEMENT_MAX_TRIES = 100  # also bounded by PLACEMENT_RETRY_S
+PROBE_STREAM = "bench_placement_probe"
 # Outstanding unacked deliveries per consumer (server default 1000). The workloads ack right
 # after each receive, so this only has to exceed concurrency x batch plus lingering pulls.
 MAX_ACK_PENDING = 20_000
@@ -207,6 +221,16 @@ class NatsNode:
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
+    def jsz(self) -> dict[str, Any] | None:
+        """This node's /jsz (JetStream state, meta group view), or None if unreachable."""
+        url = f"http://127.0.0.1:{self.http_port}/jsz"
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as r:
+                doc = json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
     def route_counts(self) -> dict[str, int] | None:
         """Route connections per remote server name (/routez), or None if unreachable."""
         url = f"http://127.0.0.1:{self.http_port}/routez"
@@ -310,6 +334,51 @@ class NatsCluster:
             time.sleep(HEALTH_POLL_S)
         if self.nodes > 1:
             self._wait_routes(deadline)
+            self._wait_meta_current(deadline)
+            asyncio.run(self._probe_placement(deadline))
+
+    def _wait_meta_current(self, deadline: float) -> None:
+        """Until every node names the same JetStream meta leader and that leader sees every
+        peer current, online and not lagging (``nats_cluster_ready``)."""
+        names = [n.name for n in self.servers]
+        reason = "not polled"
+        for _ in range(MAX_POLLS):
+            ready, reason = nats_cluster_ready({n.name: n.jsz() for n in self.servers}, names)
+            if ready:
+                return
+            if time.monotonic() > deadline:
+                break
+            time.sleep(max(HEALTH_POLL_S, 0.1))
+        raise TimeoutError(
+            f"nats JetStream meta group not ready after {START_TIMEOUT_S:.0f} s: {reason}"
+        )
+
+    async def _probe_placement(self, deadline: float) -> None:
+        """Create and delete an R``nodes`` stream: the meta leader places streams only on
+        peers it has heard a STATSZ from, which /jsz does not show (readiness.py)."""
+        nc = await nats.connect(
+            servers=[n.url for n in self.servers],
+            connect_timeout=5,
+            max_reconnect_attempts=3,
+            name="fluxmq-bench-probe",
+        )
+        try:
+            js = nc.jetstream(timeout=CREATE_TIMEOUT_S)
+            config = StreamConfig(
+                name=PROBE_STREAM,
+                subjects=[PROBE_STREAM],
+                storage=StorageType.MEMORY,
+                num_replicas=self.nodes,
+            )
+            await create_placed(
+                f"probe stream {PROBE_STREAM}",
+                lambda: js.add_stream(config),
+                max(1.0, deadline - time.monotonic()),
+            )
+            await js.delete_stream(PROBE_STREAM)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), timeout=10)
 
     def _wait_routes(self, deadline: float) -> None:
         """Wait until the route mesh is complete and settled. /healthz turns OK once a meta
@@ -502,16 +571,7 @@ class NatsAdapter:
 
     @staticmethod
     async def _create(what: str, call: Callable[[], Awaitable[object]]) -> None:
-        """A create whose answer got lost is retried: creating a stream or consumer again with
-        the same config is idempotent (the server answers with the existing one)."""
-        for attempt in range(1, CREATE_ATTEMPTS + 1):
-            try:
-                await call()
-                return
-            except nats.errors.TimeoutError:
-                if attempt == CREATE_ATTEMPTS:
-                    raise
-                log.warning("nats: no answer creating %s (attempt %d); retrying", what, attempt)
+        await create_placed(what, call, PLACEMENT_RETRY_S)
 
     async def _leader(self, stream: str, consumer: str | None) -> str | None:
         # A short API timeout: right after a stepdown an info request can go unanswered (the
@@ -619,6 +679,42 @@ class NatsAdapter:
 
     def server_pids(self) -> list[int]:
         return list(self._pids)
+
+
+async def create_placed(
+    what: str, call: Callable[[], Awaitable[object]], placement_timeout_s: float
+) -> None:
+    """Run a stream or consumer create, retrying two answers that are not the caller's fault.
+    No answer at all (CREATE_ATTEMPTS times): creating again with the same config is
+    idempotent (the server answers with the existing one). "No suitable peers for placement"
+    (the meta leader has not heard from enough peers yet): retried with a doubling delay for
+    up to ``placement_timeout_s``, then raised with what was asked. Other errors are raised."""
+    deadline = time.monotonic() + placement_timeout_s
+    delay_s = PLACEMENT_RETRY_FIRST_S
+    timeouts = 0
+    for attempt in range(1, PLACEMENT_MAX_TRIES + 1):
+        try:
+            await call()
+            return
+        except nats.errors.TimeoutError:
+            timeouts += 1
+            if timeouts >= CREATE_ATTEMPTS:
+                raise
+            log.warning("nats: no answer creating %s (attempt %d); retrying", what, attempt)
+        except nats.js.errors.APIError as e:
+            if not is_placement_not_ready(e.err_code, e.description):
+                raise
+            if time.monotonic() + delay_s > deadline or attempt == PLACEMENT_MAX_TRIES:
+                raise RuntimeError(
+                    f"nats: could not place {what} within {placement_timeout_s:.0f} s "
+                    f"({attempt} attempts): {e.description}; the JetStream meta leader has not "
+                    "heard from enough peers (see each node's server.log)"
+                ) from e
+            log.warning(
+                "nats: %s not placeable yet (%s); retrying in %.2f s", what, e.description, delay_s
+            )
+            await asyncio.sleep(delay_s)
+            delay_s = min(2 * delay_s, PLACEMENT_RETRY_MAX_DELAY_S)
 
 
 class _Puller:

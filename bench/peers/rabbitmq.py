@@ -6,6 +6,10 @@ consumer group (``<queue>.<group>``), replicated to every node, so every group g
 message. Publishing waits for publisher confirms; consuming uses one long-lived consumer per
 (queue, group) with manual acks and a prefetch window.
 
+Ready means: every node's ``cluster_status`` lists every node running (``start``), and, on a
+cluster, every quorum queue ``create_queue`` declared lists every node as an online member
+(``list_queues name members online``); ``bench.peers.readiness`` holds both judgments.
+
 The cluster runs its own ``epmd`` on a free loopback port (``ERL_EPMD_PORT``), fresh data and log
 directories and an Erlang cookie under ``root``, one scheduler thread per node (``+S 1:1``, see
 /work/shared/notes/PEERS.md on fairness). ``stop`` leaves no process behind: every process it
@@ -21,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import json
 import os
 import secrets
 import shutil
@@ -49,6 +52,11 @@ from aio_pika.abc import (
 )
 
 from bench.peers.api import Delivered
+from bench.peers.readiness import (
+    parse_ctl_json,
+    rabbit_cluster_ready,
+    rabbit_quorum_queues_ready,
+)
 
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
 RABBIT_SERVER = RABBIT_BIN / "rabbitmq-server"
@@ -59,6 +67,8 @@ MARKER = "FLUXBENCH_RABBIT_ROOT"  # set in every child's environment; what stop(
 
 NODE_START_TIMEOUT_S = 120.0
 CLUSTER_TIMEOUT_S = 90.0
+QUORUM_ONLINE_TIMEOUT_S = 60.0  # a declared quorum queue's members must all be online by then
+READY_POLL_S = 0.2  # between two rabbitmqctl status calls (each takes ~0.5 s itself)
 CTL_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 DEFAULT_PREFETCH = 500
@@ -436,11 +446,16 @@ class RabbitCluster:
             raise RuntimeError(f"rabbitmqctl -n {node.name} {' '.join(args)}: {res.output}")
         return res.output
 
+    def cluster_status(self, node: RabbitNode) -> dict[str, object]:
+        """``rabbitmqctl cluster_status`` as ``node`` sees it (parsed JSON)."""
+        status = parse_ctl_json(self._ctl_ok(node, "cluster_status", "--formatter", "json"))
+        if not isinstance(status, dict):
+            raise RuntimeError(f"{node.name}: cluster_status is not a JSON object: {status!r}")
+        return status
+
     def running_nodes(self) -> list[str]:
-        out = self._ctl_ok(self.node_list[0], "cluster_status", "--formatter", "json")
-        start = out.find("{")
-        status = json.loads(out[start:]) if start >= 0 else {}
-        return sorted(status.get("running_nodes", []))
+        running = self.cluster_status(self.node_list[0]).get("running_nodes")
+        return sorted(str(n) for n in running) if isinstance(running, list) else []
 
     def _join_with_ctl(self, node: RabbitNode) -> None:
         first = self.node_list[0].name
@@ -451,16 +466,66 @@ class RabbitCluster:
         self._ctl_ok(node, "start_app")
 
     def _wait_cluster(self) -> None:
-        want = sorted(n.name for n in self.node_list)
+        """Until every node's own cluster_status lists every node as a running member (a node
+        that booted is not yet one that node 1 counts as running, and vice versa)."""
+        want = [n.name for n in self.node_list]
         deadline = time.monotonic() + CLUSTER_TIMEOUT_S
-        running: list[str] = []
-        for _ in range(int(CLUSTER_TIMEOUT_S)):
-            running = self.running_nodes()
-            if running == want or time.monotonic() > deadline:
+        reason = "not polled"
+        for _ in range(int(CLUSTER_TIMEOUT_S / READY_POLL_S)):
+            reason = self._cluster_reason(want)
+            if not reason:
+                return
+            if time.monotonic() > deadline:
                 break
-            time.sleep(1.0)
-        if running != want:
-            raise RuntimeError(f"cluster has {running}, wanted {want}")
+            time.sleep(READY_POLL_S)
+        raise RuntimeError(f"rabbitmq cluster not formed after {CLUSTER_TIMEOUT_S:.0f} s: {reason}")
+
+    def _cluster_reason(self, want: Sequence[str]) -> str:
+        """What keeps the cluster from being ready, or "" once every node agrees it is."""
+        for node in self.node_list:
+            try:  # a node still joining may refuse the query: poll again, up to the deadline
+                status = self.cluster_status(node)
+            except (RuntimeError, ValueError) as e:
+                return f"{node.name}: cluster_status failed: {e}"
+            ready, reason = rabbit_cluster_ready(status, want)
+            if not ready:
+                return f"{node.name}: {reason}"
+        return ""
+
+    def wait_quorum_online(
+        self, queues: Sequence[str], timeout_s: float = QUORUM_ONLINE_TIMEOUT_S
+    ) -> None:
+        """Until each of ``queues`` (quorum queues) has every node as a member and every member
+        online: declare-ok comes once the declaring node's member started, the other members
+        may still be starting, and a publish confirm needs a majority of them."""
+        want = [n.name for n in self.node_list]
+        deadline = time.monotonic() + timeout_s
+        reason = "not polled"
+        for _ in range(int(timeout_s / READY_POLL_S) + 1):
+            try:
+                ready, reason = self._quorum_verdict(queues, want)
+            except (RuntimeError, ValueError) as e:
+                ready, reason = False, f"list_queues failed: {e}"
+            if ready:
+                return
+            if time.monotonic() > deadline:
+                break
+            time.sleep(READY_POLL_S)
+        raise RuntimeError(f"rabbitmq quorum queues not online after {timeout_s:.0f} s: {reason}")
+
+    def _quorum_verdict(self, queues: Sequence[str], want: Sequence[str]) -> tuple[bool, str]:
+        out = self._ctl_ok(
+            self.node_list[0],
+            "list_queues",
+            "name",
+            "members",
+            "online",
+            "--formatter",
+            "json",
+            "--silent",
+        )
+        rows = parse_ctl_json(out)
+        return rabbit_quorum_queues_ready(rows if isinstance(rows, list) else [], queues, want)
 
     # -- Cluster protocol ----------------------------------------------------------------------
 
@@ -545,6 +610,8 @@ class RabbitCluster:
             self.nodes,
             self.server_pids(),
             prefetch=prefetch if prefetch is not None else self.prefetch,
+            # one node: declare-ok already means its only member runs
+            quorum_ready=self.wait_quorum_online if self.nodes > 1 else None,
         )
 
     def server_pids(self) -> list[int]:
@@ -652,11 +719,18 @@ class RabbitAdapter:
     durability = DURABILITY
 
     def __init__(
-        self, url: str, nodes: int, pids: list[int], *, prefetch: int = DEFAULT_PREFETCH
+        self,
+        url: str,
+        nodes: int,
+        pids: list[int],
+        *,
+        prefetch: int = DEFAULT_PREFETCH,
+        quorum_ready: Callable[[Sequence[str]], None] | None = None,
     ) -> None:
         self.url = url
         self.nodes = nodes
         self.prefetch = prefetch
+        self._quorum_ready = quorum_ready  # blocks until the named quorum queues are online
         self._pids = pids
         self._pub_conn: AbstractConnection | None = None
         self._sub_conn: AbstractConnection | None = None
@@ -706,6 +780,8 @@ class RabbitAdapter:
                 await q.bind(exchange)
         finally:
             await channel.close()
+        if self._quorum_ready is not None:
+            await asyncio.to_thread(self._quorum_ready, [f"{queue}.{g}" for g in groups])
 
     async def _take_channel(self) -> AbstractChannel:
         while self._free_channels:

@@ -20,7 +20,9 @@ group_consistency   a group partition's row contradicts its log: committed > nex
 dlq_conservation    a dead letter's origin does not exist: unknown queue or partition,
                     offset at or past the origin's high watermark, or never handed out to
                     the group it names (an origin below the low watermark was removed by
-                    retention, which is fine)
+                    retention, which is fine). Each letter is joined to its own origin (its
+                    fluxmq-original-* headers), so a DLQ shared by several queues is audited
+                    per source, and messages published to a DLQ directly are not letters
 totals              a group partition's counts do not add up: next - base must equal
                     acked + dead + filtered + skipped + purged + leased + scheduled
 ==================  =====================================================================

@@ -68,9 +68,10 @@ _TRANSPORT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEED
 class CliError(Exception):
     """Ends the command: ``error: <message>`` on one line of stderr, and ``exit_code``."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_REFUSED) -> None:
+    def __init__(self, message: str, exit_code: int = EXIT_REFUSED, reason: str = "") -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.reason = reason  # the broker's ErrorInfo reason (QUEUE_EXISTS...), when it answered
 
     @property
     def line(self) -> str:
@@ -300,7 +301,8 @@ def rpc_failure(err: grpc.RpcError, address: str, timeout_s: float | None) -> Cl
     extra = [v for v in violations if v not in message]  # often the message already says it
     if extra:
         line += "; " + "; ".join(extra)
-    return CliError(line, EXIT_UNREACHABLE if code in _TRANSPORT_CODES else EXIT_REFUSED)
+    exit_code = EXIT_UNREACHABLE if code in _TRANSPORT_CODES else EXIT_REFUSED
+    return CliError(line, exit_code, reason if answered else "")
 
 
 def _connects(channel: grpc.Channel, timeout_s: float) -> bool:
@@ -371,7 +373,7 @@ class Connection:
 
     def _failure(self, err: grpc.RpcError, timeout_s: float | None) -> CliError:
         failure = rpc_failure(err, self.address, timeout_s)
-        return CliError(self.security.redact(str(failure)), failure.exit_code)
+        return CliError(self.security.redact(str(failure)), failure.exit_code, failure.reason)
 
     def call(self, method: Callable[..., Any], request: Any, *, wait_s: float = 0.0) -> Any:
         """A unary call with the deadline ``--timeout`` (plus ``wait_s`` for long polls); a

@@ -1,4 +1,5 @@
-"""``fluxmqctl dlq list|replay|purge``: the dead letters of a queue."""
+"""``fluxmqctl dlq list|replay|purge``: the dead letters of a queue (its own only: queues that
+share one dead-letter queue never see or touch each other's letters)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def _select(p: argparse.ArgumentParser) -> None:
         action="append",
         help="a dead letter's id",
     )
-    which.add_argument("--all", action="store_true", help="every dead letter")
+    which.add_argument("--all", action="store_true", help="every dead letter of the queue")
 
 
 def list_dead(args: argparse.Namespace, ctx: Context) -> int:
@@ -117,7 +118,7 @@ def replay(args: argparse.Namespace, ctx: Context) -> int:
 
 def purge(args: argparse.Namespace, ctx: Context) -> int:
     what = "every dead letter" if args.all else f"{len(args.ids)} dead letter(s)"
-    confirm(f"Delete {what} of queue {args.queue!r}?", args.yes)
+    confirm(f"Delete {what} of queue {args.queue!r} (other queues' letters stay)?", args.yes)
     resp = ctx.conn.call(
         ctx.conn.queues.PurgeDeadLetters,
         pb.PurgeDeadLettersRequest(queue=args.queue, ids=args.ids or [], all=args.all),

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.cli.conn import Context, confirm
+from fluxmq.cli.conn import CliError, Context, confirm
 from fluxmq.cli.offsets import show_offsets
 from fluxmq.cli.output import enum_short, message_dict, show_bytes, show_time
 from fluxmq.cli.values import POSITIONS, key_value, non_negative, show_position, start_position
@@ -48,6 +48,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="deliver only messages with this header value (repeatable)",
     )
     p.add_argument("--filter-key-prefix", metavar="PREFIX", help="only keys with this prefix")
+    p.add_argument(
+        "--exist-ok",
+        action="store_true",
+        help="a group of that name is no error: show it as it is (unchanged)",
+    )
     p.set_defaults(handler=create)
 
     p = verbs.add_parser(
@@ -191,7 +196,16 @@ def create(args: argparse.Namespace, ctx: Context) -> int:
         request.start.CopyFrom(args.start)
     if args.filter_key_prefix is not None:
         request.filter.key_prefix = args.filter_key_prefix.encode()
-    g = ctx.conn.call(ctx.conn.queues.CreateGroup, request)
+    try:
+        g = ctx.conn.call(ctx.conn.queues.CreateGroup, request)
+    except CliError as err:
+        if not (args.exist_ok and err.reason == "GROUP_EXISTS"):
+            raise
+        described = ctx.conn.call(
+            ctx.conn.queues.DescribeGroup,
+            pb.DescribeGroupRequest(queue=args.queue, group=args.group),
+        )
+        g = described.group
     if ctx.out.json:
         ctx.out.doc(message_dict(g))
         return 0

@@ -9,6 +9,8 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
 
 from fluxmq.cli import cluster, consume, dlq, group, key, offsets, publish, queue
 from fluxmq.cli.conn import (
@@ -56,9 +58,54 @@ Errors are one line, never a traceback; {DEBUG_ENV}=1 shows the traceback of an 
 """
 
 
+class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Parses a command's own arguments intermixed: options and positionals in any order
+    (``publish Q --key k hello``), which plain argparse refuses once a ``nargs="*"`` positional
+    has matched nothing. A noun whose verbs are subcommands again parses as usual (argparse
+    cannot intermix a parser with subparsers); its verb then intermixes."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        name, arg_strings = values[0], values[1:]
+        if self.dest is not argparse.SUPPRESS:
+            setattr(namespace, self.dest, name)
+        chosen = self._name_parser_map.get(name)
+        if chosen is None:
+            choices = ", ".join(self._name_parser_map)
+            raise argparse.ArgumentError(self, f"unknown command {name!r} (choices: {choices})")
+        if chosen._subparsers is None:
+            sub_ns, extras = chosen.parse_known_intermixed_args(arg_strings, None)
+        else:
+            sub_ns, extras = chosen.parse_known_args(arg_strings, None)
+        for dest, value in vars(sub_ns).items():
+            setattr(namespace, dest, value)
+        if extras:
+            vars(namespace).setdefault(argparse._UNRECOGNIZED_ARGS_ATTR, []).extend(extras)
+
+
+class CliParser(argparse.ArgumentParser):
+    """Every parser of fluxmqctl: its subcommands (and theirs) use ``_Subcommands``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Subcommands)
+
+
+def version() -> str:
+    try:
+        return metadata.version("fluxmq")
+    except metadata.PackageNotFoundError:  # running from a tree that was never installed
+        return "unknown (not installed)"
+
+
 def _common() -> argparse.ArgumentParser:
     """Global options, accepted before or after the command (defaults applied after parsing)."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = CliParser(add_help=False)
     g = common.add_argument_group("global options")
     g.add_argument(
         "--server",
@@ -111,13 +158,14 @@ def _common() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="fluxmqctl",
         description="Administer and use a FluxMQ broker or cluster over its gRPC API.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
     )
+    parser.add_argument("--version", action="version", version=f"fluxmqctl {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     queue.register(sub, common)
     publish.register(sub, common)

@@ -1,6 +1,8 @@
 """``fluxmqctl publish QUEUE [VALUE ...] | --file F.jsonl | --file -``: messages from the command
 line, or JSON lines (``{"value": ..., "key": ..., "headers": {...}}``) from a file or stdin, sent
-in batches of up to 1000 with a progress line on stderr for bulk input."""
+in batches of up to 1000 with a progress line on stderr for bulk input. With no VALUE and stdin
+not a terminal, every line of stdin is one plain-text message (``printf 'a\\nb\\n' | fluxmqctl
+publish Q``, as ``kcat -P``)."""
 
 from __future__ import annotations
 
@@ -31,12 +33,20 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         description="Publishes each VALUE (UTF-8 text) as one message, or every line of --file "
         '(JSON lines: {"value": ..., "key": ..., "headers": {...}}, optionally "partition", '
         '"delay_ms", "deliver_at_ms", "idempotency_key"; a value that is not a string is sent as '
-        "compact JSON). --key/--header/--partition/--delay-ms apply to every message (a line's "
-        "own fields win). Batches of up to --batch messages; a progress line on stderr for file "
-        "input when stderr is a terminal, or with --progress.",
+        "compact JSON). With no VALUE and stdin not a terminal, each line of stdin is one "
+        "plain-text message. --key/--header/--partition/--delay-ms apply to every message (a "
+        "line's own fields win). Batches of up to --batch messages; a progress line on stderr "
+        "for file input when stderr is a terminal, or with --progress.",
     )
     p.add_argument("queue")
-    p.add_argument("values", nargs="*", metavar="VALUE", help='message values; "-" = --file -')
+    p.add_argument(
+        "values",
+        nargs="*",
+        default=[],
+        metavar="VALUE",
+        help='message values; "-" = --file -; none, with stdin not a terminal: one message per '
+        "line of stdin (as kcat -P)",
+    )
     p.add_argument("--key", help="message key (UTF-8)")
     p.add_argument(
         "--header", metavar="K=V", type=key_value, action="append", default=[], help="repeatable"
@@ -87,7 +97,13 @@ def publish(args: argparse.Namespace, ctx: Context) -> int:
     if source is not None and args.values:
         raise UsageError("give either VALUE arguments or --file, not both")
     if source is None and not args.values:
-        raise UsageError("nothing to publish: give VALUE arguments, --file F.jsonl or --file -")
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UsageError(
+                "nothing to publish: give VALUE arguments, --file F.jsonl, --file -, or pipe "
+                "lines to stdin"
+            )
+        # Piped input with no VALUE: one message per line, as `kcat -P` reads it.
+        source, args.lines = "-", True
     if args.idempotency_key and (source is not None or len(args.values) != 1):
         raise UsageError("--idempotency-key is for one VALUE; use --idempotency-prefix for more")
     defaults = Defaults(

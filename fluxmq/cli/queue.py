@@ -8,7 +8,7 @@ from typing import Any
 from google.protobuf import field_mask_pb2
 
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.cli.conn import Context, UsageError, confirm
+from fluxmq.cli.conn import CliError, Context, UsageError, confirm
 from fluxmq.cli.output import enum_short, flatten, message_dict, show_time
 from fluxmq.cli.values import key_value, non_negative, positive, set_field
 
@@ -45,6 +45,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--group", metavar="G", default="", help="replication group (Raft shard)")
     p.add_argument(
         "--label", metavar="K=V", type=key_value, action="append", default=[], help="repeatable"
+    )
+    p.add_argument(
+        "--exist-ok",
+        action="store_true",
+        help="a queue of that name is no error: show it as it is (its config unchanged)",
     )
     p.set_defaults(handler=create)
 
@@ -113,7 +118,12 @@ def create(args: argparse.Namespace, ctx: Context) -> int:
         replication=pb.Replication(factor=args.replication_factor, group=args.group),
         labels=dict(args.label),
     )
-    queue = ctx.conn.call(ctx.conn.queues.CreateQueue, pb.CreateQueueRequest(config=config))
+    try:
+        queue = ctx.conn.call(ctx.conn.queues.CreateQueue, pb.CreateQueueRequest(config=config))
+    except CliError as err:
+        if not (args.exist_ok and err.reason == "QUEUE_EXISTS"):
+            raise
+        queue = ctx.conn.call(ctx.conn.queues.GetQueue, pb.GetQueueRequest(name=args.name))
     _show_queue(ctx, queue)
     return 0
 

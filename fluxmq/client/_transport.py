@@ -13,8 +13,14 @@ on first use) and sends each unary call:
   not idempotent, not when the outcome is unknown), or the node could not be reached
   (UNAVAILABLE without a status; a call that is not idempotent only when the connection was
   refused, so nothing was sent), or the client's deadline passed on an idempotent call;
+- to the leader a NOT_LEADER answer names (``ErrorInfo`` metadata ``leader``: its gRPC
+  address), at once and remembered as the queue's leader, rather than to the same node again;
+  a NOT_LEADER that names no leader (an election is on) is retried after the advised delay;
 - to the next address after UNAVAILABLE or a passed deadline (failover), forgetting a cached
   leader that failed;
+- to another node at once after NODE_SHUTTING_DOWN (the node got SIGTERM and ended the call
+  before it leased or read anything); that node is then skipped, as seed, cached or
+  redirected leader, for ``SHUTTING_DOWN_AVOID_S``;
 - after the advised delay when the broker refused the call for now (RESOURCE_EXHAUSTED with a
   ``RetryInfo``, e.g. RATE_LIMITED: nothing was done, so any call may repeat), within the same
   attempt budget; a delay longer than ``RetryPolicy.max_retry_delay_s`` is not waited for (the
@@ -33,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,6 +55,10 @@ log = logging.getLogger("fluxmq.client")
 LEADER_KEY = "x-fluxmq-leader"
 # Outcome unknown: the request may have been applied; only idempotent calls repeat it.
 MAYBE_APPLIED = frozenset({"OUTCOME_UNKNOWN", "REPLICATION_TIMEOUT"})
+SHUTTING_DOWN = "NODE_SHUTTING_DOWN"
+# A node that answered NODE_SHUTTING_DOWN is gone or restarted well within this; until then it
+# only ends calls, even if it still leads a group for a moment during its hand-over.
+SHUTTING_DOWN_AVOID_S = 10.0
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -148,6 +159,7 @@ class Transport:
         self.retry = retry
         self._current = 0  # index into addresses: where calls without a known leader go
         self._leaders: dict[str, str] = {}  # queue -> gRPC address of its group's leader
+        self._avoid: dict[str, float] = {}  # shutting-down address -> monotonic time to forget
         self._nodes: dict[str, _Node] = {}
         self.closed = False
         self.retries = 0  # attempts after a failure, over the client's life (for monitoring)
@@ -178,12 +190,36 @@ class Transport:
             node = self._nodes[address] = _Node(address, self.credentials)
         return node
 
+    def _avoided(self, address: str) -> bool:
+        until = self._avoid.get(address)
+        if until is not None and time.monotonic() >= until:
+            del self._avoid[address]
+            return False
+        return until is not None
+
+    def _seed(self) -> str:
+        """The current address, or the next one that is not shutting down (if any is not)."""
+        n = len(self.addresses)
+        for i in range(n):
+            j = (self._current + i) % n
+            if not self._avoided(self.addresses[j]):
+                self._current = j
+                break
+        return self.addresses[self._current]
+
     def _target(self, queue: str | None) -> str:
         if queue is not None:
             leader = self._leaders.get(queue)
-            if leader is not None:
+            if leader is not None and not self._avoided(leader):
                 return leader
-        return self.addresses[self._current]
+        return self._seed()
+
+    def _shutting_down(self, address: str, queue: str | None) -> str:
+        """``address`` answered NODE_SHUTTING_DOWN: skip it for a while. -> the next target."""
+        self._avoid[address] = time.monotonic() + SHUTTING_DOWN_AVOID_S
+        target = self._failover(address, queue)
+        log.info("fluxmq: %s is shutting down, going on with %s", address, target)
+        return target
 
     def _failover(self, failed: str, queue: str | None) -> str:
         if queue is not None and self._leaders.get(queue) == failed:
@@ -196,10 +232,24 @@ class Transport:
             log.info("fluxmq: %s failed, trying %s", failed, self.addresses[self._current])
         return self._target(queue)
 
+    def _redirect(self, err: FluxMQError, failed: str, queue: str | None) -> str | None:
+        """The leader a NOT_LEADER answer names, remembered for ``queue`` (None: no redirect,
+        because the answer names no leader or names the node that answered)."""
+        leader = err.metadata.get("leader", "") if err.reason == "NOT_LEADER" else ""
+        if not leader or leader == failed:
+            return None
+        if queue is not None:
+            self._leaders[queue] = leader
+        self.add_addresses([leader])
+        log.info("fluxmq: %s does not lead; redirected to %s", failed, leader)
+        return leader
+
     def _remember_leader(self, queue: str, trailers: Any) -> None:
         for key, value in trailers or ():
             if key == LEADER_KEY:
                 leader = value if isinstance(value, str) else value.decode()
+                if self._avoided(leader):
+                    return  # it still leads during its hand-over, but is about to stop
                 if leader and self._leaders.get(queue) != leader:
                     self._leaders[queue] = leader
                     self.add_addresses([leader])
@@ -224,6 +274,7 @@ class Transport:
         policy = retry or self.retry
         timeout = self.timeout_s if timeout_s is None else timeout_s
         target = address or self._target(queue)
+        redirected: set[str] = set()  # leaders NOT_LEADER answers sent this call to
         attempt = 0
         while True:
             attempt += 1
@@ -235,6 +286,19 @@ class Transport:
                 err = from_rpc_error(rpc_err)
                 if attempt >= policy.max_attempts or self.closed or not should_retry(err, safe):
                     raise err from None
+                redirect = self._redirect(err, target, queue) if address is None else None
+                if redirect is not None and redirect not in redirected:
+                    # Another node: no reason to wait, unless two nodes keep naming each other.
+                    redirected.add(redirect)
+                    target = redirect
+                    self.retries += 1
+                    continue
+                if address is None and err.reason == SHUTTING_DOWN:
+                    moved = self._shutting_down(target, queue)
+                    if moved != target:
+                        target = moved  # another node: no reason to wait
+                        self.retries += 1
+                        continue
                 if address is None and fails_over(err):
                     target = self._failover(target, queue)
                 delay = policy.backoff_s(attempt)

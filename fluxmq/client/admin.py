@@ -287,7 +287,8 @@ class Admin:
         to_ms: int = 0,
         page_size: int = 100,
     ) -> AsyncIterator[pb.DeadLetter]:
-        """The dead letters of ``queue`` (optionally one group's, or a time range)."""
+        """The dead letters of ``queue`` (optionally one group's, or a time range): its own only,
+        also when other queues share its dead-letter queue."""
         token = ""
         while True:
             resp = await self._q(
@@ -325,6 +326,8 @@ class Admin:
     async def purge_dead_letters(
         self, queue: str, *, ids: Iterable[int] = (), all: bool = False
     ) -> int:
+        """Delete dead letters of ``queue`` (``ids``, or ``all`` of its own: other queues sharing
+        its dead-letter queue keep theirs); returns how many."""
         resp = await self._q(
             "PurgeDeadLetters",
             pb.PurgeDeadLettersRequest(queue=queue, ids=list(ids), all=all),

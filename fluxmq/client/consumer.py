@@ -15,7 +15,10 @@ A :class:`Consumer` is one member of a group (``consumer_id``, default
   in *ordered* groups leases come only from the member's assigned partitions;
 - leases batches with a long poll (``Lease``, ``wait_ms``) while fewer than its prefetch limit
   are held, renews the leases of held messages at about half their lease time (ExtendLease),
-  so a long handler keeps its message, and sends acks in batches.
+  so a long handler keeps its message, and sends acks in batches. A node that shuts down
+  (SIGTERM) ends the long poll at once with NODE_SHUTTING_DOWN: the next Lease goes to another
+  node without waiting, and the held messages are acked there (receipts are valid on any node
+  of the queue's group).
 
 Each :class:`Message` is acked, nacked or extended with its own methods. With
 ``AsyncClient.consume`` a handler's success acks the message (``auto_ack``), an exception

@@ -39,6 +39,7 @@ class Op(IntEnum):
     LEAVE_GROUP = 20
     RELEASE_PARTITIONS = 21
     EXPIRE_MEMBERS = 22
+    RECORD_NODE_ADDRESS = 23
 
 
 _TYPES: dict[Op, type[Any]] = {
@@ -64,6 +65,7 @@ _TYPES: dict[Op, type[Any]] = {
     Op.LEAVE_GROUP: cpb.LeaveGroupCmd,
     Op.RELEASE_PARTITIONS: cpb.ReleasePartitionsCmd,
     Op.EXPIRE_MEMBERS: cpb.ExpireMembersCmd,
+    Op.RECORD_NODE_ADDRESS: cpb.RecordNodeAddressCmd,
 }
 _OPS: dict[type[Any], Op] = {t: op for op, t in _TYPES.items()}
 

@@ -38,6 +38,35 @@ def invalid_argument(field_path: str, description: str) -> FluxError:
     )
 
 
+def nested(prefix: str, err: FluxError) -> FluxError:
+    """``err``, raised while checking the part of a request at ``prefix`` (``publishes[1]``),
+    with every field path it names completed (``publishes[1].messages[0].value``): in its
+    violations (BadRequest), its ``field`` metadata (ErrorInfo) and its text, so that the three
+    agree and a client can find the offending field of a nested request. An error that names no
+    field (a missing queue, a lost leadership) is returned as it is."""
+    field_path = err.metadata.get("field") or (err.violations[0].field if err.violations else "")
+    if not field_path:
+        return err
+    full = f"{prefix}.{field_path}"
+    if err.message.startswith(field_path):
+        message = full + err.message[len(field_path) :]
+    else:
+        message = f"{full}: {err.message}"
+    metadata = dict(err.metadata)
+    if "field" in metadata:
+        metadata["field"] = full
+    return FluxError(
+        err.reason,
+        message,
+        retriable=err.retriable,
+        violations=tuple(
+            FieldViolation(f"{prefix}.{v.field}", v.description) for v in err.violations
+        ),
+        retry_after_ms=err.retry_after_ms,
+        metadata=metadata,
+    )
+
+
 def queue_not_found(name: str) -> FluxError:
     return FluxError("QUEUE_NOT_FOUND", f"queue {name!r} does not exist", metadata={"queue": name})
 

@@ -20,7 +20,17 @@ GROUP = b"C/"  # + queue_id u64 + group name -> fluxmq.v1.Group
 GROUP_PARTITION = b"P/"  # + group_id u64 + partition u32 -> PARTITION_VALUE
 SLOT = b"S/"  # + group_id u64 + partition u32 + offset u64 -> SLOT_VALUE + member (utf-8)
 DEAD_GONE = b"L/"  # + dlq queue_id u64 + offset u64 -> b"": dead letters replayed or purged
+# + dlq queue_id u64 + origin name length u8 + origin name + offset u64 -> b"": the live dead
+# letters of each origin queue (several queues may share one DLQ), removed on replay and purge
+DEAD_ORIGIN = b"O/"
+# + dlq queue_id u64 -> u64: DEAD_ORIGIN indexes the DLQ's dead letters from this offset on; those
+# below it were written before the index and are read by their fluxmq-original-queue header
+DEAD_INDEXED = b"I/"
+# + dlq queue_id u64 + origin name length u8 + origin name -> u64: DEAD_ORIGIN rows of that origin
+# (the depth without a scan; rows below the DLQ's low watermark are subtracted by readers)
+DEAD_ORIGIN_COUNT = b"K/"
 MEMBERSHIP = b"G/"  # + group_id u64 -> fluxmq.internal.MembershipState (groups with members)
+NODE_ADDRESS = b"N/"  # + raft address (utf-8) -> gRPC address (utf-8) of that node
 
 U64 = struct.Struct(">Q")
 DEDUP_VALUE = struct.Struct(">IQq")
@@ -96,3 +106,21 @@ def membership_key(group_id: int) -> bytes:
 
 def dead_gone_key(dlq_queue_id: int, offset: int) -> bytes:
     return DEAD_GONE + U64.pack(dlq_queue_id) + U64.pack(offset)
+
+
+def dead_origin_prefix(dlq_queue_id: int, origin: str) -> bytes:
+    name = origin.encode()
+    assert len(name) < 256  # queue names are at most 200 ASCII characters
+    return DEAD_ORIGIN + U64.pack(dlq_queue_id) + bytes((len(name),)) + name
+
+
+def dead_origin_key(dlq_queue_id: int, origin: str, offset: int) -> bytes:
+    return dead_origin_prefix(dlq_queue_id, origin) + U64.pack(offset)
+
+
+def dead_indexed_key(dlq_queue_id: int) -> bytes:
+    return DEAD_INDEXED + U64.pack(dlq_queue_id)
+
+
+def dead_origin_count_key(dlq_queue_id: int, origin: str) -> bytes:
+    return DEAD_ORIGIN_COUNT + dead_origin_prefix(dlq_queue_id, origin)[len(DEAD_ORIGIN) :]

@@ -63,6 +63,9 @@ PENDING_PER_PARTITION_MAX = 100_000
 LEASE_SCAN_RECORDS_MAX = 10_000
 EXPIRIES_PER_PASS_MAX = 10_000  # leases expired + TTL dead letters per ExpireLeases command
 REPLAY_PER_COMMAND_MAX = 1000
+# PurgeDeadLetters all=true: letters one command deletes (each is a row: a shared DLQ is never
+# truncated wholesale); the server repeats the command until fewer remain.
+PURGE_DEAD_LETTERS_PER_COMMAND_MAX = 10_000
 FILTER_TERMS_MAX = 16
 
 ACK_TIMEOUT_DEFAULT = "10s"

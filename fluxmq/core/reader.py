@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.core import keys
+from fluxmq.core import dead_letters, keys
 from fluxmq.core.delivery import GroupState, header
 from fluxmq.core.errors import (
     invalid_argument,
@@ -149,7 +149,12 @@ class QueueReader:
         with self._state.lock:
             return [g.meta for g in self._state.delivery.of_queue(entry.queue_id)]
 
-    def group_partitions(self, entry: QueueEntry, name: str) -> list[pb.GroupPartition]:
+    def group_partitions(
+        self, entry: QueueEntry, name: str, now_ms: int
+    ) -> list[pb.GroupPartition]:
+        """Each partition's counts. ``scheduled`` counts what is not due at ``now_ms``: a
+        pending slot that is due (a retry or delay whose time came, or a ready record that a
+        purge of delayed messages walked past) is ready, waiting for a lease."""
         g = self.group(entry, name)
         out = []
         with self._store.read() as txn, self._state.lock:
@@ -163,7 +168,7 @@ class QueueReader:
                         high_watermark=high,
                         lag=max(high - v.committed, 0),
                         in_flight=len(v.leased),
-                        scheduled=len(v.scheduled),
+                        scheduled=sum(1 for due, _ in v.scheduled.values() if due > now_ms),
                         dead=v.dead,
                         filtered=v.filtered,
                         skipped_by_retention=v.skipped,
@@ -173,10 +178,10 @@ class QueueReader:
                 )
         return out
 
-    def describe_group(self, entry: QueueEntry, name: str) -> pb.GroupDescription:
+    def describe_group(self, entry: QueueEntry, name: str, now_ms: int) -> pb.GroupDescription:
         g = self.group(entry, name)
         desc = pb.GroupDescription(group=g.meta)
-        desc.partitions.extend(self.group_partitions(entry, name))
+        desc.partitions.extend(self.group_partitions(entry, name, now_ms))
         with self._state.lock:
             desc.in_flight_by_consumer.update(g.in_flight_by_member)
             ms = g.membership
@@ -257,7 +262,8 @@ class QueueReader:
 
     def offsets(self, entry: QueueEntry, group: str) -> pb.OffsetsResponse:
         resp = pb.OffsetsResponse()
-        for gp in self.group_partitions(entry, group):
+        # Offsets do not depend on the time (``scheduled`` is not part of the answer).
+        for gp in self.group_partitions(entry, group, now_ms=0):
             resp.partitions.add(
                 partition=gp.partition,
                 committed=gp.committed,
@@ -266,10 +272,10 @@ class QueueReader:
             )
         return resp
 
-    def group_lags(self, entry: QueueEntry) -> list[pb.GroupLag]:
+    def group_lags(self, entry: QueueEntry, now_ms: int) -> list[pb.GroupLag]:
         out = []
         for meta in self.groups(entry):
-            parts = self.group_partitions(entry, meta.name)
+            parts = self.group_partitions(entry, meta.name, now_ms)
             out.append(
                 pb.GroupLag(
                     name=meta.name,
@@ -289,7 +295,8 @@ class QueueReader:
     def dead_letters(
         self, entry: QueueEntry, group: str, from_ms: int, to_ms: int, page_token: str, limit: int
     ) -> tuple[list[pb.DeadLetter], str]:
-        """Dead letters of ``entry`` in DLQ order (= time order), ``limit`` per page."""
+        """Dead letters of ``entry`` in DLQ order (= time order), ``limit`` per page: only its
+        own, also when other queues share its DLQ."""
         if group:
             validate_group_name(group)
         start = 0
@@ -308,25 +315,22 @@ class QueueReader:
         next_token = ""
         with self._store.read() as txn:
             log = txn.log(keys.log_id(dlq.queue_id, 0))
-            wm = log.watermarks()
-            offset = max(start, wm.low, log.offset_for_timestamp(from_ms) if from_ms else 0)
+            offset = max(start, log.offset_for_timestamp(from_ms) if from_ms else 0)
             scanned = 0
-            while offset < wm.high and len(out) < limit and scanned < 100_000:
-                records = log.read(offset, 1000, 16 * 1024 * 1024)
-                for record in records:
-                    offset = record.offset + 1
-                    scanned += 1
-                    if to_ms and record.timestamp_ms >= to_ms:
-                        return out, ""
-                    if txn.get(keys.dead_gone_key(dlq.queue_id, record.offset)) is not None:
-                        continue
-                    dl = _dead_letter(record)
-                    if group and dl.group != group:
-                        continue
-                    out.append(dl)
-                    if len(out) >= limit:
-                        break
-            if offset < wm.high:
+            more = False
+            for record in dead_letters.letters(txn, dlq.queue_id, entry.name, offset):
+                if len(out) >= limit or scanned >= _DEAD_SCAN_MAX:
+                    more = True
+                    break
+                offset = record.offset + 1
+                scanned += 1
+                if to_ms and record.timestamp_ms >= to_ms:
+                    return out, ""
+                dl = _dead_letter(record)
+                if group and dl.group != group:
+                    continue
+                out.append(dl)
+            if more:
                 next_token = base64.urlsafe_b64encode(
                     _DEAD_TOKEN_TAG + str(offset).encode()
                 ).decode()
@@ -334,6 +338,7 @@ class QueueReader:
 
 
 _DEAD_TOKEN_TAG = b"dead:"
+_DEAD_SCAN_MAX = 100_000  # dead letters one ListDeadLetters page may pass over (group filter)
 
 
 def _dead_letter(record: Record) -> pb.DeadLetter:

@@ -13,6 +13,7 @@ An exception from storage aborts the whole transaction; nothing of the batch is 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core import dead_letters as dls
 from fluxmq.core import keys, limits
 from fluxmq.core import membership as msh
 from fluxmq.core.commands import Op, decode
@@ -163,6 +165,7 @@ class _Batch:
     txn: WriteTxn
     catalog: dict[str, QueueEntry] | None = None  # copy-on-write of the catalog
     last_ts: dict[int, int] = field(default_factory=dict)
+    node_addresses: dict[str, str] | None = None  # copy-on-write of node_addresses
 
 
 def load_catalog(txn: ReadTxn) -> dict[str, QueueEntry]:
@@ -180,6 +183,7 @@ class QueueStateMachine:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._catalog: dict[str, QueueEntry] = {}
+        self._node_addresses: dict[str, str] = {}  # raft address -> gRPC address
         self._applied = 0
         # Last timestamp per log, to keep timestamps of a log non-decreasing even if the leader's
         # clock steps back. Filled from storage on a miss, so it only ever reflects commits.
@@ -215,6 +219,7 @@ class QueueStateMachine:
             Op.LEAVE_GROUP: self._leave_group,
             Op.RELEASE_PARTITIONS: self._release_partitions,
             Op.EXPIRE_MEMBERS: self._expire_members,
+            Op.RECORD_NODE_ADDRESS: self._record_node_address,
         }
 
     @property
@@ -228,13 +233,22 @@ class QueueStateMachine:
     def last_applied_index(self) -> int:
         return self._applied
 
+    def node_address(self, raft_address: str) -> str | None:
+        """The gRPC address the node at ``raft_address`` recorded (None: never recorded)."""
+        return self._node_addresses.get(raft_address)
+
     def _reload(self) -> None:
         """Derive everything held in memory from the store, from one consistent view."""
         with self._store.read() as txn:
             catalog = load_catalog(txn)
+            node_addresses = {
+                k[len(keys.NODE_ADDRESS) :].decode(): v.decode()
+                for k, v in txn.scan(keys.NODE_ADDRESS)
+            }
             raw = txn.get(keys.APPLIED)
             delivery = DeliveryState.load(txn)
         self._catalog = catalog
+        self._node_addresses = node_addresses
         self._applied = keys.U64.unpack(raw)[0] if raw else 0
         self._last_ts = {}
         self.delivery = delivery
@@ -314,6 +328,8 @@ class QueueStateMachine:
             self._applied = applied
             if batch.catalog is not None:
                 self._catalog = batch.catalog
+            if batch.node_addresses is not None:
+                self._node_addresses = batch.node_addresses
             self._last_ts.update(batch.last_ts)
             touched = sorted(self.delivery.touched)
             self.delivery.touched.clear()
@@ -354,6 +370,14 @@ class QueueStateMachine:
             raise queue_not_found(name)
         return entry
 
+    # -- node addresses ---------------------------------------------------------------------
+
+    def _record_node_address(self, batch: _Batch, cmd: cpb.RecordNodeAddressCmd) -> None:
+        if batch.node_addresses is None:
+            batch.node_addresses = dict(self._node_addresses)
+        batch.node_addresses[cmd.raft_address] = cmd.grpc_address
+        batch.txn.put(keys.NODE_ADDRESS + cmd.raft_address.encode(), cmd.grpc_address.encode())
+
     # -- queues -----------------------------------------------------------------------------
 
     def _create_queue(self, batch: _Batch, cmd: cpb.CreateQueueCmd) -> pb.Queue:
@@ -361,6 +385,9 @@ class QueueStateMachine:
         if name in self._cat(batch):
             raise queue_exists(name)
         check_dead_letter_environments(self._cat(batch), cmd.config)
+        serves, adopt = dls.dead_letter_role(
+            self._cat(batch), cmd.config, None, self._messages_held(batch)
+        )
         if len(self._cat(batch)) >= limits.QUEUES_MAX:
             raise FluxError("QUEUE_LIMIT", f"the broker holds {limits.QUEUES_MAX} queues already")
         txn = batch.txn
@@ -368,11 +395,35 @@ class QueueStateMachine:
         queue_id = keys.U64.unpack(raw)[0] if raw else 1
         txn.put(keys.NEXT_QUEUE_ID, keys.U64.pack(queue_id + 1))
         queue = pb.Queue(
-            config=cmd.config, queue_id=queue_id, created_at_ms=cmd.now_ms, updated_at_ms=cmd.now_ms
+            config=cmd.config,
+            queue_id=queue_id,
+            created_at_ms=cmd.now_ms,
+            updated_at_ms=cmd.now_ms,
+            dead_letter_of=serves,
         )
         txn.put(keys.queue_key(name), queue.SerializeToString())
         self._cat_for_write(batch)[name] = QueueEntry(queue, policy_of(queue.config))
+        if adopt is not None:
+            self._mark_dead_letter_queue(batch, adopt, name)
         return queue
+
+    def _messages_held(self, batch: _Batch) -> Callable[[QueueEntry], bool]:
+        def holds(entry: QueueEntry) -> bool:
+            for partition in range(entry.policy.partitions):
+                wm = batch.txn.log(keys.log_id(entry.queue_id, partition)).watermarks()
+                if wm.high > wm.low:
+                    return True
+            return False
+
+        return holds
+
+    def _mark_dead_letter_queue(self, batch: _Batch, entry: QueueEntry, origin: str) -> None:
+        """``entry`` becomes a DLQ (of ``origin`` first): from now on it never gets a DLQ."""
+        queue = pb.Queue()
+        queue.CopyFrom(entry.queue)
+        queue.dead_letter_of = origin
+        batch.txn.put(keys.queue_key(entry.name), queue.SerializeToString())
+        self._cat_for_write(batch)[entry.name] = QueueEntry(queue, entry.policy)
 
     def _update_queue(self, batch: _Batch, cmd: cpb.UpdateQueueCmd) -> pb.Queue:
         old = self._entry(batch, cmd.config.name, cmd.queue_id)
@@ -387,6 +438,9 @@ class QueueStateMachine:
         if cmd.config.type != old.queue.config.type:
             raise FluxError("INVALID_ARGUMENT", "the queue type cannot be changed")
         check_dead_letter_environments(self._cat(batch), cmd.config)
+        _serves, adopt = dls.dead_letter_role(
+            self._cat(batch), cmd.config, old, self._messages_held(batch)
+        )
         queue = pb.Queue()
         queue.CopyFrom(old.queue)
         queue.config.CopyFrom(cmd.config)
@@ -394,6 +448,8 @@ class QueueStateMachine:
         queue.updated_at_ms = max(cmd.now_ms, old.queue.updated_at_ms + 1)
         batch.txn.put(keys.queue_key(cmd.config.name), queue.SerializeToString())
         self._cat_for_write(batch)[cmd.config.name] = QueueEntry(queue, policy_of(queue.config))
+        if adopt is not None:
+            self._mark_dead_letter_queue(batch, adopt, cmd.config.name)
         if cmd.config.partitions > old.queue.config.partitions:
             for g in self.delivery.of_queue(old.queue_id):
                 if g.membership is not None and g.membership.members and g.ordered:
@@ -911,7 +967,11 @@ class QueueStateMachine:
             )
             headers = [(k, v) for k, v in dl.record.headers if not k.startswith("fluxmq-")]
             headers += [(k, v.encode()) for k, v in zip(DEAD_HEADERS, extra, strict=True)]
-            self._append_raw(batch, dlq, 0, now_ms, dl.record.key, dl.record.value, headers)
+            dls.start_index(batch.txn, dlq.queue_id)
+            offset = self._append_raw(
+                batch, dlq, 0, now_ms, dl.record.key, dl.record.value, headers
+            )
+            dls.add(batch.txn, dlq.queue_id, origin.name, offset)
             written += 1
         return written
 
@@ -932,18 +992,17 @@ class QueueStateMachine:
         return offset
 
     def _replay_dead_letters(self, batch: _Batch, cmd: cpb.ReplayDeadLettersCmd) -> int:
-        """Dead letters back to their origin queue as new messages aimed at their group."""
+        """Dead letters of ``cmd.queue`` (only its own, also in a shared DLQ) back to it as new
+        messages aimed at their group."""
         origin = self._entry(batch, cmd.queue, cmd.queue_id)
         dlq = self._dead_letter_queue_if_any(batch, origin)
         if dlq is None:
             return 0
         txn = batch.txn
-        log = txn.log(keys.log_id(dlq.queue_id, 0))
         replayed = 0
-        for record in self._dead_letter_records(txn, dlq, log, cmd.ids, cmd.all):
+        group_filter = cmd.group if cmd.all else ""
+        for record in self._dead_letter_records(txn, dlq, origin, cmd.ids, cmd.all, group_filter):
             group = header(record, "fluxmq-group")
-            if cmd.all and cmd.group and (group or b"").decode() != cmd.group:
-                continue
             part = int(header(record, "fluxmq-original-partition") or b"0")
             if part >= origin.policy.partitions:
                 part = 0
@@ -952,85 +1011,94 @@ class QueueStateMachine:
                 headers.append((REPLAY_GROUP_HEADER, group))
             headers.append((REPLAYED_FROM_HEADER, str(record.offset).encode()))
             self._append_raw(batch, origin, part, cmd.now_ms, record.key, record.value, headers)
-            txn.put(keys.dead_gone_key(dlq.queue_id, record.offset), b"")
+            dls.remove(txn, dlq.queue_id, origin.name, record.offset)
             replayed += 1
-            if replayed >= limits.REPLAY_PER_COMMAND_MAX:
-                break
-        self._compact_dead_letters(txn, dlq, log)
+        self._compact_dead_letters(txn, dlq, origin)
         return replayed
 
     def _purge_dead_letters(self, batch: _Batch, cmd: cpb.PurgeDeadLettersCmd) -> int:
+        """Dead letters of ``cmd.queue`` deleted: only its own. A shared DLQ keeps the other
+        queues' letters and anything published to it directly (all = at most
+        PURGE_DEAD_LETTERS_PER_COMMAND_MAX per command; the server repeats it)."""
         origin = self._entry(batch, cmd.queue, cmd.queue_id)
         dlq = self._dead_letter_queue_if_any(batch, origin)
         if dlq is None:
             return 0
         txn = batch.txn
-        log = txn.log(keys.log_id(dlq.queue_id, 0))
-        purged = 0
         if cmd.all:
-            wm = log.watermarks()
-            gone = self._gone_count(txn, dlq.queue_id, wm.low)
-            purged = wm.high - wm.low - gone
-            log.truncate_before(wm.high)
+            chosen = list(
+                itertools.islice(
+                    dls.letter_offsets(txn, dlq.queue_id, origin.name),
+                    limits.PURGE_DEAD_LETTERS_PER_COMMAND_MAX,
+                )
+            )
         else:
-            for record in self._dead_letter_records(txn, dlq, log, cmd.ids, False):
-                txn.put(keys.dead_gone_key(dlq.queue_id, record.offset), b"")
-                purged += 1
-        self._compact_dead_letters(txn, dlq, log)
-        return purged
+            chosen = [r.offset for r in self._dead_letter_records(txn, dlq, origin, cmd.ids, False)]
+        for offset in chosen:
+            dls.remove(txn, dlq.queue_id, origin.name, offset)
+        self._compact_dead_letters(txn, dlq, origin)
+        return len(chosen)
 
     def _dead_letter_queue_if_any(self, batch: _Batch, origin: QueueEntry) -> QueueEntry | None:
         return dead_letter_entry(self._cat(batch), origin)
 
     def _dead_letter_records(
-        self, txn: ReadTxn, dlq: QueueEntry, log: PartitionLogReader, ids: Sequence[int], all_: bool
-    ) -> Iterator[Record]:
-        wm = log.watermarks()
+        self,
+        txn: ReadTxn,
+        dlq: QueueEntry,
+        origin: QueueEntry,
+        ids: Sequence[int],
+        all_: bool,
+        group: str = "",
+    ) -> list[Record]:
+        """The live dead letters of ``origin`` (all, maybe of one group, or those of ``ids``),
+        read before any of them changes. "all" takes at most REPLAY_PER_COMMAND_MAX (the server
+        repeats the command); ids are capped at the edge."""
         if all_:
-            offset = wm.low
-            while offset < wm.high:
-                records = log.read(offset, 1000, 16 * 1024 * 1024)
-                for record in records:
-                    if txn.get(keys.dead_gone_key(dlq.queue_id, record.offset)) is None:
-                        yield record
-                offset = records[-1].offset + 1
-            return
+            found = (
+                r
+                for r in dls.letters(txn, dlq.queue_id, origin.name)
+                if not group or header(r, "fluxmq-group") == group.encode()
+            )
+            return list(itertools.islice(found, limits.REPLAY_PER_COMMAND_MAX))
+        out = []
         for dl_id in sorted(set(ids)):
-            if (
-                wm.low <= dl_id < wm.high
-                and txn.get(keys.dead_gone_key(dlq.queue_id, dl_id)) is None
-            ):
-                yield log.read(dl_id, 1, 16 * 1024 * 1024)[0]
+            record = dls.letter(txn, dlq.queue_id, origin.name, dl_id)
+            if record is not None:
+                out.append(record)
+        return out
 
-    def _gone_count(self, txn: ReadTxn, dlq_queue_id: int, low: int) -> int:
-        prefix = keys.DEAD_GONE + keys.U64.pack(dlq_queue_id)
-        return sum(1 for k, _ in txn.scan(prefix) if keys.U64.unpack_from(k, len(prefix))[0] >= low)
-
-    def _compact_dead_letters(self, txn: WriteTxn, dlq: QueueEntry, log: PartitionLog) -> None:
-        """Drop gone rows below the low watermark, and move the low watermark over gone ones."""
+    def _compact_dead_letters(self, txn: WriteTxn, dlq: QueueEntry, origin: QueueEntry) -> None:
+        """Move the DLQ's low watermark over the run of gone letters it starts with (a letter of
+        another queue, or a message published to the DLQ directly, ends the run) and drop the
+        rows left below it. Costs the run, not every gone row: a shared DLQ may keep many."""
+        log = txn.log(keys.log_id(dlq.queue_id, 0))
         prefix = keys.DEAD_GONE + keys.U64.pack(dlq.queue_id)
         low = log.watermarks().low
-        gone = sorted(keys.U64.unpack_from(k, len(prefix))[0] for k, _ in txn.scan(prefix))
-        cut = low
-        for offset in gone:
-            if offset < cut:
-                continue
-            if offset != cut:
+        done = []
+        for key, _ in txn.scan(prefix):  # rows below low: the DLQ's own retention or purge
+            if keys.U64.unpack_from(key, len(prefix))[0] >= low:
                 break
+            done.append(key)
+        cut = low
+        for key, _ in txn.scan(prefix, keys.dead_gone_key(dlq.queue_id, low)):
+            if keys.U64.unpack_from(key, len(prefix))[0] != cut:
+                break
+            done.append(key)
             cut += 1
         if cut > low:
             log.truncate_before(cut)
-        for offset in gone:
-            if offset < cut:
-                txn.delete(keys.dead_gone_key(dlq.queue_id, offset))
+        for key in done:
+            txn.delete(key)
+        dls.drop_below(txn, dlq.queue_id, origin.name, cut)
 
     def dead_letter_depth(self, txn: ReadTxn, origin: QueueEntry) -> int:
-        """Dead letters of ``origin`` not replayed or purged (read-only, any thread)."""
+        """Dead letters of ``origin`` not replayed or purged (read-only, any thread); in a shared
+        DLQ only its own."""
         dlq = dead_letter_entry(self._catalog, origin)
         if dlq is None:
             return 0
-        wm = txn.log(keys.log_id(dlq.queue_id, 0)).watermarks()
-        return wm.high - wm.low - self._gone_count(txn, dlq.queue_id, wm.low)
+        return dls.count(txn, dlq.queue_id, origin.name)
 
 
 def same_environment(a: QueueEntry, b: QueueEntry) -> bool:

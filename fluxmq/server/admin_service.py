@@ -7,8 +7,9 @@ and the shard errors through the one table of fluxmq/server/errors.py) to rich s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -17,11 +18,11 @@ from fluxmq._pb.v1 import admin_pb2 as pb
 from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
 from fluxmq.server import node_stats
-from fluxmq.server.broker import Broker
+from fluxmq.server.broker import Broker, not_leader
 from fluxmq.server.guard import Identity, current_identity
 from fluxmq.server.key_admin import KeyAdmin
 from fluxmq.server.router import Router
-from raft import Shard, ShardStatus
+from raft import NotLeaderError, Shard, ShardStatus
 
 SHARD_ID_CHARS_MAX = 200
 ADDRESS_CHARS_MAX = 300
@@ -146,6 +147,20 @@ class AdminService(pb_grpc.AdminServiceServicer):
             raise shard_not_found(shard_id)
         return shard
 
+    @contextlib.contextmanager
+    def _on_leader(self, shard_id: str) -> Iterator[None]:
+        """A shard operation sent to a follower fails with NOT_LEADER naming the leader's gRPC
+        address (the shard itself only knows its Raft address)."""
+        try:
+            yield
+        except NotLeaderError:
+            broker = self._brokers()[shard_id]
+            raise not_leader(
+                f"this node does not lead replication group {shard_id!r}: send shard "
+                "operations to its leader",
+                broker.leader_address(),
+            ) from None
+
     def _queues(self, shard: Shard) -> list[str]:
         broker = self._brokers().get(shard.shard_id, self._broker)
         return sorted(broker.state.catalog)
@@ -200,21 +215,24 @@ class AdminService(pb_grpc.AdminServiceServicer):
         shard_id = validate_shard_id(request.shard_id)
         target = validate_address(request.target, "target") if request.target else None
         shard = self._shard(shard_id)
-        chosen = await shard.transfer_leadership(target)
+        with self._on_leader(shard_id):
+            chosen = await shard.transfer_leadership(target)
         return pb.TransferLeadershipResponse(target=chosen, leader=shard.leader or "")
 
     async def AddReplica(self, request: pb.AddReplicaRequest, context: Any) -> pb.ShardInfo:
         shard_id = validate_shard_id(request.shard_id)
         address = validate_address(request.address, "address")
         shard = self._shard(shard_id)
-        await shard.add_member(address)
+        with self._on_leader(shard_id):
+            await shard.add_member(address)
         return self._info(shard)
 
     async def RemoveReplica(self, request: pb.RemoveReplicaRequest, context: Any) -> pb.ShardInfo:
         shard_id = validate_shard_id(request.shard_id)
         address = validate_address(request.address, "address")
         shard = self._shard(shard_id)
-        await shard.remove_member(address)
+        with self._on_leader(shard_id):
+            await shard.remove_member(address)
         return self._info(shard)
 
     # -- API keys -----------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from fluxmq.core.state_machine import (
 )
 from fluxmq.server.cluster_view import ClusterView
 from fluxmq.server.consumers import Consumers, group_key, queue_key
-from fluxmq.server.errors import domain_error
+from fluxmq.server.errors import domain_error, node_shutting_down
+from fluxmq.server.timer_failures import TimerFailures
 from raft import Appended, Shard, ShardError
 from storage import Record
 
@@ -45,10 +46,40 @@ def wall_clock_ms() -> int:
 class PartitionNotifier:
     """Wakes long polls, tails and consumers when a partition grows (key: its log id), a queue
     grows (``consumers.queue_key``) or a group changes (``consumers.group_key``). An event
-    exists only while somebody waits on it, so memory is bounded by the number of waiters."""
+    exists only while somebody waits on it, so memory is bounded by the number of waiters.
+
+    ``drain()`` (SIGTERM) ends every wait through ``wait`` with NODE_SHUTTING_DOWN, and every
+    wait after it at once: a client learns within a moment that it should go to another node,
+    instead of holding a call the grace period would cancel. Writes never wait here, so they
+    go on."""
 
     def __init__(self) -> None:
         self._events: dict[Hashable, asyncio.Event] = {}
+        self._draining = asyncio.Event()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def drain(self) -> None:
+        self._draining.set()
+
+    def check_open(self) -> None:
+        """Raises NODE_SHUTTING_DOWN once the node drains: for calls about to wait or lease."""
+        if self._draining.is_set():
+            raise node_shutting_down()
+
+    async def wait(self, events: Sequence[asyncio.Event], timeout_s: float) -> None:
+        """Until one of ``events`` is set or ``timeout_s`` passes; raises NODE_SHUTTING_DOWN
+        when the node drains before or meanwhile."""
+        self.check_open()
+        waiters = [asyncio.ensure_future(ev.wait()) for ev in (*events, self._draining)]
+        try:
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        self.check_open()
 
     def event(self, key: Hashable) -> asyncio.Event:
         ev = self._events.get(key)
@@ -69,6 +100,21 @@ class PartitionNotifier:
 
 
 CATCH_UP_TIMEOUT_S = 2.0
+ADDRESS_CHECK_MS = 100  # how soon a new leader records its gRPC address in the shard
+ADDRESS_RETRY_MS = 1000  # after a failed attempt (no majority, say): calmer
+
+
+def not_leader(detail: str, leader_grpc: str | None) -> FluxError:
+    """NOT_LEADER naming the leader's gRPC address (ErrorInfo ``leader``; "" = not known yet),
+    where a client can send the call instead: never a Raft address, which serves no gRPC."""
+    return FluxError(
+        "NOT_LEADER",
+        detail
+        + (f"; the leader serves gRPC at {leader_grpc}" if leader_grpc else "; retry shortly"),
+        retriable=True,
+        retry_after_ms=200,
+        metadata={"leader": leader_grpc or ""},
+    )
 
 
 class Broker:
@@ -91,6 +137,9 @@ class Broker:
         self.consumers = Consumers(self)
         # Cluster metadata (placement, directory); None on a node without a metadata store.
         self.cluster: ClusterView | None = None
+        # Where this node serves gRPC and its Raft address in this shard (``advertise``).
+        self._grpc_address: str | None = None
+        self._raft_address: str | None = None
 
     def now_ms(self) -> int:
         return self._clock_ms()
@@ -112,6 +161,13 @@ class Broker:
         self._tasks.append(
             asyncio.create_task(self.consumers.alert_routine(), name="dead_letter_alerts")
         )
+        if self._raft_address is not None:
+            self._tasks.append(asyncio.create_task(self._address_routine(), name="node_address"))
+
+    def drain(self) -> None:
+        """The node is shutting down: the calls that wait for messages (long polls, Consume,
+        Tail) end now with NODE_SHUTTING_DOWN, and new ones are refused; writes go on."""
+        self.notifier.drain()
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -124,16 +180,42 @@ class Broker:
     # -- proposing --------------------------------------------------------------------------
 
     async def catch_up(self) -> bool:
-        """On a follower: apply everything committed so far, so that a lookup that failed on
-        state not replicated here yet can be retried. -> False when there is nothing to do
-        (this replica leads: its state is the latest)."""
-        if self.shard.is_leader or self.shard.leader is None:
-            return False  # leading, or cut off: the local state is all there is
+        """Before a lookup answers NOT_FOUND: apply everything committed before the call, so
+        that it never denies what another node already acknowledged (read-your-writes across
+        nodes). -> True: caught up, rerun the lookup; False: nothing to catch up (the shard's
+        only replica holds the latest state).
+
+        A leader catches up too: a new one may not have applied the entries its predecessor
+        committed, and one cut off from its majority does not know it is deposed; the barrier
+        (an empty entry through the log) settles both. When this replica cannot catch up (no
+        leader known, or the barrier did not return within CATCH_UP_TIMEOUT_S) it raises a
+        retriable GROUP_UNAVAILABLE: its own state may be stale, so NOT_FOUND would be a guess."""
+        if len(self.shard.status().members) <= 1:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_TIMEOUT_S
+        if not await self.wait_for_leader(CATCH_UP_TIMEOUT_S):
+            raise self._not_caught_up("no leader is known to this replica")
         try:
-            await asyncio.wait_for(self.shard.barrier(), CATCH_UP_TIMEOUT_S)
-        except (TimeoutError, ShardError):
-            return False  # could not catch up in time: answer from the local state
+            await asyncio.wait_for(self.shard.barrier(), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            raise self._not_caught_up(
+                f"it did not catch up with the leader within {CATCH_UP_TIMEOUT_S:g} s"
+            ) from None
+        except ShardError as exc:
+            raise self._not_caught_up(f"its catch-up failed ({exc})") from exc
         return True
+
+    def _not_caught_up(self, why: str) -> FluxError:
+        group = self.shard.shard_id
+        return FluxError(
+            "GROUP_UNAVAILABLE",
+            f"replication group {group!r} cannot confirm its latest state on this node: {why}; "
+            "the answer is unknown here, retry",
+            retriable=True,
+            retry_after_ms=500,
+            metadata={"group": group},
+        )
 
     async def wait_for_leader(self, timeout_s: float) -> bool:
         """Until the shard knows a leader (bounded); -> whether it does."""
@@ -145,22 +227,68 @@ class Broker:
             await asyncio.sleep(0.02)
         return True
 
+    # -- the shard's leader, by its gRPC address --------------------------------------------
+
+    def advertise(self, grpc_address: str, raft_address: str) -> None:
+        """Before ``start``: this node serves gRPC at ``grpc_address`` and is ``raft_address``
+        in this shard. Whenever it leads and the shard's replicated state does not map its Raft
+        address to that gRPC address yet, it proposes RecordNodeAddress: so every replica of
+        every shard can turn the Raft leader it knows into a gRPC address, with or without etcd
+        (the Raft log is the one channel every replica of the shard already trusts, and a
+        restarted node with another gRPC port corrects the record the first time it leads)."""
+        self._grpc_address = grpc_address
+        self._raft_address = raft_address
+
     def leader_address(self) -> str | None:
-        """gRPC address of the shard's leader (None: unknown, or no directory)."""
-        return self.cluster.leader_grpc_address() if self.cluster is not None else None
+        """gRPC address of the shard's leader (None: no leader, or it has not recorded its
+        address yet; a single node advertises none)."""
+        if self.shard.is_leader:
+            return self._grpc_address
+        leader = self.shard.leader
+        if not leader:
+            return None
+        recorded = self.state.node_address(leader)
+        if recorded is None and self.cluster is not None:
+            return self.cluster.grpc_address_of(leader)  # a leader of an older version
+        return recorded
 
     def require_leader(self) -> None:
         """For what only the leader can answer (heartbeats live in its memory)."""
         if not self.shard.is_leader:
-            leader = self.shard.leader
-            raise FluxError(
-                "NOT_LEADER",
+            raise not_leader(
                 "this node does not lead the queue's replication group"
-                + (f"; the leader is {leader}" if leader else "; no leader is elected yet"),
-                retriable=True,
-                retry_after_ms=200,
-                metadata={"leader": leader or ""},
+                + ("" if self.shard.leader else "; no leader is elected yet"),
+                self.leader_address(),
             )
+
+    async def maybe_record_address(self) -> bool:
+        """Leader only: record this node's gRPC address in the shard unless it already is.
+        -> whether a command was proposed."""
+        raft, grpc_address = self._raft_address, self._grpc_address
+        if raft is None or grpc_address is None or not self.shard.is_leader:
+            return False
+        if self.state.node_address(raft) == grpc_address:
+            return False
+        await self.submit(cpb.RecordNodeAddressCmd(raft_address=raft, grpc_address=grpc_address))
+        return True
+
+    async def _address_routine(self) -> None:
+        # Any failure is logged and retried: a task that died here would leave every replica
+        # naming no gRPC leader (no redirect, no trailer) for the rest of the process.
+        failures = TimerFailures(f"shard {self.shard.shard_id}: recording the gRPC address", log)
+        failing = False
+        while True:
+            await asyncio.sleep((ADDRESS_RETRY_MS if failing else ADDRESS_CHECK_MS) / 1000)
+            try:
+                await self.maybe_record_address()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures.failed(exc)
+                failing = True
+            else:
+                failures.succeeded()
+                failing = False
 
     async def submit(
         self, cmd: commands.Command, timeout_ms: int | None = None, *, on_append: bool = False
@@ -173,6 +301,11 @@ class Broker:
             err = domain_error(exc)
             if err is None:
                 raise
+            if err.reason == "NOT_LEADER":  # the shard names a Raft address: name a gRPC one
+                err = not_leader(
+                    f"this node does not lead replication group {self.shard.shard_id!r}",
+                    self.leader_address(),
+                )
             raise err from exc
         if isinstance(result, FluxError):
             raise result
@@ -336,8 +469,7 @@ class Broker:
             result = self.reader.fetch(entry, partition, offset, max_messages, max_bytes)
             if result.records:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining)
+            await self.notifier.wait([event], remaining)
             current = self.reader.entry(queue)
             if current.queue_id != entry.queue_id:  # deleted and re-created meanwhile
                 raise queue_not_found(queue)
@@ -373,6 +505,7 @@ class Broker:
                 )
         offsets = self.start_offsets(entry, parts, start)
         while True:
+            self.notifier.check_open()  # a draining node ends its tails, even busy ones
             events = [self.notifier.event(keys.log_id(entry.queue_id, p)) for p in parts]
             out = []
             for p in parts:
@@ -394,12 +527,7 @@ class Broker:
             if out:
                 yield out
                 continue
-            waiters = [asyncio.ensure_future(ev.wait()) for ev in events]
-            try:
-                await asyncio.wait(waiters, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
+            await self.notifier.wait(events, 1.0)
             if self.reader.entry(queue).queue_id != entry.queue_id:
                 raise queue_not_found(queue)  # deleted (and maybe re-created): this tail is over
 
@@ -423,13 +551,17 @@ class Broker:
         return result
 
     async def _retention_routine(self) -> None:
+        failures = TimerFailures("retention pass", log)
         while True:
             await asyncio.sleep(self._retention_interval_ms / 1000)
             if not self.shard.is_leader:
+                failures.stand_down()
                 continue
             try:
                 await self.maybe_apply_retention()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("retention pass failed; retrying on the next tick")
+            except Exception as exc:
+                failures.failed(exc)
+            else:
+                failures.succeeded()

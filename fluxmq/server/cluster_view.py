@@ -1,5 +1,6 @@
 """This node's link to the cluster metadata (etcd, or the embedded twin): its registration as a
-leased key, the directory of live nodes, the record of who leads its shard, and queue placement.
+leased key, the directory of live nodes, the record of who leads each shard it hosts (the home
+shard and every extra one, each under its own group id), and queue placement.
 
 Only metadata changes depend on the store: when etcd is away, publishing, leasing and every other
 request on existing queues keep working from the Raft shard and the cached directory; creating or
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 DIRECTORY_POLL_MS = 1000  # re-read the directory this often even without watch events
 LEADER_CHECK_MS = 100
+ROUTINE_RESTART_MS = 1000  # pause before restarting a background routine that failed
 CLOSE_STEP_TIMEOUT_S = 2.0
 GROUPS_PER_NODE_MAX = 16  # replication groups one node hosts (each is a Raft shard + a store)
 PLACEMENT_CACHE_MAX = 100_000
@@ -52,6 +54,21 @@ def metadata_unavailable(what: str, err: MetadataError) -> FluxError:
     )
 
 
+async def _supervised(name: str, routine: Callable[[], Awaitable[None]]) -> None:
+    """Runs a background routine for the node's life. The routines handle what they expect
+    (metadata errors); anything else is a bug that must be seen, but must not leave the node
+    blind to directory, group and placement changes until it restarts: log it, pause, restart."""
+    while True:
+        try:
+            await routine()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("cluster %s routine failed; restarting it", name)
+            await asyncio.sleep(ROUTINE_RESTART_MS / 1000)
+
+
 class ClusterView:
     def __init__(
         self,
@@ -67,7 +84,6 @@ class ClusterView:
     ) -> None:
         self.store = store
         self.node = node
-        self._shard = shard
         self._shard_id = shard_id
         self._ttl_ms = node_ttl_ms
         self._clock_ms = clock_ms
@@ -75,7 +91,9 @@ class ClusterView:
         self.metadata_error = ""  # why the last metadata call failed ("" = it worked)
         self._registered = False
         self.joined = False  # registered once: the node is part of the cluster from then on
-        self._published_term = -1
+        # Every shard this node runs a replica of (group id -> shard): each publishes its leader.
+        self._shards: dict[str, Shard] = {shard_id: shard}
+        self._published_terms: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._peers = peers  # raft addresses of the home group's other members
         self._auto_provision = auto_provision_groups
@@ -98,7 +116,7 @@ class ClusterView:
             ("directory", self.directory_routine),
             ("leader_record", self.leader_routine),
         ):
-            self._tasks.append(asyncio.create_task(routine(), name=name))
+            self._tasks.append(asyncio.create_task(_supervised(name, routine), name=name))
 
     async def close(self) -> None:
         """Bounded: a metadata store that does not answer must not hold up a shutdown."""
@@ -304,32 +322,41 @@ class ClusterView:
         self._placements[queue] = group_id
 
     def grpc_address_of(self, raft_address: str | None) -> str | None:
-        """The gRPC address of the node serving ``raft_address`` (None: not in the directory)."""
+        """The gRPC address of the node serving ``raft_address``, the Raft endpoint of its home
+        shard or of any group it is a member of (None: not in the directory)."""
         if not raft_address:
             return None
         for n in self.nodes.values():
             if f"{n.raft_host}:{n.raft_port_base}" == raft_address:
                 return n.grpc_address
+        for group in self.groups.values():
+            for node_id, port in group.raft_ports.items():
+                member = self.nodes.get(node_id)
+                if member is not None and f"{member.raft_host}:{port}" == raft_address:
+                    return member.grpc_address
         return None
 
-    def leader_grpc_address(self) -> str | None:
-        if self._shard.is_leader:
-            return self.node.grpc_address
-        return self.grpc_address_of(self._shard.leader)
+    # -- the shards' leader records -------------------------------------------------------------
 
-    # -- the shard's leader record ------------------------------------------------------------
+    def add_shard(self, group_id: str, shard: Shard) -> None:
+        """A shard started on this node: its leader is published under ``group_id`` too."""
+        self._shards[group_id] = shard
 
     async def maybe_publish_leader(self) -> None:
-        if not self._shard.is_leader:
-            return
-        term = self._shard.status().term
-        if term == self._published_term:
-            return
-        try:
-            await self.store.set_group_leader(self._shard_id, self.node.node_id, term)
-            self._published_term = term
-        except MetadataError as err:
-            self._failed("leader record", err)
+        """Every shard this node leads records (this node, term) under its own group id, so
+        that nodes outside a group forward to the group's leader, not to the home shard's."""
+        for group_id, shard in list(self._shards.items()):
+            if not shard.is_leader:
+                continue
+            term = shard.status().term
+            if term == self._published_terms.get(group_id):
+                continue
+            try:
+                await self.store.set_group_leader(group_id, self.node.node_id, term)
+                self._published_terms[group_id] = term
+            except MetadataError as err:
+                self._failed("leader record", err)
+                return
 
     async def leader_routine(self) -> None:
         while True:

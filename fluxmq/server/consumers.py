@@ -9,7 +9,6 @@ this module adds waiting, time and the one-poll-per-consumer rule.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Hashable, Sequence
@@ -20,7 +19,7 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import limits, validation
 from fluxmq.core import membership as msh
-from fluxmq.core.errors import FluxError, invalid_argument, queue_not_found
+from fluxmq.core.errors import FluxError, invalid_argument, nested, queue_not_found
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.state_machine import (
     ExpireResult,
@@ -33,6 +32,7 @@ from fluxmq.core.state_machine import (
     member_view,
     no_dead_letter_queue,
 )
+from fluxmq.server.timer_failures import TimerFailures
 
 if TYPE_CHECKING:
     from fluxmq.server.broker import Broker
@@ -63,6 +63,8 @@ class Consumers:
         self.dead_letter_alerts: dict[str, int] = {}  # queue -> depth when the alert was raised
         self.sessions = msh.SessionTracker()
         self._was_leader = False
+        self._expiry_failures = TimerFailures("lease expiry pass", log)
+        self._alert_failures = TimerFailures("dead-letter alert check", log)
 
     # -- groups -----------------------------------------------------------------------------
 
@@ -121,6 +123,9 @@ class Consumers:
         lease_ms = validation.lease_ms(req.lease_ms, entry.policy.lease_ms)
         wait_ms = validation.wait_ms(req.wait_ms)
         ref = self._member_ref(entry, req.group, req.member_id, req.generation_id)
+        # A draining node leases nothing more: the answer could be cut off by the shutdown,
+        # and the client finds the messages on another node at once.
+        self._broker.notifier.check_open()
         key = self._claim(entry, req.group, consumer)
         try:
             loop = asyncio.get_running_loop()
@@ -198,9 +203,11 @@ class Consumers:
         self, entry: QueueEntry, group: str, timeout_s: float, member_id: str = ""
     ) -> None:
         """Until the queue grows, the group changes, a scheduled message comes due, or
-        ``timeout_s`` passes. The events are taken before the check, so no wakeup is lost."""
+        ``timeout_s`` passes. The events are taken before the check, so no wakeup is lost.
+        Raises NODE_SHUTTING_DOWN when the node drains (before or meanwhile)."""
         g = self._reader.group(entry, group)
         notifier = self._broker.notifier
+        notifier.check_open()  # draining: no more leases, even of messages ready right now
         events = [notifier.event(queue_key(entry.queue_id)), notifier.event(group_key(g.group_id))]
         now_ms = self._broker.now_ms()
         ready, due_ms = self._reader.maybe_ready(entry, group, now_ms, member_id)
@@ -209,12 +216,7 @@ class Consumers:
         timeout_s = min(timeout_s, IDLE_RECHECK_S)
         if due_ms is not None:
             timeout_s = min(timeout_s, max(due_ms - now_ms, 1) / 1000)
-        waiters = [asyncio.ensure_future(ev.wait()) for ev in events]
-        try:
-            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+        await notifier.wait(events, timeout_s)
 
     async def consume(self, req: pb.ConsumeRequest) -> AsyncIterator[LeaseResult]:
         """Leases pushed as messages become ready, at most max_in_flight unsettled at once."""
@@ -229,14 +231,14 @@ class Consumers:
         notifier = self._broker.notifier
         try:
             while True:
+                notifier.check_open()  # a draining node ends its streams, even busy ones
                 self._ensure_same_queue(entry)
                 room = window - self._reader.in_flight(entry, req.group, consumer)
                 if room <= 0:
                     # Full: wait for an ack, nack or expiry of this group.
                     event = notifier.event(group_key(g.group_id))
                     if window - self._reader.in_flight(entry, req.group, consumer) <= 0:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(event.wait(), IDLE_RECHECK_S)
+                        await notifier.wait([event], IDLE_RECHECK_S)
                     continue
                 result = await self._lease_once(
                     entry, req.group, consumer, min(room, batch), lease_ms, ref
@@ -392,13 +394,20 @@ class Consumers:
     async def purge_dead_letters(self, req: pb.PurgeDeadLettersRequest) -> int:
         entry = self._reader.entry(req.queue)
         self._check_ids(req.ids, req.all)
-        n = await self._broker.submit(
-            cpb.PurgeDeadLettersCmd(
-                queue=req.queue, queue_id=entry.queue_id, ids=req.ids, all=req.all
+        total = 0
+        # "all" deletes the queue's own letters one by one (a shared DLQ is never truncated
+        # wholesale), at most PURGE_DEAD_LETTERS_PER_COMMAND_MAX per command.
+        for _ in range(10_000):
+            n = await self._broker.submit(
+                cpb.PurgeDeadLettersCmd(
+                    queue=req.queue, queue_id=entry.queue_id, ids=req.ids, all=req.all
+                )
             )
-        )
-        assert isinstance(n, int)
-        return n
+            assert isinstance(n, int)
+            total += n
+            if not req.all or n < limits.PURGE_DEAD_LETTERS_PER_COMMAND_MAX:
+                break
+        return total
 
     @staticmethod
     def _check_ids(ids: Sequence[int], all_: bool) -> None:
@@ -424,33 +433,35 @@ class Consumers:
         cmd = cpb.TransactCmd()
         now_ms = self._broker.now_ms()
         for i, ack in enumerate(req.acks):
-            entry = self._reader.entry(ack.queue, f"acks[{i}].queue")
-            self._receipts(entry, ack.group, ack.receipts, f"acks[{i}].receipts")
-            cmd.acks.add(
-                queue=ack.queue,
-                queue_id=entry.queue_id,
-                group=ack.group,
-                receipts=ack.receipts,
-                now_ms=now_ms,
-                member=self._settle_ref(entry, ack.group, ack.member_id, ack.generation_id),
-            )
-        for i, pub in enumerate(req.publishes):
-            entry = self._reader.entry(pub.queue, f"publishes[{i}].queue")
             try:
+                cmd.acks.append(self._transact_ack(ack, now_ms))
+            except FluxError as err:
+                raise nested(f"acks[{i}]", err) from None
+        for i, pub in enumerate(req.publishes):
+            try:
+                entry = self._reader.entry(pub.queue)
                 prepared = prepare_append(
                     pub.queue, entry.queue_id, entry.policy, pub.messages, i, now_ms
                 )
             except FluxError as err:
-                raise FluxError(
-                    err.reason,
-                    f"publishes[{i}].{err.message}",
-                    violations=err.violations,
-                    metadata=err.metadata,
-                ) from None
+                raise nested(f"publishes[{i}]", err) from None
             cmd.appends.append(prepared.command)
         result = await self._broker.submit(cmd, timeout_ms)
         assert isinstance(result, TransactResult)
         return result
+
+    def _transact_ack(self, ack: pb.AckRequest, now_ms: int) -> cpb.AckCmd:
+        """One ack of a transaction, checked as an Ack would be (field paths relative to it)."""
+        entry = self._reader.entry(ack.queue)
+        self._receipts(entry, ack.group, ack.receipts, "receipts")
+        return cpb.AckCmd(
+            queue=ack.queue,
+            queue_id=entry.queue_id,
+            group=ack.group,
+            receipts=ack.receipts,
+            now_ms=now_ms,
+            member=self._settle_ref(entry, ack.group, ack.member_id, ack.generation_id),
+        )
 
     # -- membership ---------------------------------------------------------------------------
 
@@ -602,6 +613,7 @@ class Consumers:
             await asyncio.sleep(EXPIRE_INTERVAL_MS / 1000)
             if not self._broker.shard.is_leader:
                 self._was_leader = False
+                self._expiry_failures.stand_down()
                 continue
             if not self._was_leader:
                 # Heartbeats went to the old leader: every member gets a full session from now.
@@ -612,11 +624,14 @@ class Consumers:
                 await self.maybe_expire_members()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("lease expiry pass failed; retrying on the next tick")
+            except Exception as exc:
+                self._expiry_failures.failed(exc)
+            else:
+                self._expiry_failures.succeeded()
 
     def maybe_alert_dead_letters(self) -> None:
-        """Log once when a queue's DLQ grows past its threshold; clear when it drops below."""
+        """Log once when a queue's own dead letters (in a shared DLQ: only its own) grow past its
+        threshold; clear when they drop back."""
         for entry in list(self._broker.state.catalog.values()):
             threshold = entry.policy.dead_letter_alert_threshold
             if not threshold:
@@ -626,19 +641,22 @@ class Consumers:
             if depth > threshold and entry.name not in self.dead_letter_alerts:
                 self.dead_letter_alerts[entry.name] = depth
                 log.warning(
-                    "dead-letter queue of %r holds %d messages (alert threshold %d)",
+                    "queue %r has %d dead letters in %r (alert threshold %d)",
                     entry.name,
                     depth,
+                    entry.policy.dead_letter_queue,
                     threshold,
                 )
             elif depth <= threshold and entry.name in self.dead_letter_alerts:
                 del self.dead_letter_alerts[entry.name]
-                log.info("dead-letter queue of %r is back to %d messages", entry.name, depth)
+                log.info("queue %r is back to %d dead letters", entry.name, depth)
 
     async def alert_routine(self) -> None:
         while True:
             await asyncio.sleep(1.0)
             try:
                 self.maybe_alert_dead_letters()
-            except Exception:
-                log.exception("dead-letter alert check failed")
+            except Exception as exc:
+                self._alert_failures.failed(exc)
+            else:
+                self._alert_failures.succeeded()

@@ -38,6 +38,8 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "RECEIPT_MISMATCH": grpc.StatusCode.INVALID_ARGUMENT,
     "CONSUMER_BUSY": grpc.StatusCode.FAILED_PRECONDITION,
     "NO_DEAD_LETTER_QUEUE": grpc.StatusCode.FAILED_PRECONDITION,
+    # A queue named as a DLQ that holds messages or has a DLQ of its own; a DLQ given a DLQ.
+    "DEAD_LETTER_QUEUE_CONFLICT": grpc.StatusCode.FAILED_PRECONDITION,
     "NOT_A_STREAM_QUEUE": grpc.StatusCode.FAILED_PRECONDITION,
     "LEASE_NOT_HELD": grpc.StatusCode.FAILED_PRECONDITION,
     "NOT_LEADER": grpc.StatusCode.UNAVAILABLE,
@@ -58,6 +60,9 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "REPLICATION_UNSATISFIABLE": grpc.StatusCode.FAILED_PRECONDITION,
     "SHARD_BUSY": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,
+    # SIGTERM: the node ends its waiting calls (long polls, Consume, Tail) so that clients move
+    # to another node at once; retriable there, not here.
+    "NODE_SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,
     "REQUEST_TIMEOUT": grpc.StatusCode.DEADLINE_EXCEEDED,
     "STORAGE_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "DATA_CORRUPTED": grpc.StatusCode.DATA_LOSS,
@@ -156,6 +161,17 @@ class _WithTrailers(grpc.Status):  # type: ignore[misc]
         self.code = status.code
         self.details = status.details
         self.trailing_metadata = tuple(status.trailing_metadata) + extra
+
+
+def node_shutting_down() -> FluxError:
+    """A call that waits (or would) on a node that got SIGTERM: nothing was leased or read by
+    it, so it may go to another node at once (no RetryInfo: no reason to wait)."""
+    return FluxError(
+        "NODE_SHUTTING_DOWN",
+        "this node is shutting down and ends the calls that wait for messages (long polls, "
+        "Consume, Tail); retry on another node",
+        retriable=True,
+    )
 
 
 def internal_error(request_id: str) -> FluxError:

@@ -8,7 +8,7 @@ verify them with ``tls_ca_file`` and present this node's certificate (peers may 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import grpc
@@ -23,6 +23,8 @@ from fluxmq.server.tls import TlsConfig
 FORWARDED_KEY = "x-fluxmq-forwarded"
 AUTHORIZATION_KEY = "authorization"
 FORWARD_TIMEOUT_S = 5.0
+# Metadata ``cause`` of the error a relay answers when the node it forwarded to is shutting down.
+REMOTE_SHUTTING_DOWN = "NODE_SHUTTING_DOWN"
 CHANNELS_MAX = 64  # one per peer node; a larger directory reuses the oldest slot
 
 
@@ -55,6 +57,8 @@ def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
             retry_after_ms=500,
             metadata={"node": address},
         )
+    if reason == REMOTE_SHUTTING_DOWN:
+        return remote_shutting_down(address)
     retriable = metadata.pop("retriable", "false") == "true"
     metadata.pop("request_id", None)
     return FluxError(
@@ -65,6 +69,31 @@ def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
         retry_after_ms=retry_after_ms,
         metadata=metadata,
     )
+
+
+def remote_shutting_down(address: str) -> FluxError:
+    """What a relay answers when the node it forwarded to said NODE_SHUTTING_DOWN: the same
+    retriable UNAVAILABLE, under another reason, because it is that node that stops, not this
+    one (a client skips a node that says NODE_SHUTTING_DOWN for a while). Nothing was leased
+    or read there, so the call may go anywhere at once."""
+    return FluxError(
+        "GROUP_UNAVAILABLE",
+        f"the node serving this queue ({address}) is shutting down; retry",
+        retriable=True,
+        metadata={"node": address, "cause": REMOTE_SHUTTING_DOWN},
+    )
+
+
+def is_remote_shutting_down(err: FluxError) -> bool:
+    return err.reason == "GROUP_UNAVAILABLE" and err.metadata.get("cause") == REMOTE_SHUTTING_DOWN
+
+
+def call_timeout_s(request: Any) -> float:
+    """How long a forwarded call may take: a long poll (Lease, Fetch) its ``wait_ms`` more,
+    or a forwarded poll longer than FORWARD_TIMEOUT_S would fail instead of waiting."""
+    fields = request.DESCRIPTOR.fields_by_name if hasattr(request, "DESCRIPTOR") else {}
+    wait_ms = int(request.wait_ms) if "wait_ms" in fields else 0
+    return FORWARD_TIMEOUT_S + max(wait_ms, 0) / 1000
 
 
 def was_forwarded(context: Any) -> bool:
@@ -112,7 +141,7 @@ class Forwarder:
         call = getattr(self.queue_service(address), method)
         try:
             return await call(
-                request, metadata=forwarded_metadata(context), timeout=FORWARD_TIMEOUT_S
+                request, metadata=forwarded_metadata(context), timeout=call_timeout_s(request)
             )
         except grpc.aio.AioRpcError as err:
             raise remote_error(err, address) from None
@@ -124,14 +153,14 @@ class Forwarder:
         call = getattr(self.queue_service(address), method)
         try:
             return await call(
-                request, metadata=forwarded_metadata(context), timeout=FORWARD_TIMEOUT_S
+                request, metadata=forwarded_metadata(context), timeout=call_timeout_s(request)
             )
         except grpc.aio.AioRpcError as err:
             raise remote_error(err, address) from None
 
     async def forward_stream(
         self, address: str, method: str, request: Any, context: Any
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """A server stream (Tail, Consume) relayed from ``address`` for as long as it runs."""
         call = getattr(self.queue_service(address), method)(
             request, metadata=forwarded_metadata(context)

@@ -39,7 +39,7 @@ def group_rows(broker: Broker) -> Iterator[metrics.GroupRow]:
     for entry in list(broker.state.catalog.values()):
         for meta in reader.groups(entry):
             try:
-                parts = reader.group_partitions(entry, meta.name)
+                parts = reader.group_partitions(entry, meta.name, broker.now_ms())
             except FluxError:
                 continue  # deleted meanwhile
             yield metrics.GroupRow(

@@ -12,7 +12,7 @@ import grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc as pb_grpc
 from fluxmq.core import validation
-from fluxmq.core.errors import FluxError, invalid_argument
+from fluxmq.core.errors import FluxError, invalid_argument, nested
 from fluxmq.core.queue_config import normalize_new
 from fluxmq.core.reader import page_token_after
 from fluxmq.core.state_machine import AppendResult, LeaseResult, SettleResult
@@ -171,7 +171,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
             )
             stats.messages += wm.high - wm.low
             stats.bytes += nbytes
-        stats.groups.extend(self._broker.reader.group_lags(entry))
+        stats.groups.extend(self._broker.reader.group_lags(entry, self._broker.now_ms()))
         stats.dead_letters = self._broker.reader.dead_letter_depth(entry)
         return stats
 
@@ -194,9 +194,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
 
         async def one(req: pb.PublishStreamRequest) -> pb.PublishStreamResponse:
             try:
-                timeout_ms = validation.request_timeout_ms(
-                    req.publish.request_timeout_ms, "publish.request_timeout_ms"
-                )
+                timeout_ms = validation.request_timeout_ms(req.publish.request_timeout_ms)
                 target = await self._router.locate(
                     req.publish.queue, forwarded=was_forwarded(context)
                 )
@@ -210,7 +208,10 @@ class QueueService(pb_grpc.QueueServiceServicer):
                 result = await target.publish(req.publish.queue, req.publish.messages, timeout_ms)
             except Exception as exc:
                 rid = request_id_var.get()
-                err = domain_error(exc) or internal_error(rid)
+                err = domain_error(exc)
+                # The fields are the Publish's (forwarded or not): name them in the stream's
+                # request, as ``publish.messages[0].value``.
+                err = internal_error(rid) if err is None else nested("publish", err)
                 status = to_rpc_status(err, rid)
                 return pb.PublishStreamResponse(
                     sequence=req.sequence,
@@ -299,7 +300,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
         self, request: pb.DescribeGroupRequest, context: Any
     ) -> pb.GroupDescription:
         entry = self._broker.reader.entry(request.queue)
-        return self._broker.reader.describe_group(entry, request.group)
+        return self._broker.reader.describe_group(entry, request.group, self._broker.now_ms())
 
     async def DeleteGroup(
         self, request: pb.DeleteGroupRequest, context: Any

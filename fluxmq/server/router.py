@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.errors import FluxError
-from fluxmq.server.forwarding import Forwarder, was_forwarded
+from fluxmq.server.errors import node_shutting_down
+from fluxmq.server.forwarding import Forwarder, is_remote_shutting_down, was_forwarded
 
 if TYPE_CHECKING:
     from fluxmq.server.broker import Broker
@@ -32,6 +33,10 @@ QUEUE_SERVICE = pb.DESCRIPTOR.services_by_name["QueueService"].full_name
 SERVICER_ROUTED = frozenset({"CreateQueue", "ListQueues", "PublishStream"})
 CATCH_UP_GROUPS_MAX = 64
 NEW_GROUP_LEADER_WAIT_S = 10.0  # a group started a moment ago elects its first leader
+# Relayed calls that wait for messages: ended at once when this node drains (SIGTERM).
+WAITING_UNARY = frozenset({"Lease", "Fetch"})
+
+T = TypeVar("T")
 
 current_broker: ContextVar[Broker | None] = ContextVar("current_broker", default=None)
 # The gRPC address of the leader of the group a call went to, for the x-fluxmq-leader trailer
@@ -80,6 +85,57 @@ class Router:
         # Set by the composition root when authentication is on (before build_server).
         self.guard: Guard | None = None
         self.key_admin: KeyAdmin | None = None
+        self._draining = asyncio.Event()
+
+    # -- draining (SIGTERM) ---------------------------------------------------------------
+
+    def drain(self) -> None:
+        """SIGTERM: every hosted group ends its waiting calls (``Broker.drain``), and so do the
+        waiting calls this node only relays to another node (long polls, Consume, Tail), with
+        NODE_SHUTTING_DOWN: their clients go to another node now, not when the grace period
+        cancels them. Relayed writes go on."""
+        self._draining.set()
+        for broker in list(self.brokers.values()):
+            broker.drain()
+
+    async def until_drained(self, awaitable: Awaitable[T]) -> T:
+        """``awaitable``'s result, unless this node drains first: then it is cancelled and
+        NODE_SHUTTING_DOWN raised (a relayed long poll cancelled before it answered; a lease
+        the other node made meanwhile comes back when it expires, as with any lost answer)."""
+        if self._draining.is_set():
+            close = getattr(awaitable, "close", None)
+            if close is not None:
+                close()  # a coroutine that never runs: nothing was sent
+            raise node_shutting_down()
+        call = asyncio.ensure_future(awaitable)
+        drained = asyncio.ensure_future(self._draining.wait())
+        try:
+            await asyncio.wait((call, drained), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drained.cancel()
+            if not call.done():
+                call.cancel()
+                await asyncio.wait((call,))  # its clean-up (cancelling the forwarded call) runs
+        if call.cancelled() and self._draining.is_set():
+            raise node_shutting_down()
+        return call.result()
+
+    async def other_replica(self, queue: str, failed: str) -> str | None:
+        """The gRPC address of another live node of ``queue``'s group than ``failed`` (its
+        leader first), for a relayed call that ``failed`` refused because it shuts down."""
+        view = self.view
+        group_id = await view.group_of(queue) if view is not None else None
+        if view is None or group_id is None:
+            return None
+        group = view.groups.get(group_id)
+        leader = view.leaders.get(group_id)
+        members = [leader[0]] if leader is not None else []
+        members += list(group.members) if group is not None else []
+        for member in members:
+            node = view.nodes.get(member)
+            if node is not None and member != view.node.node_id and node.grpc_address != failed:
+                return node.grpc_address
+        return None
 
     def queue_environment(self, queue: str) -> str | None:
         """The environment in the config of ``queue`` on a group this node hosts (None: none)."""
@@ -91,6 +147,8 @@ class Router:
 
     def add_group(self, group_id: str, broker: Broker) -> None:
         self.brokers[group_id] = broker
+        if self._draining.is_set():  # started during the shutdown: it drains as the others
+            broker.drain()
 
     def local(self, queue: str) -> Broker | None:
         """The hosted group whose state has ``queue`` (replicas serve reads themselves)."""
@@ -146,9 +204,15 @@ class Router:
             )
 
     async def catch_up(self) -> bool:
-        """On NOT_FOUND: every hosted group applies what is committed, then the call reruns."""
+        """On NOT_FOUND: every hosted group applies what is committed, then the call reruns.
+        A group that cannot catch up raises its retriable error: the name may be one of its
+        own, so NOT_FOUND could deny a write it acknowledged (the others caught up meanwhile,
+        so the client's retry finds what they hold)."""
         brokers = list(self.brokers.values())[:CATCH_UP_GROUPS_MAX]
-        results = await asyncio.gather(*(b.catch_up() for b in brokers))
+        results = await asyncio.gather(*(b.catch_up() for b in brokers), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         return any(results)
 
     def leader_address(self) -> str | None:
@@ -202,8 +266,7 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         async def wrapper(request: Any, context: Any) -> Any:
             target = await self._target(request, context)
             if isinstance(target, str):
-                call_leader.set(target)  # the group's leader when the directory knows it
-                return await self._router.forwarder.forward(target, method, request, context)
+                return await self._forward(target, method, request, context)
             call_leader.set(target.leader_address())
             token = current_broker.set(target)
             try:
@@ -213,15 +276,46 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         return wrapper
 
+    async def _forward(self, address: str, method: str, request: Any, context: Any) -> Any:
+        """To ``address`` (the group's leader when the directory knows it); when that node no
+        longer leads (the directory lags a leadership change), once more to the leader its
+        NOT_LEADER names: NOT_LEADER means nothing was done, and the callee never forwards.
+        A long poll that ``address`` refuses because it shuts down goes once to another node
+        of the group (nothing was leased or read); one still waiting when this node drains
+        ends with NODE_SHUTTING_DOWN."""
+        waits = method in WAITING_UNARY and int(getattr(request, "wait_ms", 0)) > 0
+        try:
+            return await self._forward_once(address, method, request, context, waits)
+        except FluxError as err:
+            if not (waits and is_remote_shutting_down(err)):
+                raise
+            other = await self._router.other_replica(queue_of(request) or "", address)
+            if other is None:
+                raise
+        return await self._forward_once(other, method, request, context, waits)
+
+    async def _forward_once(
+        self, address: str, method: str, request: Any, context: Any, waits: bool
+    ) -> Any:
+        call_leader.set(address)
+        forwarder = self._router.forwarder
+        relay = self._router.until_drained if waits else _at_once
+        try:
+            return await relay(forwarder.forward(address, method, request, context))
+        except FluxError as err:
+            leader = err.metadata.get("leader", "") if err.reason == "NOT_LEADER" else ""
+            if not leader or leader == address:
+                raise
+        call_leader.set(leader)
+        return await relay(forwarder.forward(leader, method, request, context))
+
     def _stream(
         self, method: str, behavior: Callable[..., AsyncIterator[Any]]
     ) -> Callable[..., AsyncIterator[Any]]:
         async def wrapper(request: Any, context: Any) -> AsyncIterator[Any]:
             target = await self._target(request, context)
             if isinstance(target, str):
-                async for item in self._router.forwarder.forward_stream(
-                    target, method, request, context
-                ):
+                async for item in self._relay_stream(target, method, request, context):
                     yield item
                 return
             token = current_broker.set(target)
@@ -233,3 +327,23 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     current_broker.reset(token)
 
         return wrapper
+
+    async def _relay_stream(
+        self, address: str, method: str, request: Any, context: Any
+    ) -> AsyncIterator[Any]:
+        """A stream (Consume, Tail) relayed from ``address`` until it ends or this node drains
+        (then NODE_SHUTTING_DOWN, as the streams this node serves itself)."""
+        stream = self._router.forwarder.forward_stream(address, method, request, context)
+        try:
+            while True:
+                try:
+                    item = await self._router.until_drained(anext(stream))
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            await stream.aclose()
+
+
+async def _at_once(awaitable: Awaitable[T]) -> T:
+    return await awaitable

@@ -2,7 +2,8 @@
 
 The same workload runs on a single node and on three Raft replicas: a keyed work queue with two
 consumer groups (acks, dead letters, leases still out), a queue whose retention removed records
-that had been dead-lettered, and a stream queue with committed offsets. The nodes are stopped
+that had been dead-lettered, a stream queue with committed offsets, and two queues sharing one
+DLQ, one of which purged its letters (kept in the log behind the other's). The nodes are stopped
 before their directories are used, so every store is complete and at rest.
 """
 
@@ -29,6 +30,8 @@ Stub = queue_pb2_grpc.QueueServiceStub
 ORDERS = "orders"  # work queue, 3 partitions, keyed, idempotency keys, groups billing + late
 SHORT = "short"  # work queue whose retention removed dead-lettered records
 EVENTS = "events"  # stream queue with a group that committed offsets
+LEFT, RIGHT = "left", "right"  # work queues sharing the DLQ SHARED_DLQ
+SHARED_DLQ = "common-dlq"  # offsets: 0 right-0, 1 left-0 (purged), 2 left-1 (purged), 3 right-1
 ORDERS_PARTITIONS = 3
 
 
@@ -68,6 +71,17 @@ def workload(stub: Stub) -> None:
     for i in range(40):
         publish(stub, EVENTS, b"event-%d" % i, key=b"e%d" % (i % 4))
     stub.CommitOffsets(pb.CommitOffsetsRequest(queue=EVENTS, group="reader", offsets={0: 5, 1: 7}))
+
+    for name in (LEFT, RIGHT):
+        work_queue(stub, name, dead_letter_queue=SHARED_DLQ)
+        group(stub, name, "g")
+        publish(stub, name, b"%s-0" % name.encode(), b"%s-1" % name.encode())
+    for name, first, count in ((RIGHT, 0, 1), (LEFT, 0, 2), (RIGHT, 1, 1)):
+        got = lease_all(stub, name, "g", count=count)
+        assert [m.record.offset for m in got] == list(range(first, first + count))
+        nack(stub, name, "g", receipts(got), dead=True, reason="shared")
+    purged = stub.PurgeDeadLetters(pb.PurgeDeadLettersRequest(queue=LEFT, all=True))
+    assert purged.purged == 2
 
 
 def _wait_low(stub: Stub, queue: str, low: int, timeout_s: float = 20.0) -> None:

@@ -13,7 +13,7 @@ from fluxmq.audit import job, rules
 from fluxmq.audit.job import SparkSettings
 from tests.audit import inject
 from tests.audit.conftest import Copier
-from tests.audit.data import EVENTS, ORDERS, ORDERS_PARTITIONS, SHORT
+from tests.audit.data import EVENTS, LEFT, ORDERS, ORDERS_PARTITIONS, RIGHT, SHARED_DLQ, SHORT
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +59,8 @@ def test_clean_single_node_data_reports_clean(single_copy: Copier, tmp_path: Pat
     assert (
         short["dead"] == 3 and short["removed"] > 0
     )  # dead letters whose origin retention removed
+    # Two queues sharing one DLQ: each letter is audited against its own origin.
+    assert by_group[(LEFT, "g")]["dead"] == by_group[(RIGHT, "g")]["dead"] == 2
 
 
 def test_clean_replicas_report_clean(cluster_copy: Copier, tmp_path: Path) -> None:
@@ -90,6 +92,9 @@ def _inject_common(d: Path, *, flip: bool, delete: bool, committed: bool) -> Fou
     expected.add(("dedup_window", node, ORDERS, q, 2))
     inject.set_header(d, f"{ORDERS}.dlq", 0, 0, "fluxmq-original-offset", b"999999")
     expected.add(("dlq_conservation", node, f"{ORDERS}.dlq", 0, 0))
+    # In the shared DLQ: one of RIGHT's letters; LEFT's (purged) and RIGHT's other stay clean.
+    inject.set_header(d, SHARED_DLQ, 0, 3, "fluxmq-original-offset", b"999999")
+    expected.add(("dlq_conservation", node, SHARED_DLQ, 0, 3))
     return expected
 
 

@@ -96,17 +96,37 @@ def read_events(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _expired_without_touching(
+    timeline: list[dict[str, object]], after: int, c: str, p: int
+) -> bool:
+    """Whether member ``c`` learns later that the broker removed it (``should_rejoin``: its
+    session lapsed, say a process starved under load) and got no work from ``p`` meanwhile.
+    Its session, and so its ownership, had then ended before another member acquired ``p``
+    (the broker refuses an expired member's leases): no partition had two owners."""
+    for e in timeline[after + 1 :]:
+        if e["c"] != c:
+            continue
+        if e["ev"] == "should_rejoin":
+            return True
+        if e["ev"] in ("lease", "release", "acquire") and e.get("p") == p:
+            return False
+    return False
+
+
 def check_single_owner(events: list[dict[str, object]], killed: dict[str, float]) -> int:
     """No partition is held by two members at once, and every lease was of a held partition.
-    A killed member holds nothing from its kill time on. -> number of ownership changes seen."""
+    A killed member holds nothing from its kill time on; a member whose session lapsed holds
+    nothing from the moment the broker gave its partitions away, and must get no work from
+    them until it has rejoined. -> number of ownership changes seen."""
     timeline = sorted(events, key=lambda e: float(e["t"]))  # type: ignore[arg-type]
     for consumer, t in killed.items():
         timeline.append({"t": t, "c": consumer, "ev": "killed"})
     timeline.sort(key=lambda e: float(e["t"]))  # type: ignore[arg-type]
     holder: dict[int, str] = {}
     held_by: dict[str, set[int]] = {}
+    lapsed: set[tuple[str, int]] = set()  # (member, partition) it drops on its should_rejoin
     changes = 0
-    for e in timeline:
+    for i, e in enumerate(timeline):
         c, ev = str(e["c"]), e["ev"]
         if ev == "killed":
             for p in held_by.pop(c, set()):
@@ -114,12 +134,20 @@ def check_single_owner(events: list[dict[str, object]], killed: dict[str, float]
             continue
         if ev == "acquire":
             p = int(e["p"])  # type: ignore[call-overload]
+            old = holder.get(p)
+            if old is not None and _expired_without_touching(timeline, i, old, p):
+                held_by[old].discard(p)
+                lapsed.add((old, p))
+                del holder[p]
             assert p not in holder, f"partition {p} acquired by {c} while {holder.get(p)} holds it"
             holder[p] = c
             held_by.setdefault(c, set()).add(p)
             changes += 1
         elif ev == "release":
             p = int(e["p"])  # type: ignore[call-overload]
+            if (c, p) in lapsed:
+                lapsed.discard((c, p))
+                continue
             assert holder.get(p) == c, f"{c} released partition {p} held by {holder.get(p)}"
             del holder[p]
             held_by[c].discard(p)

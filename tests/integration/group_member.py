@@ -41,6 +41,9 @@ class Member:
         self.member_id = ""
         self.generation = 0
         self.held: set[int] = set()
+        # Held partitions our generation revokes: the next heartbeat that carries this
+        # generation acknowledges the revocation, so we stop work on them (and log it) first.
+        self.revoked: set[int] = set()
         key = os.environ.get("FLUXMQ_API_KEY", "")  # a cluster authenticates its clients
         self.metadata = (("authorization", f"Bearer {key}"),) if key else None
 
@@ -71,7 +74,17 @@ class Member:
         for p in sorted(self.held - now):  # taken away without a revoke (we were expired)
             self.log("release", p=p, gen=a.generation_id)
         self.held = now
+        self.revoked = set(a.revoking) & now
         self.generation = a.generation_id
+
+    def let_go(self, keep: set[int] | frozenset[int] = frozenset()) -> None:
+        """Stop work on the revoked partitions (but those in ``keep``: a batch of them is still
+        out, and the broker hands nothing over while a lease is) and say so, before a heartbeat
+        acknowledges the revocation: after it, the new owner may get them at any moment."""
+        for p in sorted(self.revoked - keep):
+            self.log("release", p=p, gen=self.generation)
+        self.held -= self.revoked - keep
+        self.revoked &= keep
 
     def join(self) -> pb.MemberAssignment:
         a = self.call(
@@ -90,6 +103,7 @@ class Member:
         return a
 
     def heartbeat(self) -> pb.MemberAssignment:
+        self.let_go()
         a = self.call(
             "Heartbeat",
             pb.HeartbeatRequest(
@@ -106,11 +120,9 @@ class Member:
             self.held = set()
             return self.join()
         self.adopt(a)
-        if a.revoking:
+        if self.revoked:
             # Nothing is in flight between batches: stop working on them and say so at once.
-            for p in sorted(set(a.revoking) & self.held):
-                self.log("release", p=p, gen=a.generation_id)
-            self.held -= set(a.revoking)
+            self.let_go()
             a = self.call(
                 "Heartbeat",
                 pb.HeartbeatRequest(
@@ -163,7 +175,9 @@ class Member:
                 if err.code() != grpc.StatusCode.ABORTED or attempt == 4:
                     return
                 # STALE_GENERATION: our assignment changed meanwhile. Learn the new generation
-                # (without acknowledging revocations: this batch is still ours) and ack again.
+                # and ack again. This heartbeat acknowledges what our generation revokes
+                # (the broker keeps the partitions of this batch, which is still out).
+                self.let_go(keep=set(by_p))
                 a = self.call(
                     "Heartbeat",
                     pb.HeartbeatRequest(

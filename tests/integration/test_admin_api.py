@@ -15,14 +15,16 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import admin_pb2 as apb
 from fluxmq._pb.v1 import admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core import commands
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.admin_service import AdminService
 from fluxmq.server.app import build_server
 from fluxmq.server.broker import Broker
-from raft import NotLeaderError, OutcomeUnknownError, ShardRequestDeniedError, ShardStatus
+from raft import Entry, NotLeaderError, OutcomeUnknownError, ShardRequestDeniedError, ShardStatus
 from storage import MemoryStore
 
 from .conftest import Node
@@ -229,10 +231,11 @@ class StandInShard:
     leader: str | None = "10.0.0.1:7100"
     error: Exception | None = None
     transfers: list[str | None] = field(default_factory=list)
+    leading: bool = True
 
     @property
     def is_leader(self) -> bool:
-        return True
+        return self.leading
 
     def status(self) -> ShardStatus:
         return ShardStatus(
@@ -279,6 +282,7 @@ class StandInShard:
 class InProcess:
     shard: StandInShard
     admin: Admin
+    broker: Broker
 
     async def call(self, rpc: Callable[[Admin], Any]) -> Any:
         # The synchronous client in a thread: the server runs on this event loop.
@@ -298,7 +302,7 @@ async def in_process() -> AsyncIterator[InProcess]:
     await server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            yield InProcess(shard, admin_pb2_grpc.AdminServiceStub(ch))
+            yield InProcess(shard, admin_pb2_grpc.AdminServiceStub(ch), broker)
     finally:
         await server.stop(None)
 
@@ -350,12 +354,16 @@ async def test_an_empty_transfer_target_lets_the_shard_choose(in_process: InProc
 
 
 async def test_a_follower_answers_not_leader_naming_the_leader(in_process: InProcess) -> None:
+    in_process.shard.leading, in_process.shard.leader = False, "10.0.0.2:7100"
     in_process.shard.error = NotLeaderError("10.0.0.2:7100")
+    # The leader recorded where it serves gRPC (RecordNodeAddress): that is what a client dials.
+    record = cpb.RecordNodeAddressCmd(raft_address="10.0.0.2:7100", grpc_address="10.0.0.2:7070")
+    in_process.broker.state.apply_batch([Entry(1, commands.encode(record))])
     err = await in_process.failure(
         lambda a: a.AddReplica(apb.AddReplicaRequest(shard_id="s1", address="10.0.0.3:7100"))
     )
     assert err.code == grpc.StatusCode.UNAVAILABLE and err.reason == "NOT_LEADER"
-    assert err.metadata["leader"] == "10.0.0.2:7100" and err.metadata["retriable"] == "true"
+    assert err.metadata["leader"] == "10.0.0.2:7070" and err.metadata["retriable"] == "true"
 
 
 async def test_a_lost_answer_is_unavailable_outcome_unknown_and_retriable(

@@ -45,7 +45,7 @@ def test_dead_letter_alert_is_raised_past_threshold_and_cleared_by_purge(node: N
         wait_for(lambda: alert_value(node, "alerts") == 0.0)  # at the threshold: no alert yet
         nack_dead([leased.messages[2].receipt])
         wait_for(lambda: alert_value(node, "alerts") == 1.0)
-        assert "dead-letter queue of 'alerts' holds 3 messages" in node.log_path.read_text()
+        assert "queue 'alerts' has 3 dead letters in 'alerts.dlq'" in node.log_path.read_text()
 
         stub.PurgeDeadLetters(pb.PurgeDeadLettersRequest(queue="alerts", all=True))
         wait_for(lambda: alert_value(node, "alerts") == 0.0)

@@ -101,6 +101,27 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def free_port_dialling(peer_address: str, attempts: int = 64) -> int:
+    """A free loopback port for a node that dials ``peer_address`` itself.
+
+    pysyncobj opens a connection only towards peers whose address sorts below its own (the
+    other side dials the rest), so a node given a random port dials a given peer about one time
+    in two. Ports are drawn (each held open, so none repeats) until one sorts above."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(attempts):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+            if f"127.0.0.1:{port}" > peer_address:
+                return port
+    finally:
+        for s in socks:
+            s.close()
+    raise RuntimeError(f"no free port sorting above {peer_address} in {attempts} draws")
+
+
 class LocalCluster:
     """N replicas of one shard in this process, each with its own directory and driver."""
 

@@ -14,6 +14,8 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys
 from fluxmq.core.delivery import PartitionView
 from fluxmq.core.errors import FluxError
+from fluxmq.core.queue_config import normalize_new
+from fluxmq.core.reader import QueueReader
 from fluxmq.core.state_machine import (
     AppendResult,
     ExpireResult,
@@ -1188,3 +1190,214 @@ def test_replayed_delivery_entries_change_nothing(store: Store) -> None:
     assert q.sm.apply_batch(d.entries) == [None] * len(d.entries)
     assert QueueStateMachine(store).apply_batch(d.entries[-3:]) == [None] * 3
     assert (q.view(), q.dlq(), q.d.records(q.q)) == before
+
+
+# -- a DLQ holds only dead letters, and each source sees only its own ------------------------
+
+
+def _dead_letter_one(q: Q, value: bytes, now: int = T0) -> None:
+    """Publish ``value`` to ``q`` and dead-letter it through group "g"."""
+    q.publish(msg(value), now=now)
+    got = q.lease(now=now)
+    assert values(got) == [value]
+    assert q.nack(q.receipts(got), now=now, dead=True) == [DEAD_LETTERED]
+
+
+def _sharing(store: Store) -> tuple[Q, Q]:
+    d = Driver(store)
+    a = Q(d, d.create("a", type=pb.QUEUE_TYPE_WORK, dead_letter_queue="shared"))
+    b = Q(d, d.create("b", type=pb.QUEUE_TYPE_WORK, dead_letter_queue="shared"))
+    a.group()
+    b.group()
+    return a, b
+
+
+def _listed(q: Q) -> list[bytes]:
+    items, _token = QueueReader(q.sm).dead_letters(q.sm.catalog[q.name], "", 0, 0, "", 100)
+    return [dl.record.value for dl in items]
+
+
+def _update(d: Driver, name: str, **changes: object) -> object:
+    entry = d.sm.catalog[name]
+    config = pb.QueueConfig()
+    config.CopyFrom(entry.queue.config)
+    for k, v in changes.items():
+        setattr(config, k, v)
+    return d.one(
+        cpb.UpdateQueueCmd(
+            config=normalize_new(config),
+            now_ms=T0 + 1,
+            queue_id=entry.queue_id,
+            expected_updated_at_ms=entry.queue.updated_at_ms,
+        )
+    )
+
+
+def test_naming_a_queue_that_holds_messages_as_dlq_is_refused(store: Store) -> None:
+    d = Driver(store)
+    orders = d.create("orders", type=pb.QUEUE_TYPE_WORK, dead_letter_disabled=True)
+    d.append(orders, [b"o1", b"o2", b"o3"])
+    cfg = normalize_new(
+        pb.QueueConfig(name="jobs", type=pb.QUEUE_TYPE_WORK, dead_letter_queue="orders")
+    )
+    err = refused(d.one(cpb.CreateQueueCmd(config=cfg, now_ms=T0)), "DEAD_LETTER_QUEUE_CONFLICT")
+    assert err.violations[0].field == "config.dead_letter_queue"
+    assert err.metadata["field"] == "config.dead_letter_queue"
+    assert "holds messages of its own" in err.message
+    assert set(d.sm.catalog) == {"orders"}
+    assert not d.sm.catalog["orders"].queue.dead_letter_of
+    # Nor through an update of an existing queue.
+    d.create("jobs", type=pb.QUEUE_TYPE_WORK)
+    refused(_update(d, "jobs", dead_letter_queue="orders"), "DEAD_LETTER_QUEUE_CONFLICT")
+    assert d.sm.catalog["jobs"].policy.dead_letter_queue == "jobs.dlq"
+
+
+def test_naming_a_queue_with_a_dlq_of_its_own_as_dlq_is_refused(store: Store) -> None:
+    d = Driver(store)
+    d.create("source", type=pb.QUEUE_TYPE_WORK)  # its DLQ: source.dlq
+    cfg = normalize_new(
+        pb.QueueConfig(name="other", type=pb.QUEUE_TYPE_WORK, dead_letter_queue="source")
+    )
+    err = refused(d.one(cpb.CreateQueueCmd(config=cfg, now_ms=T0)), "DEAD_LETTER_QUEUE_CONFLICT")
+    assert "has a dead-letter queue of its own" in err.message
+    assert "other" not in d.sm.catalog
+
+
+def test_a_dead_letter_queue_never_gets_one_of_its_own(store: Store) -> None:
+    q = make(store, type=pb.QUEUE_TYPE_WORK)
+    q.group()
+    _dead_letter_one(q, b"x")
+    dlq = q.sm.catalog["q.dlq"]
+    assert dlq.queue.dead_letter_of == "q" and dlq.policy.dead_letter_queue is None
+    # An update that would give it one (the default "<name>.dlq" included) is refused.
+    err = refused(_update(q.d, "q.dlq", dead_letter_disabled=False), "DEAD_LETTER_QUEUE_CONFLICT")
+    assert "dead_letter_disabled" in err.message
+    assert q.sm.catalog["q.dlq"].policy.dead_letter_queue is None
+    # A name some queue reserved as its DLQ is created as a DLQ, never with a DLQ.
+    d = q.d
+    d.create("r", type=pb.QUEUE_TYPE_WORK, dead_letter_queue="r-dead")
+    cfg = normalize_new(pb.QueueConfig(name="r-dead", type=pb.QUEUE_TYPE_WORK))
+    refused(d.one(cpb.CreateQueueCmd(config=cfg, now_ms=T0)), "DEAD_LETTER_QUEUE_CONFLICT")
+    made = d.create("r-dead", type=pb.QUEUE_TYPE_WORK, dead_letter_disabled=True)
+    assert made.dead_letter_of == "r"
+
+
+def test_an_empty_queue_without_a_dlq_becomes_one_when_named(store: Store) -> None:
+    d = Driver(store)
+    d.create("parking", type=pb.QUEUE_TYPE_WORK, dead_letter_disabled=True)
+    a = Q(d, d.create("a", type=pb.QUEUE_TYPE_WORK, dead_letter_queue="parking"))
+    assert d.sm.catalog["parking"].queue.dead_letter_of == "a"
+    # A second source may share it (it is a DLQ now).
+    d.create("b", type=pb.QUEUE_TYPE_WORK, dead_letter_queue="parking")
+    a.group()
+    _dead_letter_one(a, b"late")
+    assert a.dlq_depth() == 1
+    # Reload from the store: the mark is durable.
+    d.sm = QueueStateMachine(store)
+    assert d.sm.catalog["parking"].queue.dead_letter_of == "a"
+
+
+def test_queues_sharing_a_dlq_see_only_their_own_dead_letters(store: Store) -> None:
+    a, b = _sharing(store)
+    _dead_letter_one(a, b"a1")
+    _dead_letter_one(b, b"b1")
+    _dead_letter_one(a, b"a2")
+    assert (a.dlq_depth(), b.dlq_depth()) == (2, 1)
+    assert (_listed(a), _listed(b)) == ([b"a1", b"a2"], [b"b1"])
+    # A replay of A's letters by id ignores B's letter even when its id is given.
+    b_id = 1  # offsets in "shared": a1=0, b1=1, a2=2
+    assert a.replay(now=T0 + 1, ids=[b_id]) == 0
+    assert a.replay(now=T0 + 1) == 2
+    assert values(a.lease(now=T0 + 1)) == [b"a1", b"a2"]
+    assert (a.dlq_depth(), b.dlq_depth()) == (0, 1)
+    assert _listed(b) == [b"b1"]
+    # B's letter goes back to B, never to A.
+    assert b.replay(now=T0 + 2) == 1
+    assert values(b.lease(now=T0 + 2)) == [b"b1"]
+    assert a.lease(now=T0 + 2).deliveries == []
+
+
+def test_purging_one_sources_dead_letters_keeps_the_others_and_direct_messages(
+    store: Store,
+) -> None:
+    a, b = _sharing(store)
+    _dead_letter_one(a, b"a1")
+    shared = a.sm.catalog["shared"].queue
+    a.d.append(shared, [b"direct"])  # published to the DLQ itself: not anyone's dead letter
+    _dead_letter_one(b, b"b1")
+    _dead_letter_one(a, b"a2")
+    purge = cpb.PurgeDeadLettersCmd(queue="a", queue_id=a.q.queue_id, all=True)
+    assert a.d.one(purge) == 2
+    assert (a.dlq_depth(), b.dlq_depth()) == (0, 1)
+    # a1 was the oldest: the log may drop it, but never the direct message or b1.
+    assert [r.value for r in a.log(0, "shared")] == [b"direct", b"b1", b"a2"]
+    assert _listed(b) == [b"b1"]
+    # B purging by ids that are not its letters deletes nothing.
+    by_ids = cpb.PurgeDeadLettersCmd(queue="b", queue_id=b.q.queue_id, ids=[1, 3])
+    assert b.d.one(by_ids) == 0
+    assert b.dlq_depth() == 1
+    b_all = cpb.PurgeDeadLettersCmd(queue="b", queue_id=b.q.queue_id, all=True)
+    assert b.d.one(b_all) == 1
+    assert (a.dlq_depth(), b.dlq_depth()) == (0, 0)
+    # Gone letters stay in the log behind the direct message (nothing truncates past it).
+    assert [r.value for r in a.log(0, "shared")] == [b"direct", b"b1", b"a2"]
+
+
+def test_dead_letters_written_before_the_index_are_scoped_by_their_header(
+    store: Store,
+) -> None:
+    """State written by an older broker (no origin index) stays readable and scoped."""
+    a, b = _sharing(store)
+    _dead_letter_one(a, b"a1")
+    _dead_letter_one(b, b"b1")
+    with store.write() as txn:
+        old_rows = [
+            k
+            for prefix in (keys.DEAD_ORIGIN, keys.DEAD_INDEXED, keys.DEAD_ORIGIN_COUNT)
+            for k, _ in txn.scan(prefix)
+        ]
+        assert len(old_rows) == 5  # two letters, the DLQ's marker, two counters
+        for k in old_rows:
+            txn.delete(k)
+    a.d.sm = QueueStateMachine(store)
+    assert (a.dlq_depth(), b.dlq_depth()) == (1, 1)
+    assert (_listed(a), _listed(b)) == ([b"a1"], [b"b1"])
+    _dead_letter_one(a, b"a2", now=T0 + 1)  # the first indexed letter of that DLQ
+    assert (_listed(a), _listed(b)) == ([b"a1", b"a2"], [b"b1"])
+    purge = cpb.PurgeDeadLettersCmd(queue="a", queue_id=a.q.queue_id, all=True)
+    assert a.d.one(purge) == 2
+    assert (_listed(a), _listed(b)) == ([], [b"b1"])
+    assert b.replay(now=T0 + 2) == 1
+    assert values(b.lease(now=T0 + 2)) == [b"b1"]
+
+
+def test_a_pairing_made_before_the_rules_never_touches_the_named_queues_messages(
+    store: Store,
+) -> None:
+    """Older brokers let "jobs" name "orders", an ordinary queue with messages, as its DLQ. On
+    such state, jobs' dead-letter operations see and delete only jobs' own letters."""
+    d = Driver(store)
+    orders = d.create("orders", type=pb.QUEUE_TYPE_WORK, dead_letter_disabled=True)
+    d.append(orders, [b"o1", b"o2", b"o3"])
+    jobs = Q(d, d.create("jobs", type=pb.QUEUE_TYPE_WORK))
+    with store.write() as txn:  # what an older broker stored for CreateQueue(jobs -> orders)
+        legacy = pb.Queue()
+        legacy.CopyFrom(jobs.q)
+        legacy.config.dead_letter_queue = "orders"
+        txn.put(keys.queue_key("jobs"), legacy.SerializeToString())
+    d.sm = QueueStateMachine(store)
+    jobs.q = d.sm.catalog["jobs"].queue
+    assert jobs.dlq_depth() == 0 and _listed(jobs) == []
+    purge = cpb.PurgeDeadLettersCmd(queue="jobs", queue_id=jobs.q.queue_id, all=True)
+    assert d.one(purge) == 0
+    assert d.records(orders) == [b"o1", b"o2", b"o3"]
+    # A letter of jobs written there now is jobs' (and only it) to list and purge.
+    jobs.group()
+    _dead_letter_one(jobs, b"j1")
+    assert jobs.dlq_depth() == 1 and _listed(jobs) == [b"j1"]
+    assert d.one(purge) == 1
+    assert d.records(orders) == [b"o1", b"o2", b"o3", b"j1"]  # j1 gone, kept behind o1..o3
+    assert jobs.dlq_depth() == 0
+    # An update of jobs that keeps the old pairing is not refused (only a change is checked).
+    updated = _update(d, "jobs", max_attempts=5)
+    assert isinstance(updated, pb.Queue), updated

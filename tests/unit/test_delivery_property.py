@@ -20,6 +20,7 @@ from fluxmq.core import keys
 from fluxmq.core.delivery import PartitionView
 from fluxmq.core.errors import FluxError
 from fluxmq.core.queue_config import normalize_new
+from fluxmq.core.reader import QueueReader
 from fluxmq.core.state_machine import (
     AppendResult,
     ExpireResult,
@@ -791,5 +792,341 @@ def test_memory_and_lmdb_replicas_apply_the_same_commands_identically(
     lmdb = LmdbStore(str(tmp_path / "db"), sync=False)
     try:
         Run(seed, MemoryStore(), twin=lmdb).go(400)
+    finally:
+        lmdb.close()
+
+
+# -- two sources sharing one DLQ ----------------------------------------------------------------
+
+SOURCES = ("a", "b")
+SHARED = "shared"
+
+
+@dataclass(frozen=True)
+class Letter:
+    origin: str
+    group: str
+    partition: int
+    offset: int  # in the origin queue
+
+
+class SharedDlqRun:
+    """Two work queues whose dead letters go to one DLQ, which also takes messages published
+    to it directly. After every step each source's dead-letter view (depth, list) must be
+    exactly its own live letters, replays must land in the source the letter came from, and
+    nothing a source does may remove another source's letter or a direct message."""
+
+    def __init__(self, seed: int, store: Store) -> None:
+        self.seed = seed
+        self.rng = rng = random.Random(seed)
+        self.store = store
+        self.d = Driver(store)
+        self.now = T0
+        self.step_no = 0
+        self.max_attempts = rng.choice([1, 2, 3])
+        if rng.random() < 0.5:
+            # Made by hand first (empty, no DLQ of its own): it becomes the DLQ when named.
+            self.d.create(SHARED, type=pb.QUEUE_TYPE_WORK, dead_letter_disabled=True)
+        self.q: dict[str, pb.Queue] = {}
+        for name in SOURCES:
+            self.q[name] = self.d.create(
+                name,
+                type=pb.QUEUE_TYPE_WORK,
+                partitions=rng.choice([1, 2]),
+                max_attempts=self.max_attempts,
+                dead_letter_queue=SHARED,
+                lease_timeout="1s",
+            )
+            for grp in ("g", "h"):
+                made = self.d.one(
+                    cpb.CreateGroupCmd(
+                        queue=name, queue_id=self.q[name].queue_id, group=grp, now_ms=T0
+                    )
+                )
+                assert isinstance(made, pb.Group)
+        self.held: dict[tuple[str, str], list[pb.Receipt]] = {
+            (s, g): [] for s in SOURCES for g in ("g", "h")
+        }
+        self.counter = 0
+        self.next_dlq = 0  # the next offset of the DLQ log to learn
+        self.live: dict[str, dict[int, Letter]] = {s: {} for s in SOURCES}
+        self.direct: dict[int, bytes] = {}  # DLQ offset -> value published to the DLQ itself
+        self.expect_letters: Counter[str] = Counter()  # by origin, written by this step
+        self.expect_replayed: dict[str, set[int]] = {s: set() for s in SOURCES}
+        self.expect_any: int | None = None  # an expiry pass: letters of either source
+        self.read_to = {(s, p): 0 for s in SOURCES for p in range(2)}  # source records read
+        self.replayed_in: dict[str, set[int]] = {s: set() for s in SOURCES}
+        self.done: Counter[str] = Counter()
+        self.ops = [
+            (self.publish, 20),
+            (self.lease, 20),
+            (self.settle, 20),
+            (self.expire, 8),
+            (self.publish_direct, 3),
+            (self.replay, 5),
+            (self.purge, 5),
+            (self.purge_dlq_itself, 1),
+            (self.restart, 1),
+        ]
+
+    def fail(self, what: str) -> str:
+        return f"seed={self.seed} step={self.step_no}: {what}"
+
+    @property
+    def sm(self) -> QueueStateMachine:
+        return self.d.sm
+
+    def publish(self) -> None:
+        src = self.rng.choice(SOURCES)
+        msgs = []
+        for _ in range(self.rng.randint(1, 3)):
+            self.counter += 1
+            msgs.append(pb.PublishMessage(value=b"%s-%d" % (src.encode(), self.counter)))
+        res = self.d.one(append_cmd(self.q[src], msgs, self.now))
+        assert isinstance(res, AppendResult), self.fail(repr(res))
+
+    def publish_direct(self) -> None:
+        self.counter += 1
+        value = b"direct-%d" % self.counter
+        shared = self.sm.catalog.get(SHARED)
+        if shared is None:
+            return  # created on the first dead letter
+        res = self.d.one(append_cmd(shared.queue, [pb.PublishMessage(value=value)], self.now))
+        assert isinstance(res, AppendResult), self.fail(repr(res))
+        self.direct[res.offsets[0]] = value
+        self.done["direct"] += 1
+        self.next_dlq = max(self.next_dlq, res.offsets[0] + 1)
+
+    def lease(self) -> None:
+        src, grp = self.rng.choice(SOURCES), self.rng.choice(("g", "h"))
+        res = self.d.one(
+            cpb.LeaseCmd(
+                queue=src,
+                queue_id=self.q[src].queue_id,
+                group=grp,
+                consumer_id="c",
+                max_messages=self.rng.randint(1, 4),
+                lease_ms=1000,
+                now_ms=self.now,
+            )
+        )
+        assert isinstance(res, LeaseResult), self.fail(repr(res))
+        for x in res.deliveries:
+            assert x.record.value.startswith(src.encode() + b"-"), self.fail(
+                f"{src} leased {x.record.value!r}: not one of its messages"
+            )
+            self.held[(src, grp)].append(
+                pb.Receipt(
+                    partition=x.partition,
+                    offset=x.record.offset,
+                    attempt=x.attempt,
+                    lease_deadline_ms=x.deadline_ms,
+                    lease_id=x.lease_id,
+                    group_id=res.group_id,
+                )
+            )
+
+    def settle(self) -> None:
+        src, grp = self.rng.choice(SOURCES), self.rng.choice(("g", "h"))
+        held = self.held[(src, grp)]
+        if not held:
+            return
+        chosen = [held.pop(self.rng.randrange(len(held))) for _ in range(min(len(held), 2))]
+        dead = self.rng.random() < 0.6
+        cmd = cpb.NackCmd(
+            queue=src,
+            queue_id=self.q[src].queue_id,
+            group=grp,
+            receipts=chosen,
+            now_ms=self.now,
+            dead=dead,
+            retry_at_ms=self.now,
+        )
+        res = self.d.one(cmd)
+        assert isinstance(res, SettleResult), self.fail(repr(res))
+        self.expect_letters[src] += sum(1 for s in res.statuses if s == DEAD_LETTERED)
+
+    def expire(self) -> None:
+        before = sum(self.expect_letters.values())
+        res = self.d.one(cpb.ExpireLeasesCmd(now_ms=self.now))
+        assert isinstance(res, ExpireResult), self.fail(repr(res))
+        for key in self.held:
+            self.held[key] = [r for r in self.held[key] if r.lease_deadline_ms > self.now]
+        self.expect_any = before + res.dead_letters
+
+    def replay(self) -> None:
+        src = self.rng.choice(SOURCES)
+        other = SOURCES[1 - SOURCES.index(src)]
+        live = sorted(self.live[src])
+        if self.rng.random() < 0.5:
+            grp = self.rng.choice(["", "g", "h"])
+            ids: list[int] = []
+            chosen = {o for o in live if not grp or self.live[src][o].group == grp}
+        else:
+            grp = ""
+            ids = self.rng.sample(live, min(len(live), 2))
+            chosen = set(ids)
+            ids += sorted(self.live[other])[:2] + sorted(self.direct)[:1]  # never src's
+        res = self.d.one(
+            cpb.ReplayDeadLettersCmd(
+                queue=src,
+                queue_id=self.q[src].queue_id,
+                ids=ids,
+                all=not ids,
+                group=grp,
+                now_ms=self.now,
+            )
+        )
+        assert res == len(chosen), self.fail(f"{src} replayed {res}, expected {len(chosen)}")
+        for o in chosen:
+            del self.live[src][o]
+        self.expect_replayed[src] |= chosen
+        self.done["replay"] += len(chosen)
+
+    def purge(self) -> None:
+        src = self.rng.choice(SOURCES)
+        other = SOURCES[1 - SOURCES.index(src)]
+        live = sorted(self.live[src])
+        if self.rng.random() < 0.5:
+            ids: list[int] = []
+            chosen = set(live)
+        else:
+            ids = self.rng.sample(live, min(len(live), 2))
+            chosen = set(ids)
+            ids += sorted(self.live[other])[:2] + sorted(self.direct)[:1]
+            if not ids:
+                return
+        res = self.d.one(
+            cpb.PurgeDeadLettersCmd(queue=src, queue_id=self.q[src].queue_id, ids=ids, all=not ids)
+        )
+        assert res == len(chosen), self.fail(f"{src} purged {res}, expected {len(chosen)}")
+        for o in chosen:
+            del self.live[src][o]
+        self.done["purge"] += len(chosen)
+
+    def purge_dlq_itself(self) -> None:
+        """An operator purges the DLQ queue itself (no groups: its whole log goes). Whatever
+        was in it is gone for every source; the index must not count it any more."""
+        shared = self.sm.catalog.get(SHARED)
+        if shared is None:
+            return
+        res = self.d.one(
+            cpb.PurgeCmd(
+                name=SHARED,
+                queue_id=shared.queue_id,
+                now_ms=self.now,
+                scope=pb.PURGE_SCOPE_ALL,
+                destructive=True,
+            )
+        )
+        assert isinstance(res, PurgeResult), self.fail(repr(res))
+        with self.store.read() as txn:
+            low = txn.log(keys.log_id(shared.queue_id, 0)).watermarks().low
+        for src in SOURCES:
+            self.live[src] = {o: x for o, x in self.live[src].items() if o >= low}
+        self.direct = {o: v for o, v in self.direct.items() if o >= low}
+        self.done["dlq_purge"] += 1
+
+    def restart(self) -> None:
+        self.d.sm = QueueStateMachine(self.store)
+
+    # -- learning and checking ----------------------------------------------------------------
+
+    def log(self, queue_id: int, p: int, start: int) -> list[Record]:
+        with self.store.read() as txn:
+            lg = txn.log(keys.log_id(queue_id, p))
+            wm = lg.watermarks()
+            start = max(start, wm.low)
+            return lg.read(start, 100_000, 1 << 40) if start < wm.high else []
+
+    def sync(self) -> None:
+        shared = self.sm.catalog.get(SHARED)
+        new: Counter[str] = Counter()
+        if shared is not None:
+            for r in self.log(shared.queue_id, 0, self.next_dlq):
+                self.next_dlq = r.offset + 1
+                h = dict(r.headers)
+                origin = h["fluxmq-original-queue"].decode()
+                assert r.value.startswith(origin.encode() + b"-"), self.fail(
+                    f"letter {r.value!r} says it came from {origin}"
+                )
+                self.live[origin][r.offset] = Letter(
+                    origin,
+                    h["fluxmq-group"].decode(),
+                    int(h["fluxmq-original-partition"]),
+                    int(h["fluxmq-original-offset"]),
+                )
+                new[origin] += 1
+        expected = self.expect_any
+        if expected is not None:
+            assert sum(new.values()) == expected, self.fail(f"{new}, expected {expected}")
+            self.expect_any = None
+        else:
+            assert new == +self.expect_letters, self.fail(f"{new} != {self.expect_letters}")
+        self.expect_letters = Counter()
+        # Replays land in their own source, one record per replayed letter; a source never
+        # holds a message (replayed or not) of the other.
+        for src in SOURCES:
+            q = self.q[src]
+            for p in range(q.config.partitions):
+                for r in self.log(q.queue_id, p, self.read_to[(src, p)]):
+                    self.read_to[(src, p)] = r.offset + 1
+                    assert r.value.startswith(src.encode() + b"-"), self.fail(
+                        f"{src} holds {r.value!r}"
+                    )
+                    origin = dict(r.headers).get("fluxmq-replayed-from")
+                    if origin is not None:
+                        self.replayed_in[src].add(int(origin))
+            got = self.replayed_in[src]
+            assert got == self.expect_replayed[src], self.fail(f"{src} replays {sorted(got)}")
+
+    def check(self) -> None:
+        reader = QueueReader(self.sm)
+        for src in SOURCES:
+            entry = self.sm.catalog[src]
+            with self.store.read() as txn:
+                depth = self.sm.dead_letter_depth(txn, entry)
+            assert depth == len(self.live[src]), self.fail(f"{src} depth {depth}")
+            ids: list[int] = []
+            token = ""
+            for _ in range(100):
+                page, token = reader.dead_letters(entry, "", 0, 0, token, 7)
+                ids += [dl.id for dl in page]
+                if not token:
+                    break
+            assert ids == sorted(self.live[src]), self.fail(f"{src} lists {ids}")
+        shared = self.sm.catalog.get(SHARED)
+        if shared is not None:
+            assert shared.policy.dead_letter_queue is None, self.fail("the DLQ has a DLQ")
+            held = {r.offset: r.value for r in self.log(shared.queue_id, 0, 0)}
+            for off, value in self.direct.items():
+                assert held.get(off) == value, self.fail(f"direct message {off} removed")
+            for src in SOURCES:
+                for off in self.live[src]:
+                    assert off in held, self.fail(f"live letter {off} of {src} removed")
+
+    def go(self, steps: int) -> None:
+        funcs = [f for f, _ in self.ops]
+        weights = [w for _, w in self.ops]
+        for self.step_no in range(steps):
+            self.now += self.rng.choice([0, 10, 100, 600, 1200])
+            self.rng.choices(funcs, weights)[0]()
+            self.sync()
+            self.check()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sources_sharing_a_dlq_see_and_touch_only_their_own_dead_letters(seed: int) -> None:
+    run = SharedDlqRun(seed, MemoryStore())
+    run.go(400)
+    assert run.done["replay"] and run.done["purge"], run.fail(f"vacuous: {run.done}")
+    assert run.done["direct"], run.fail("no message was published to the DLQ directly")
+
+
+@pytest.mark.parametrize("seed", [201])
+def test_shared_dlq_runs_alike_on_lmdb(seed: int, tmp_path: Path) -> None:
+    lmdb = LmdbStore(str(tmp_path / "db"), sync=False)
+    try:
+        SharedDlqRun(seed, lmdb).go(300)
     finally:
         lmdb.close()

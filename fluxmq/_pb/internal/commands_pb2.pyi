@@ -324,6 +324,14 @@ class ExpiredMember(_message.Message):
     member_id: str
     def __init__(self, group_id: _Optional[int] = ..., member_id: _Optional[str] = ...) -> None: ...
 
+class RecordNodeAddressCmd(_message.Message):
+    __slots__ = ("raft_address", "grpc_address")
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    raft_address: str
+    grpc_address: str
+    def __init__(self, raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ...) -> None: ...
+
 class MemberState(_message.Message):
     __slots__ = ("member_id", "consumer_id", "session_timeout_ms", "generation", "fenced_below", "owned", "revoking", "pending", "joined_ms")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
