@@ -20,11 +20,23 @@ class ConfigError(Exception):
     pass
 
 
+# Room for what a command adds to its request (partition, timestamp, ids: tens of bytes for
+# each of at most 1000 messages), with a wide margin.
+RAFT_ENTRY_STAMP_BYTES_MAX = 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     data_dir: str = "./data"
     listen: str = "127.0.0.1:7070"
+    # Serve without authentication on an address beyond loopback: refused unless said so.
+    insecure_listen: bool = False
+    # Concurrent Tail, Consume and PublishStream streams of this node (RESOURCE_EXHAUSTED beyond).
+    streams_max: int = 200
     metrics_listen: str = "127.0.0.1:7071"  # empty: no metrics endpoint
+    # Bounds of /metrics: partitions given per-partition series, queues named in queue series.
+    metrics_partition_series_max: int = 4096
+    metrics_queue_series_max: int = 1000
     request_bytes_max: str = "64MiB"
     storage_map_size: str = "64GiB"  # LMDB map size: the most the store may grow to
     retention_interval_ms: int = 1000
@@ -43,6 +55,14 @@ class NodeConfig:
     # Cluster metadata (etcd). Without it a cluster runs on static peers and knows no directory.
     etcd: str = ""  # host:port of an etcd v3 endpoint
     etcd_prefix: str = "/fluxmq/"
+    # etcd's authentication and TLS: whoever can write to etcd could otherwise change the cluster
+    # (API key records are sealed with the cluster secret too, see fluxmq/cluster/metadata.py).
+    etcd_user: str = ""
+    etcd_password: str = field(default="", repr=False)
+    etcd_password_file: str = ""
+    etcd_ca_file: str = ""  # set: speak TLS to etcd, trusting this CA
+    etcd_cert_file: str = ""  # client certificate (etcd --client-cert-auth)
+    etcd_key_file: str = ""
     node_id: str = ""  # default: "node-" + the raft port
     advertise: str = ""  # gRPC host:port other nodes and clients use; default: listen
     node_ttl_ms: int = 5_000  # a node that stops refreshing disappears after this long
@@ -100,11 +120,25 @@ class NodeConfig:
     def storage_map_size_bytes(self) -> int:
         return parse_bytes(self.storage_map_size, "storage_map_size")
 
+    @property
+    def raft_entry_bytes_max(self) -> int:
+        """The largest replicated command: any request the gRPC port accepts plus what the
+        leader stamps on it, so a cluster takes every publish a single node takes."""
+        return self.request_bytes_max_value + RAFT_ENTRY_STAMP_BYTES_MAX
+
 
 HELP = {
     "data_dir": "directory of the node's LMDB store",
     "listen": "host:port of the gRPC server",
+    "insecure_listen": "serve without authentication on a listen address beyond loopback "
+    "(e.g. 0.0.0.0): anyone who reaches the port can use every queue; refused without it",
+    "streams_max": "concurrent Tail, Consume and PublishStream streams this node serves or "
+    "relays; more are refused with RESOURCE_EXHAUSTED / TOO_MANY_STREAMS (retriable)",
     "metrics_listen": "host:port of the Prometheus /metrics endpoint ('' to disable)",
+    "metrics_partition_series_max": "most partitions of this node with per-partition series "
+    "in /metrics (smallest queues first; the others are counted in fluxmq_metrics_series_folded)",
+    "metrics_queue_series_max": "most queues of this node named in /metrics series (by name; "
+    "the others are counted in fluxmq_metrics_series_folded)",
     "request_bytes_max": "largest request the server accepts (e.g. 64MiB)",
     "storage_map_size": "largest size the store may grow to (e.g. 64GiB)",
     "retention_interval_ms": "how often the leader checks retention and dedup expiry",
@@ -123,6 +157,16 @@ HELP = {
     "raft_compaction_entries": "cluster mode: log entries kept before a snapshot replaces them",
     "etcd": "cluster mode: host:port of etcd, which holds nodes, queue placement and leaders",
     "etcd_prefix": "cluster mode: key prefix of this cluster in etcd",
+    "etcd_user": "cluster mode: etcd user the node authenticates as (with etcd_password_file)",
+    "etcd_password": "password of etcd_user (prefer etcd_password_file or FLUXMQ_ETCD_PASSWORD: "
+    "flags are visible to other users of the machine)",
+    "etcd_password_file": "file holding the password of etcd_user (e.g. a mounted Kubernetes "
+    "Secret); trailing whitespace is ignored",
+    "etcd_ca_file": "PEM CA bundle that signs etcd's certificate: setting it makes the node speak "
+    "TLS to etcd",
+    "etcd_cert_file": "PEM client certificate the node presents to etcd (etcd "
+    "--client-cert-auth; its common name is the etcd user when no etcd_user is set)",
+    "etcd_key_file": "PEM private key of etcd_cert_file",
     "node_id": "cluster mode: this node's id (default node-<raft port>)",
     "advertise": "cluster mode: gRPC host:port other nodes and clients reach this node at "
     "(default: listen)",
@@ -173,7 +217,7 @@ def help_of(name: str, default: object) -> str:
         shown = "on" if default else "off"
     else:
         shown = repr(default) if default != "" else "unset"
-    if name in ("cluster_secret", "auth_bootstrap_key"):
+    if name in ("cluster_secret", "auth_bootstrap_key", "etcd_password"):
         shown = "unset"  # a secret's default is never a value worth printing
     text = f"{HELP[name]} (default: {shown}; env {env_of(name)})"
     return text.replace("%", "%%")  # argparse formats help with %
@@ -273,7 +317,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeC
             values[name] = (
                 raw if kind is bool else _coerce("--" + name.replace("_", "-"), raw, kind)
             )
-    for name in ("cluster_secret", "auth_bootstrap_key"):
+    for name in ("cluster_secret", "auth_bootstrap_key", "etcd_password"):
         _read_secret_file(values, name)
     config = NodeConfig(**values)  # type: ignore[arg-type]
     validate(config)
@@ -320,8 +364,64 @@ def parse_tiers(text: str) -> dict[str, dict[str, tuple[float, int]]]:
     return tiers
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (of host:port) only reaches this machine: localhost, 127.0.0.0/8, ::1."""
+    host = host.strip("[]").lower()
+    if host in ("localhost", "::1"):
+        return True
+    parts = host.split(".")
+    return len(parts) == 4 and parts[0] == "127" and all(p.isdigit() for p in parts)
+
+
+def _check_open_listen(config: NodeConfig) -> None:
+    """An unauthenticated broker reachable from the network is an open broker: refuse it unless
+    the operator says so. Mutual TLS authenticates clients too (a CA-signed certificate)."""
+    host = config.listen.rpartition(":")[0]
+    if config.auth_enabled or config.tls_client_auth or config.insecure_listen:
+        return
+    if is_loopback_host(host):
+        return
+    raise ConfigError(
+        f"listen: {config.listen} is reachable from other machines and authentication is off, "
+        "so anyone could use every queue; set auth = on with auth_bootstrap_key_file (or "
+        "FLUXMQ_AUTH=on and FLUXMQ_AUTH_BOOTSTRAP_KEY_FILE), listen on 127.0.0.1, or pass "
+        "--insecure-listen (FLUXMQ_INSECURE_LISTEN=true) to serve it open on purpose"
+    )
+
+
+_ETCD_SECURITY = (
+    "etcd_user",
+    "etcd_password",
+    "etcd_ca_file",
+    "etcd_cert_file",
+    "etcd_key_file",
+)
+
+
+def _check_etcd_security(config: NodeConfig) -> None:
+    what = "etcd_password" + ("_file" if config.etcd_password_file else "")
+    if bool(config.etcd_user) != bool(config.etcd_password):
+        raise ConfigError(
+            f"etcd_user and {what}: set both or neither"
+            if config.etcd_user or config.etcd_password_file
+            else "etcd_password: needs etcd_user"
+        )
+    if config.etcd_user and not re.fullmatch(r"[A-Za-z0-9._@-]{1,128}", config.etcd_user):
+        raise ConfigError("etcd_user: 1-128 of A-Z a-z 0-9 . _ @ -")
+    if bool(config.etcd_cert_file) != bool(config.etcd_key_file):
+        raise ConfigError("etcd_cert_file and etcd_key_file: set both or neither")
+    if config.etcd_cert_file and not config.etcd_ca_file:
+        raise ConfigError("etcd_cert_file: needs etcd_ca_file (the client certificate is TLS)")
+    for name in ("etcd_ca_file", "etcd_cert_file", "etcd_key_file"):
+        path = getattr(config, name)
+        if path and not os.access(path, os.R_OK):
+            raise ConfigError(f"{name}: cannot read {path!r}")
+
+
 def validate(config: NodeConfig) -> None:
     _host_port(config.listen, "listen")
+    if not 1 <= config.streams_max <= 100_000:
+        raise ConfigError("streams_max: must be 1..100000")
     if config.metrics_listen:
         _host_port(config.metrics_listen, "metrics_listen")
     try:
@@ -331,10 +431,15 @@ def validate(config: NodeConfig) -> None:
             raise ConfigError("storage_map_size: at least 16MiB")
     except FluxError as err:
         raise ConfigError(err.message) from None
+    if not 0 <= config.metrics_partition_series_max <= 1_000_000:
+        raise ConfigError("metrics_partition_series_max: must be 0..1000000")
+    if not 0 <= config.metrics_queue_series_max <= 100_000:
+        raise ConfigError("metrics_queue_series_max: must be 0..100000")
     if not 10 <= config.retention_interval_ms <= 3_600_000:
         raise ConfigError("retention_interval_ms: must be 10..3600000")
     if config.auth not in ("auto", "on", "off"):
         raise ConfigError(f"auth: {config.auth!r} is not auto, on or off")
+    _check_open_listen(config)
     if config.auth_bootstrap_environment not in ENVIRONMENTS:
         raise ConfigError("auth_bootstrap_environment: development, staging or production")
     if config.auth_bootstrap_key:
@@ -392,6 +497,7 @@ def validate(config: NodeConfig) -> None:
             raise ConfigError("ack_timeout_ms: must be 100..600000")
         if config.etcd:
             _host_port(config.etcd, "etcd")
+            _check_etcd_security(config)
         elif config.auth_enabled:
             raise ConfigError(
                 "auth: a cluster keeps its API keys in etcd, and this one has none: set etcd, "
@@ -412,5 +518,9 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError(
             "etcd: needs raft_listen (cluster mode); a single node keeps its metadata embedded"
         )
+    if not config.etcd:
+        for name in _ETCD_SECURITY:
+            if getattr(config, name):
+                raise ConfigError(f"{name}: needs etcd (cluster mode)")
     if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level: {config.log_level!r} is not DEBUG, INFO, WARNING or ERROR")

@@ -23,6 +23,7 @@ from prometheus_client import PlatformCollector, ProcessCollector
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
 from fluxmq.cluster import EmbeddedMetadataStore, EtcdMetadataStore, GroupInfo, NodeInfo
+from fluxmq.cluster.metadata import MetadataError
 from fluxmq.core.errors import FluxError
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server, set_serving
@@ -32,10 +33,13 @@ from fluxmq.server.forwarding import Forwarder
 from fluxmq.server.guard import Guard, KeyCache
 from fluxmq.server.health import CatchUp, HealthState, HttpEndpoint, Verdict, judge, refresh
 from fluxmq.server.key_admin import KeyAdmin, ensure_bootstrap_key
+from fluxmq.server.key_admin import translate as translate_key_error
 from fluxmq.server.node_stats import dead_letter_rows as _dead_letter_rows
 from fluxmq.server.node_stats import group_rows as _group_rows
+from fluxmq.server.node_stats import hosted_queues as _hosted_queues
 from fluxmq.server.node_stats import partition_rows as _partition_rows
 from fluxmq.server.router import Router
+from fluxmq.server.stream_slots import StreamSlots
 from fluxmq.server.tls import describe as describe_tls
 from fluxmq.server.tls import from_config as load_tls
 from raft import LocalShard, Shard, ShardError
@@ -66,20 +70,26 @@ def _register_collectors(router: Router, health: HealthState) -> None:
             sum(getattr(s, "entries_applied", 0) for s in shards),
         )
 
+    def hosted() -> list[tuple[str, int]]:
+        return _hosted_queues(brokers())
+
     metrics.REGISTRY.register(
         metrics.StateCollector(
-            lambda: (row for b in brokers() for row in _partition_rows(b.state)),
+            lambda only: (row for b in brokers() for row in _partition_rows(b.state, only)),
             storage,
             applied,
+            hosted,
         )
     )
     metrics.REGISTRY.register(
         metrics.DeliveryCollector(
-            lambda: (row for b in brokers() for row in _group_rows(b)),
-            lambda: (row for b in brokers() for row in _dead_letter_rows(b)),
+            lambda only: (row for b in brokers() for row in _group_rows(b, only)),
+            lambda only: (row for b in brokers() for row in _dead_letter_rows(b, only)),
             lambda: sum(b.state.dead_letters_dropped for b in brokers()),
+            hosted,
         )
     )
+    metrics.REGISTRY.register(metrics.QueueCollector(hosted))
     metrics.REGISTRY.register(metrics.ShardCollector(lambda: [b.shard.status() for b in brokers()]))
     metrics.REGISTRY.register(
         metrics.NodeCollector(
@@ -196,6 +206,7 @@ def build_shard(
         peers=cfg.peer_list,
         data_dir=cfg.data_dir,
         secret=cfg.cluster_secret,
+        entry_bytes_max=cfg.raft_entry_bytes_max,
         ack_timeout_ms=cfg.ack_timeout_ms,
         compaction_entries_min=cfg.raft_compaction_entries,
         bind_address=cfg.raft_bind,
@@ -220,7 +231,17 @@ def build_cluster_view(
         raft_port_base=int(raft_port),
         started_ms=clock_ms(),
     )
-    store = EtcdMetadataStore(cfg.etcd, prefix=cfg.etcd_prefix)
+    store = EtcdMetadataStore(
+        cfg.etcd,
+        prefix=cfg.etcd_prefix,
+        username=cfg.etcd_user or None,
+        password=cfg.etcd_password or None,
+        ca_file=cfg.etcd_ca_file,
+        cert_file=cfg.etcd_cert_file,
+        key_file=cfg.etcd_key_file,
+        # API key records sealed with the cluster secret: writing to etcd mints no key.
+        record_secret=cfg.cluster_secret,
+    )
     return ClusterView(
         store,
         node,
@@ -321,6 +342,7 @@ class GroupHost:
             peers=tuple(spec["peers"]),
             data_dir=self._cfg.data_dir,
             secret=self._cfg.cluster_secret,
+            entry_bytes_max=self._cfg.raft_entry_bytes_max,
             ack_timeout_ms=self._cfg.ack_timeout_ms,
             compaction_entries_min=self._cfg.raft_compaction_entries,
             bind_address=_bind_for(self._cfg, str(spec["self"])),
@@ -444,7 +466,10 @@ async def start_auth(
             cache = KeyCache(store, now_ms)
             await cache.start()
             break
-        except FluxError as err:
+        except (FluxError, MetadataError) as caught:
+            # Reading the keys may fail in the store itself (etcd refusing the node's
+            # credentials): one line at start, like every other start-up failure.
+            err = translate_key_error(caught)
             if not err.retriable or asyncio.get_running_loop().time() > deadline:
                 raise config_mod.ConfigError(f"auth: {err.message}") from None
             log.warning("API keys not readable yet (%s); retrying", err.message)
@@ -479,7 +504,12 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     shard = build_shard(cfg, state)
     observe_disk(shard.shard_id, store, shard)
     broker = Broker(state, shard, retention_interval_ms=cfg.retention_interval_ms)
-    router = Router(cfg.shard_id, broker, None, Forwarder(tls))
+    forwarder = Forwarder(
+        tls,
+        request_bytes_max=cfg.request_bytes_max_value,
+        streams=StreamSlots(cfg.streams_max),
+    )
+    router = Router(cfg.shard_id, broker, None, forwarder)
     try:
         server, health_servicer, port = build_server(
             broker,
@@ -507,6 +537,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     health = HealthState()
     http: HttpEndpoint | None = None
     if cfg.metrics_listen:
+        metrics.set_series_limits(cfg.metrics_partition_series_max, cfg.metrics_queue_series_max)
         _register_collectors(router, health)
         host, _, mport = cfg.metrics_listen.rpartition(":")
         try:

@@ -1,10 +1,15 @@
 """Every Prometheus metric of a node, declared in one place. Names are ``fluxmq_*`` with the unit
-last; label sets are bounded (queue names are bounded by the queue limit, partitions by 1024, RPC
-methods and codes by the API)."""
+last; label sets are bounded: RPC methods and codes by the API, shards by placement, and queues
+and partitions by ``SeriesLimits`` (any admin can create a thousand queues of 1,024 partitions;
+unbounded, that is millions of series and a scrape that takes a core for a minute). Series of
+queues and partitions are built from current state at scrape time, so a deleted queue's series
+disappear with it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -21,6 +26,120 @@ FSYNC_BUCKETS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 )  # fmt: skip
 
+
+@dataclass(slots=True)
+class SeriesLimits:
+    """How many queues and partitions of a node /metrics names (``metrics_queue_series_max``,
+    ``metrics_partition_series_max``). Each partition is 3 series, each queue about a dozen."""
+
+    partitions_max: int = 4096
+    queues_max: int = 1000
+
+
+LIMITS = SeriesLimits()
+
+
+def set_series_limits(partitions_max: int, queues_max: int) -> None:
+    """Set by the daemon from its configuration, before the first scrape."""
+    LIMITS.partitions_max = partitions_max
+    LIMITS.queues_max = queues_max
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPlan:
+    """Which queues one scrape names, and what it folds.
+
+    Queues are named by name order up to ``queues_max``. Of those, per-partition series go to
+    the queues with the fewest partitions first, whole queues only, up to ``partitions_max``
+    partitions: one queue of 1,024 partitions cannot push every small queue out."""
+
+    queues: frozenset[str]  # named in queue-labelled series
+    partition_queues: frozenset[str]  # also given per-partition series
+    folded_queues: int  # queues named in no series
+    folded_partitions: int  # partitions without per-partition series
+
+
+def plan_series(queues: Iterable[tuple[str, int]], limits: SeriesLimits = LIMITS) -> SeriesPlan:
+    """``queues``: (name, partitions) of every queue the node hosts.
+
+    >>> limits = SeriesLimits(partitions_max=3, queues_max=2)
+    >>> p = plan_series([("a", 4), ("b", 2), ("c", 1)], limits)
+    >>> sorted(p.queues), sorted(p.partition_queues), p.folded_queues, p.folded_partitions
+    (['a', 'b'], ['b'], 1, 5)
+    """
+    ordered = sorted(queues)
+    named = ordered[: limits.queues_max]
+    budget = limits.partitions_max
+    with_partitions: list[str] = []
+    for name, partitions in sorted(named, key=lambda q: (q[1], q[0])):
+        if partitions > budget:
+            break  # sorted by size: no later queue fits either
+        budget -= partitions
+        with_partitions.append(name)
+    total = sum(partitions for _name, partitions in ordered)
+    exported = limits.partitions_max - budget
+    return SeriesPlan(
+        queues=frozenset(name for name, _p in named),
+        partition_queues=frozenset(with_partitions),
+        folded_queues=len(ordered) - len(named),
+        folded_partitions=total - exported,
+    )
+
+
+class _QueueCounterChild:
+    __slots__ = ("_counter", "_queue")
+
+    def __init__(self, counter: QueueCounter, queue: str) -> None:
+        self._counter = counter
+        self._queue = queue
+
+    def inc(self, amount: float = 1) -> None:
+        self._counter.inc(self._queue, amount)
+
+
+class QueueCounter:
+    """A counter by queue whose series live only as long as their queue: ``QueueCollector``
+    exports the queues a ``SeriesPlan`` names and forgets the queues the node no longer hosts
+    (a ``prometheus_client.Counter`` keeps a child per label value forever). Same call shape as
+    a labelled Counter: ``COUNTER.labels(queue).inc(n)``."""
+
+    # Values kept before a queue the node no longer hosts is forgotten without waiting for a
+    # scrape (a node whose /metrics nobody reads still must not grow with every queue created).
+    PRUNE_AT = 20_000
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name = name
+        self.documentation = documentation
+        self._values: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.hosted: Callable[[], Collection[str]] | None = None
+
+    def labels(self, queue: str) -> _QueueCounterChild:
+        return _QueueCounterChild(self, queue)
+
+    def inc(self, queue: str, amount: float = 1) -> None:
+        with self._lock:
+            if queue not in self._values and len(self._values) >= self.PRUNE_AT:
+                self._prune_locked()
+            self._values[queue] = self._values.get(queue, 0) + amount
+
+    def values(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._values)
+
+    def forget_except(self, hosted: Collection[str]) -> None:
+        with self._lock:
+            for queue in [q for q in self._values if q not in hosted]:
+                del self._values[queue]
+
+    def _prune_locked(self) -> None:
+        if self.hosted is None:
+            return
+        hosted = self.hosted()
+        for queue in [q for q in self._values if q not in hosted]:
+            del self._values[queue]
+
+
 RPC_DURATION = Histogram(
     "fluxmq_rpc_duration_seconds",
     "Server-side duration of gRPC calls by method and status code.",
@@ -28,67 +147,50 @@ RPC_DURATION = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
-PUBLISHED_MESSAGES = Counter(
+PUBLISHED_MESSAGES = QueueCounter(
     "fluxmq_published_messages",
     "Messages durably appended (duplicates excluded).",
-    ["queue"],
-    registry=REGISTRY,
 )
-PUBLISHED_BYTES = Counter(
+PUBLISHED_BYTES = QueueCounter(
     "fluxmq_published_bytes",
     "Payload bytes (key + value + headers) durably appended.",
-    ["queue"],
-    registry=REGISTRY,
 )
-DUPLICATE_MESSAGES = Counter(
+DUPLICATE_MESSAGES = QueueCounter(
     "fluxmq_duplicate_messages",
     "Published messages recognised as duplicates by idempotency key (nothing written).",
-    ["queue"],
-    registry=REGISTRY,
 )
-FETCHED_MESSAGES = Counter(
+FETCHED_MESSAGES = QueueCounter(
     "fluxmq_fetched_messages",
     "Records returned by Fetch and Tail.",
-    ["queue"],
-    registry=REGISTRY,
 )
-FETCHED_BYTES = Counter(
+FETCHED_BYTES = QueueCounter(
     "fluxmq_fetched_bytes",
     "Record value bytes returned by Fetch and Tail.",
-    ["queue"],
-    registry=REGISTRY,
 )
 RETENTION_REMOVED_MESSAGES = Counter(
     "fluxmq_retention_removed_messages",
     "Records removed by retention (age, count or bytes).",
     registry=REGISTRY,
 )
-LEASED_MESSAGES = Counter(
+LEASED_MESSAGES = QueueCounter(
     "fluxmq_leased_messages",
     "Messages leased to consumers (Lease and Consume), redeliveries included.",
-    ["queue"],
-    registry=REGISTRY,
 )
-ACKED_MESSAGES = Counter(
-    "fluxmq_acked_messages", "Receipts acked (ACKED status).", ["queue"], registry=REGISTRY
+ACKED_MESSAGES = QueueCounter(
+    "fluxmq_acked_messages",
+    "Receipts acked (ACKED status).",
 )
-NACKED_MESSAGES = Counter(
+NACKED_MESSAGES = QueueCounter(
     "fluxmq_nacked_messages",
     "Receipts nacked for a later retry (NACKED status).",
-    ["queue"],
-    registry=REGISTRY,
 )
-DELIVERED_BYTES = Counter(
+DELIVERED_BYTES = QueueCounter(
     "fluxmq_delivered_bytes",
     "Payload bytes (key + value) of messages leased to consumers, redeliveries included.",
-    ["queue"],
-    registry=REGISTRY,
 )
-REDELIVERED_MESSAGES = Counter(
+REDELIVERED_MESSAGES = QueueCounter(
     "fluxmq_redelivered_messages",
     "Messages leased again after an earlier attempt (nack, lease expiry, consumer loss).",
-    ["queue"],
-    registry=REGISTRY,
 )
 EXPIRED_LEASES = Counter(
     "fluxmq_expired_leases",
@@ -140,11 +242,9 @@ def observe_snapshot(shard: str, kind: str, size_bytes: int, seconds: float) -> 
     SNAPSHOT_BYTES.labels(shard).set(size_bytes)
 
 
-GROUP_JOINS = Counter(
+GROUP_JOINS = QueueCounter(
     "fluxmq_group_joins",
     "JoinGroup requests applied (each one rebalances its group).",
-    ["queue"],
-    registry=REGISTRY,
 )
 EXPIRED_MEMBERS = Counter(
     "fluxmq_expired_members",
@@ -164,20 +264,79 @@ class GroupRow(NamedTuple):
     skipped_by_retention: int
 
 
+QUEUE_COUNTERS: tuple[QueueCounter, ...] = (
+    PUBLISHED_MESSAGES,
+    PUBLISHED_BYTES,
+    DUPLICATE_MESSAGES,
+    FETCHED_MESSAGES,
+    FETCHED_BYTES,
+    LEASED_MESSAGES,
+    ACKED_MESSAGES,
+    NACKED_MESSAGES,
+    DELIVERED_BYTES,
+    REDELIVERED_MESSAGES,
+    GROUP_JOINS,
+)
+
+# (name, partitions) of every queue the node hosts: what a SeriesPlan is made from.
+HostedQueues = Callable[[], Iterable[tuple[str, int]]]
+
+
+class QueueCollector(Collector):  # type: ignore[misc]
+    """The per-queue counters (``QUEUE_COUNTERS``) of the queues a scrape names, and how many
+    queues and partitions the scrape folds. Forgets the counts of queues no longer hosted."""
+
+    def __init__(
+        self, hosted: HostedQueues, counters: Sequence[QueueCounter] = QUEUE_COUNTERS
+    ) -> None:
+        self._hosted = hosted
+        self._counters = tuple(counters)
+        for counter in self._counters:
+            counter.hosted = lambda: {name for name, _p in hosted()}
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        queues = list(self._hosted())
+        plan = plan_series(queues)
+        names = {name for name, _p in queues}
+        out: list[GaugeMetricFamily | CounterMetricFamily] = []
+        for counter in self._counters:
+            counter.forget_except(names)
+            family = CounterMetricFamily(counter.name, counter.documentation, labels=["queue"])
+            for queue, value in sorted(counter.values().items()):
+                if queue in plan.queues:
+                    family.add_metric([queue], value)
+            out.append(family)
+        folded = GaugeMetricFamily(
+            "fluxmq_metrics_series_folded",
+            "Queues (kind=queue) named in no series and partitions (kind=partition) without "
+            "per-partition series in this scrape, over metrics_queue_series_max and "
+            "metrics_partition_series_max.",
+            labels=["kind"],
+        )
+        folded.add_metric(["queue"], plan.folded_queues)
+        folded.add_metric(["partition"], plan.folded_partitions)
+        out.append(folded)
+        return out
+
+
 class DeliveryCollector(Collector):  # type: ignore[misc]
-    """Consumer-group and dead-letter gauges, read from committed state at scrape time."""
+    """Consumer-group and dead-letter gauges, read from committed state at scrape time, of the
+    queues the scrape's ``SeriesPlan`` names (the row callables read only those)."""
 
     def __init__(
         self,
-        groups: Callable[[], Iterable[GroupRow]],
-        dead_letters: Callable[[], Iterable[tuple[str, int, bool]]],
+        groups: Callable[[Collection[str]], Iterable[GroupRow]],
+        dead_letters: Callable[[Collection[str]], Iterable[tuple[str, int, bool]]],
         dropped: Callable[[], int],
+        hosted: HostedQueues,
     ) -> None:
         self._groups = groups
         self._dead_letters = dead_letters  # -> (queue, depth, alert raised)
         self._dropped = dropped
+        self._hosted = hosted
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        named = plan_series(self._hosted()).queues
         labels = ["queue", "group"]
         lag = GaugeMetricFamily(
             "fluxmq_group_lag_messages",
@@ -207,7 +366,7 @@ class DeliveryCollector(Collector):  # type: ignore[misc]
             "Messages removed by retention before the group consumed them.",
             labels=labels,
         )
-        for row in self._groups():
+        for row in self._groups(named):
             key = [row.queue, row.group]
             lag.add_metric(key, row.lag)
             in_flight.add_metric(key, row.in_flight)
@@ -225,7 +384,7 @@ class DeliveryCollector(Collector):  # type: ignore[misc]
             "1 while the queue's dead letters exceed its dead_letter_alert_threshold.",
             labels=["queue"],
         )
-        for queue, count, raised in self._dead_letters():
+        for queue, count, raised in self._dead_letters(named):
             depth.add_metric([queue], count)
             alert.add_metric([queue], 1 if raised else 0)
         dropped = CounterMetricFamily(
@@ -237,17 +396,20 @@ class DeliveryCollector(Collector):  # type: ignore[misc]
 
 
 class StateCollector(Collector):  # type: ignore[misc]
-    """Gauges read from committed state at scrape time, so the hot path never updates them."""
+    """Gauges read from committed state at scrape time, so the hot path never updates them.
+    Per-partition series only for the partitions the scrape's ``SeriesPlan`` allows."""
 
     def __init__(
         self,
-        partitions: Callable[[], Iterable[tuple[str, int, int, int, int]]],
+        partitions: Callable[[Collection[str]], Iterable[tuple[str, int, int, int, int]]],
         storage: Callable[[], tuple[int, int]],
         apply: Callable[[], tuple[int, int]],
+        hosted: HostedQueues,
     ) -> None:
-        self._partitions = partitions  # -> (queue, partition, low, high, bytes)
+        self._partitions = partitions  # (queues wanted) -> (queue, partition, low, high, bytes)
         self._storage = storage  # -> (file bytes, used bytes)
         self._apply = apply  # -> (write transactions, commands applied)
+        self._hosted = hosted
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         high = GaugeMetricFamily(
@@ -265,7 +427,8 @@ class StateCollector(Collector):  # type: ignore[misc]
             "Encoded bytes of the records stored in the partition.",
             labels=["queue", "partition"],
         )
-        for queue, partition, lo, hi, nbytes in self._partitions():
+        wanted = plan_series(self._hosted()).partition_queues
+        for queue, partition, lo, hi, nbytes in self._partitions(wanted):
             labels = [queue, str(partition)]
             high.add_metric(labels, hi)
             low.add_metric(labels, lo)

@@ -31,32 +31,58 @@ pysyncobj upgrade that moves them fails loudly instead of silently losing data.
    mid-handshake, the common case in a failover) is logged as just that.
 6. Asynchronous replication needs to know that a command handed to ``_applyCommand`` is in the
    leader's log: ``queued_commands`` reads the length of pysyncobj's command queue.
+7. Bounded connections (raft/wire_guard.py). Stock ``TcpConnection`` reads a socket until it is
+   drained, appends with ``bytes +=`` (quadratic) and trusts any declared frame size, all on the
+   driver thread and before authentication; stock ``TcpServer`` keeps idle connections forever
+   (its timeout is checked only when data arrives). ``SyncingTransport`` turns each of its
+   connections into a ``_BoundedConnection`` (its read and parse methods replaced: a bytearray
+   ``FrameReader``, the declared size capped, reads bounded per event), caps connections that
+   have not authenticated, and closes them at ``connect_timeout`` from its tick. Its listening
+   socket (``_BoundedServer``) accepts every pending connection per event from a larger
+   backlog, so a burst of connections cannot keep peers out of the accept queue.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
+import pysyncobj.pickle as _pickle
 import pysyncobj.syncobj as _so
 import pysyncobj.transport as _transport
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
+from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.pipe_notifier import PipeNotifier
-from pysyncobj.poller import createPoller
+from pysyncobj.poller import POLL_EVENT_TYPE, createPoller
+from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.tcp_server import TcpServer
 from pysyncobj.version import VERSION
 
 from raft import snapshot_file
 from raft.journal import LmdbJournal
+from raft.wire_guard import (
+    FrameReader,
+    FrameTooLargeError,
+    PendingHandshakes,
+    WireLimits,
+    wire_frame_bytes_max,
+)
 
 log = logging.getLogger("raft.pysyncobj")
 
 PYSYNCOBJ_VERSION = "0.3.17"
 _CONSTRUCT_LOCK = threading.Lock()
 SECURITY_LOG_INTERVAL_S = 10.0
+LOGGED_KEYS_MAX = 1024
+LISTEN_BACKLOG = 128
+ACCEPTS_PER_EVENT_MAX = 64
 
 __all__ = [
     "FAIL_REASON",
@@ -105,6 +131,38 @@ def check_assumptions() -> list[str]:
     ):
         if not hasattr(_transport.TCPTransport, name):
             missing.append(f"TCPTransport.{name}")
+    for name in (
+        "_TcpConnection__tryReadBuffer",
+        "_TcpConnection__processParseMessage",
+        "_TcpConnection__processConnection",
+        "disconnect",
+        "connect",
+    ):
+        if not hasattr(TcpConnection, name):
+            missing.append(f"TcpConnection.{name}")
+    if not hasattr(TcpServer, "_TcpServer__onNewConnection"):
+        missing.append("TcpServer.__onNewConnection")
+    server = TcpServer(None, "127.0.0.1", 0, onNewConnection=None)
+    for name in (
+        "_TcpServer__socket",
+        "_TcpServer__fileno",
+        "_TcpServer__poller",
+        "_TcpServer__sendBufferSize",
+        "_TcpServer__recvBufferSize",
+        "_TcpServer__connectionTimeout",
+        "_TcpServer__keepalive",
+        "_TcpServer__onNewConnectionCallback",
+    ):
+        if not hasattr(server, name):
+            missing.append(f"TcpServer().{name}")
+    probe = TcpConnection(poller=None)
+    for name in (
+        "_TcpConnection__socket",
+        "_TcpConnection__recvBufferSize",
+        "_TcpConnection__lastReadTime",
+    ):
+        if not hasattr(probe, name):
+            missing.append(f"TcpConnection().{name}")
     return missing
 
 
@@ -146,11 +204,183 @@ class _WatchedEncryptor:
         return getattr(self._inner, name)
 
 
+def default_wire_limits(conf: SyncObjConf) -> WireLimits:
+    """Limits for a SyncObj built from ``conf`` alone, whose entries stay under its batch size
+    (the shard passes its own, from its frame limit)."""
+    batch_bytes = int(conf.appendEntriesBatchSizeBytes)
+    return WireLimits(
+        frame_bytes_max=wire_frame_bytes_max(
+            batch_bytes=batch_bytes,
+            entry_bytes_max=batch_bytes,
+            snapshot_chunk_bytes=int(conf.logCompactionBatchSize),
+        ),
+        connect_timeout_ms=max(1, round(conf.connectionTimeout * 1000)),
+    )
+
+
+class _BoundedConnection(TcpConnection):  # type: ignore[misc]
+    """A pysyncobj connection whose reading is bounded (hook 7): frames come out of a
+    ``FrameReader`` (bytearray, declared size capped before the body is buffered) and one
+    readiness event reads at most ``read_bytes_per_event_max``, stopping as soon as a whole
+    frame is here so that it is parsed (and the cap raised after a handshake) before more is
+    read. pysyncobj constructs its connections itself, so ``_bound`` converts them in place."""
+
+    encryptor: Any
+    recvRandKey: bytes | None
+    recvLastTimestamp: int
+    _fx_reader: FrameReader
+    _fx_read_bytes_per_event_max: int
+    _fx_peer: str
+    _fx_close_reason: str | None
+    _fx_refused: FrameTooLargeError | None
+
+    def _TcpConnection__tryReadBuffer(self) -> None:
+        reader = self._fx_reader
+        sock: socket.socket | None = self._TcpConnection__socket
+        chunk_bytes = int(self._TcpConnection__recvBufferSize)
+        budget_bytes = self._fx_read_bytes_per_event_max
+        while budget_bytes > 0 and sock is not None:
+            try:
+                wanted = reader.bytes_wanted()
+            except FrameTooLargeError as err:
+                self._fx_refuse(err)
+                return
+            if wanted == 0:
+                break  # parse this frame before reading on
+            try:
+                incoming = sock.recv(
+                    min(budget_bytes, chunk_bytes, max(wanted, reader.frame_bytes_max))
+                )
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    self.disconnect()
+                return
+            if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                self.disconnect()
+                return
+            reader.feed(incoming)
+            budget_bytes -= len(incoming)
+        # Left unread: the poller is level-triggered, so the next round comes back for it.
+        self._TcpConnection__lastReadTime = monotonicTime()
+
+    def _TcpConnection__processParseMessage(self) -> Any:
+        try:
+            data = self._fx_reader.next_frame()
+        except FrameTooLargeError as err:
+            self._fx_refuse(err)
+            return None
+        if data is None:
+            return None
+        try:  # as stock pysyncobj: any failure drops the connection
+            if self.encryptor:
+                timestamp = self.encryptor.extract_timestamp(data)
+                if timestamp < self.recvLastTimestamp:
+                    raise ValueError("a message older than the previous one")
+                self.recvLastTimestamp = timestamp
+                data = self.encryptor.decrypt(data)
+            message = _pickle.loads(zlib.decompress(data))
+            if self.recvRandKey:
+                rand_key, message = message
+                if rand_key != self.recvRandKey:
+                    raise ValueError("a message of another session")
+        except Exception:
+            self.disconnect()
+            return None
+        return message
+
+    def _fx_refuse(self, err: FrameTooLargeError) -> None:
+        self._fx_close_reason = "oversized"
+        self._fx_refused = err
+        self.disconnect()
+
+    def disconnect(self) -> None:
+        self._fx_reader.clear()
+        super().disconnect()
+
+    def connect(self, host: str, port: int) -> bool:
+        self._fx_reader.clear()
+        return bool(super().connect(host, port))
+
+
+class _BoundedServer(TcpServer):  # type: ignore[misc]
+    """pysyncobj's listening socket, accepting every pending connection per readiness event (up
+    to ACCEPTS_PER_EVENT_MAX) from a backlog of LISTEN_BACKLOG: stock accepts one per event from
+    a backlog of 5, so a burst of connections overflows the queue and legitimate peers wait for
+    SYN retransmits. An error on one accepted socket closes that socket, not the server."""
+
+    def bind(self) -> None:
+        super().bind()
+        self._TcpServer__socket.listen(LISTEN_BACKLOG)
+
+    def _TcpServer__onNewConnection(self, descr: int, event: int) -> None:
+        if event & POLL_EVENT_TYPE.READ:
+            for _ in range(ACCEPTS_PER_EVENT_MAX):
+                listener = self._TcpServer__socket
+                if listener is None or self._TcpServer__fileno is None:
+                    return
+                try:
+                    sock, _addr = listener.accept()
+                except BlockingIOError:
+                    break
+                except OSError:
+                    self.unbind()
+                    return
+                self._fx_accepted(sock)
+        if event & POLL_EVENT_TYPE.ERROR:
+            self.unbind()
+
+    def _fx_accepted(self, sock: socket.socket) -> None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._TcpServer__sendBufferSize)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._TcpServer__recvBufferSize)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()  # reset before we got to it
+            return
+        conn = TcpConnection(
+            poller=self._TcpServer__poller,
+            socket=sock,
+            timeout=self._TcpServer__connectionTimeout,
+            sendBufferSize=self._TcpServer__sendBufferSize,
+            recvBufferSize=self._TcpServer__recvBufferSize,
+            keepalive=self._TcpServer__keepalive,
+        )
+        self._TcpServer__onNewConnectionCallback(conn)
+
+
+def _bound(conn: Any, frame_bytes_max: int, limits: WireLimits, peer: str) -> None:
+    """Turn a stock connection into a ``_BoundedConnection``, before it reads anything."""
+    if not isinstance(conn, _BoundedConnection):
+        assert type(conn) is TcpConnection, type(conn)
+        conn.__class__ = _BoundedConnection
+        conn._fx_reader = FrameReader(frame_bytes_max)
+    conn._fx_read_bytes_per_event_max = limits.read_bytes_per_event_max
+    conn._fx_peer = peer
+    conn._fx_close_reason = None
+    conn._fx_refused = None
+
+
+def _peer_of(conn: Any) -> str:
+    sock = conn._TcpConnection__socket
+    try:
+        host, port = sock.getpeername()[:2]
+    except (OSError, AttributeError):
+        return "?"
+    return f"{host}:{port}"
+
+
 class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
-    """TCP transport that makes the journal durable before any message leaves (hook 2) and logs
-    peers that fail the shared-secret handshake, or leave in the middle of it (hook 5)."""
+    """TCP transport that makes the journal durable before any message leaves (hook 2), logs
+    peers that fail the shared-secret handshake, or leave in the middle of it (hook 5), and
+    bounds what a connection costs before and after it authenticates (hook 7)."""
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        limits = getattr(syncObj, "_fx_wire_limits", None) or default_wire_limits(syncObj.conf)
+        self._fx_limits: WireLimits = limits
+        self._fx_pending: PendingHandshakes[Any] = PendingHandshakes(
+            limits.handshakes_pending_max, limits.connect_timeout_ms
+        )
         super().__init__(syncObj, selfNode, otherNodes)
         self._fx_journal: LmdbJournal = syncObj._SyncObj__raftLog
         assert isinstance(self._unknownConnections, set)  # used by _onDisconnected
@@ -163,10 +393,42 @@ class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
             self._fx_journal.flush()
         return bool(super().send(node, message))
 
+    def _createServer(self) -> None:
+        super()._createServer()
+        assert type(self._server) is TcpServer, type(self._server)
+        self._server.__class__ = _BoundedServer  # not bound yet: that happens on a tick
+
+    def addNode(self, node: Any) -> None:
+        super().addNode(node)
+        conn = self._connections.get(node)
+        if conn is not None:  # our outgoing connection to a configured peer
+            _bound(conn, self._fx_limits.frame_bytes_max, self._fx_limits, node.address)
+
     def _onNewIncomingConnection(self, conn: Any) -> None:
         super()._onNewIncomingConnection(conn)
         if getattr(conn, "encryptor", None) is not None:
             conn.encryptor = _WatchedEncryptor(conn.encryptor)
+        limits = self._fx_limits
+        _bound(conn, limits.handshake_frame_bytes_max, limits, _peer_of(conn))
+        if not self._fx_pending.admit(conn, time.monotonic()):
+            conn._fx_close_reason = "handshakes-full"
+            conn.disconnect()
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        self.fx_expire_handshakes(time.monotonic())
+
+    def fx_expire_handshakes(self, now_s: float) -> int:
+        """Close incoming connections not authenticated within ``connect_timeout_ms``."""
+        expired = self._fx_pending.expired(now_s)
+        for conn in expired:
+            conn._fx_close_reason = "handshake-timeout"
+            conn.disconnect()
+        return len(expired)
+
+    @property
+    def fx_handshakes_pending(self) -> int:
+        return len(self._fx_pending)
 
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
         if (
@@ -177,6 +439,11 @@ class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
         ):
             conn._fx_unknown_peer = message  # pysyncobj drops it next
         super()._onIncomingMessageReceived(conn, message)
+        if conn in self._fx_pending and conn not in self._unknownConnections:
+            # Authenticated (a dropped connection has left the table already): a peer's
+            # messages may now be as large as legitimate appends and snapshot chunks.
+            self._fx_pending.done(conn)
+            conn._fx_reader.frame_bytes_max = self._fx_limits.frame_bytes_max
 
     def _onOutgoingConnected(self, conn: Any) -> None:
         conn._fx_connected = True
@@ -192,8 +459,11 @@ class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
 
     def _onDisconnected(self, conn: Any) -> None:
         encrypted = self._syncObj.encryptor is not None
+        reason = getattr(conn, "_fx_close_reason", None)
         if getattr(self, "_fx_destroying", False):
             pass
+        elif reason is not None:
+            self._fx_log_refused(conn, reason)
         elif encrypted and conn in self._unknownConnections:
             self._fx_incoming_dropped(conn)
         elif (
@@ -210,7 +480,35 @@ class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
                 f"raft peer {getattr(node, 'id', '?')} closed the connection before its first "
                 "message (stopped, paused or unreachable mid-handshake)",
             )
+        if reason is not None:
+            conn._fx_close_reason = None  # an outgoing connection object is reused
+        self._fx_pending.done(conn)
         super()._onDisconnected(conn)
+
+    def _fx_log_refused(self, conn: Any, reason: str) -> None:
+        """One line per kind and peer host per SECURITY_LOG_INTERVAL_S: the port may be under
+        attack, and the log must not become the attack's amplifier."""
+        peer = str(getattr(conn, "_fx_peer", "?"))
+        host = peer.rpartition(":")[0] or peer
+        limits = self._fx_limits
+        if reason == "oversized":
+            err = conn._fx_refused
+            before = " before its handshake" if conn in self._fx_pending else ""
+            text = (
+                f"refused a raft frame declaring {err.declared_bytes} bytes from {peer}{before} "
+                f"(limit {err.limit_bytes} bytes) and closed the connection"
+            )
+        elif reason == "handshake-timeout":
+            text = (
+                f"closed an incoming raft connection from {peer} that did not complete the "
+                f"handshake within connect_timeout ({limits.connect_timeout_ms} ms)"
+            )
+        else:
+            text = (
+                f"refused an incoming raft connection from {peer}: "
+                f"{limits.handshakes_pending_max} connections are already in the handshake"
+            )
+        self._fx_log(reason, logging.WARNING, text, peer=host)
 
     def _fx_incoming_dropped(self, conn: Any) -> None:
         """An incoming connection ended before the handshake completed: say why, if known."""
@@ -239,12 +537,18 @@ class SyncingTransport(_transport.TCPTransport):  # type: ignore[misc]
                 "stopped, was paused or cut off mid-handshake)",
             )
 
-    def _fx_log(self, kind: str, level: int, text: str) -> None:
-        """At most one line of each ``kind`` per SECURITY_LOG_INTERVAL_S."""
+    def _fx_log(self, kind: str, level: int, text: str, peer: str | None = None) -> None:
+        """At most one line of each ``kind`` (and ``peer``, if given) per
+        SECURITY_LOG_INTERVAL_S."""
         now = time.monotonic()
-        last = self._fx_last_logged.get(kind)
+        key = kind if peer is None else f"{kind}@{peer}"
+        if len(self._fx_last_logged) >= LOGGED_KEYS_MAX:  # many peer hosts: forget old ones
+            self._fx_last_logged = {
+                k: t for k, t in self._fx_last_logged.items() if now - t < SECURITY_LOG_INTERVAL_S
+            }
+        last = self._fx_last_logged.get(key)
         if last is None or now - last >= SECURITY_LOG_INTERVAL_S:
-            self._fx_last_logged[kind] = now
+            self._fx_last_logged[key] = now
             log.log(level, "%s (shard %s)", text, self._selfNode.id if self._selfNode else "?")
 
 
@@ -260,8 +564,10 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         poller: Any,
         apply: Callable[[int, bytes], int],
         load_snapshot: Callable[[str, snapshot_file.SnapshotInfo], None],
+        wire_limits: WireLimits | None = None,
     ) -> None:
         self._fx_journal = journal
+        self._fx_wire_limits = wire_limits  # read by SyncingTransport while super() builds it
         # While set on a leader, commands (local or forwarded by followers) stay queued instead
         # of growing the log: a leadership transfer needs the target's log to match ours when
         # it campaigns (Raft thesis 3.10). Afterwards they go to the new leader, or followers'

@@ -50,6 +50,7 @@ from raft.api import (
 )
 from raft.driver import RaftDriver
 from raft.journal import LmdbJournal
+from raft.wire_guard import HANDSHAKES_PENDING_MAX, WireLimits, wire_frame_bytes_max
 
 log = logging.getLogger("raft.shard")
 APPLY_BATCHES_QUEUED_MAX = 64  # the driver waits when the apply thread is this far behind
@@ -88,6 +89,9 @@ class ShardConfig:
     secret: str
     timings: RaftTimings = field(default_factory=RaftTimings)
     frame_bytes_max: int = 1 << 20
+    # The largest single command (0: frame_bytes_max). One above frame_bytes_max travels alone
+    # in its frame, so a node can replicate every request its gRPC port accepts.
+    entry_bytes_max: int = 0
     frames_in_flight_max: int = 4
     pending_max: int = 20_000
     ack_timeout_ms: int = 10_000
@@ -101,6 +105,34 @@ class ShardConfig:
     # Short, because a restarted pod keeps its name but not its IP.
     dns_cache_s: float = 5.0
     dns_fail_cache_s: float = 1.0
+    # The Raft port's defences (raft/wire_guard.py): the largest frame a peer may send
+    # (0: derived from frame_bytes_max and snapshot_chunk_bytes), and how many connections may
+    # be in the handshake at once (each has timings.connect_timeout_ms to complete it).
+    wire_frame_bytes_max: int = 0
+    handshakes_pending_max: int = HANDSHAKES_PENDING_MAX
+
+    @property
+    def entry_limit(self) -> int:
+        return max(self.entry_bytes_max, self.frame_bytes_max)
+
+    @property
+    def append_batch_bytes(self) -> int:
+        # Above the largest entry: pysyncobj chunks an entry of this size or more (RAFT.md
+        # problem 4). Catch-up messages grow with it (entries are packed up to this size).
+        return max(4 * self.frame_bytes_max, self.entry_limit + self.frame_bytes_max)
+
+    @property
+    def wire_limits(self) -> WireLimits:
+        derived = wire_frame_bytes_max(
+            batch_bytes=self.append_batch_bytes,
+            entry_bytes_max=self.entry_limit,
+            snapshot_chunk_bytes=self.snapshot_chunk_bytes,
+        )
+        return WireLimits(
+            frame_bytes_max=self.wire_frame_bytes_max or derived,
+            connect_timeout_ms=self.timings.connect_timeout_ms,
+            handshakes_pending_max=self.handshakes_pending_max,
+        )
 
     @property
     def bind(self) -> str:
@@ -283,10 +315,10 @@ class PySyncObjShard:
     ) -> object:
         if self._closed:
             raise ShardClosedError("shard is closed")
-        if frames.encoded_size(len(payload), 1) > self._cfg.frame_bytes_max:
+        if frames.encoded_size(len(payload), 1) > self._cfg.entry_limit:
             raise ShardRequestDeniedError(
                 f"a command of {len(payload)} bytes exceeds the replication frame limit of "
-                f"{self._cfg.frame_bytes_max} bytes"
+                f"{self._cfg.entry_limit} bytes (the largest replicated entry)"
             )
         loop = asyncio.get_running_loop()
         p = _Proposal(payload, loop.create_future(), on_append=on_append)
@@ -396,7 +428,7 @@ class PySyncObjShard:
             connectionTimeout=t.connect_timeout_ms / 1000,
             # Frames are kept well below this, so pysyncobj never takes its chunked path for an
             # entry (RAFT.md problem 4); several frames still travel in one message.
-            appendEntriesBatchSizeBytes=4 * cfg.frame_bytes_max,
+            appendEntriesBatchSizeBytes=cfg.append_batch_bytes,
             sendBufferSize=1 << 20,
             recvBufferSize=1 << 20,
             commandsQueueSize=4 * cfg.frames_in_flight_max + 64,
@@ -423,6 +455,7 @@ class PySyncObjShard:
                 self._driver.poller,
                 self._on_apply,
                 self._load_snapshot,
+                cfg.wire_limits,
             )
         except Exception as e:
             journal.close()

@@ -50,6 +50,11 @@ class StorageFullError(StorageError):
     """The store reached its configured size limit; nothing of the transaction was written."""
 
 
+class StorageBusyError(StorageError):
+    """Too many transactions are open at once (LMDB's reader table is full): nothing was read
+    or written, and the same call may succeed once others end."""
+
+
 @dataclass(frozen=True, slots=True)
 class NewRecord:
     """A record to append; the log assigns its offset."""

@@ -46,6 +46,7 @@ from storage.api import (
     NewRecord,
     OffsetOutOfRangeError,
     Record,
+    StorageBusyError,
     StorageError,
     StorageFullError,
     StoreStat,
@@ -189,6 +190,10 @@ def _fsync_dir(path: str) -> None:
 def _storage_error(error: lmdb.Error) -> StorageError:
     if isinstance(error, lmdb.MapFullError):
         return StorageFullError(f"the LMDB map is full; the transaction is aborted ({error})")
+    if isinstance(error, lmdb.ReadersFullError):
+        return StorageBusyError(
+            f"all {MAX_READERS} LMDB reader slots are taken by open transactions ({error})"
+        )
     return StorageError(f"LMDB: {error}")
 
 
@@ -291,10 +296,8 @@ class LmdbStore:
             yield txn
         finally:
             txn._unusable = _ENDED
-            # The logs point back at the transaction: without this cycle broken, its LMDB
-            # reader slot stays taken until the garbage collector runs (MDB_READERS_FULL).
-            txn._logs.clear()
             raw.abort()
+            txn._release()
 
     def stat(self) -> StoreStat:
         env = self._live_env()
@@ -552,6 +555,17 @@ class LmdbReadTxn(_LmdbTxn):
             check_log_id(log_id)
             log = self._logs[log_id] = LmdbPartitionLogReader(self, log_id)
         return log
+
+    def _release(self) -> None:
+        """Drops every reference to the ended LMDB transaction. py-lmdb keeps an aborted read
+        transaction's reader slot until the Transaction object is freed, so a caller holding
+        this object or one of its logs after the ``with`` (a stream between messages), or the
+        cycle between them awaiting the garbage collector, would keep the slot taken and
+        exhaust the table (MDB_READERS_FULL)."""
+        for log in self._logs.values():
+            log._txn = None
+        self._logs.clear()
+        self._txn = None
 
 
 class LmdbWriteTxn(_LmdbTxn):

@@ -6,6 +6,11 @@ by ``start()`` restarts it on the same ports and data directory, so tests can ch
 see while etcd is down and that the data survives; ``pause()``/``resume()`` (SIGSTOP/SIGCONT)
 make it hang instead.
 
+``EtcdServer(secure=True)`` runs etcd as production should: TLS on the client port with
+``--client-cert-auth`` (certificates from tests/certs.py, made per server) and authentication
+enabled, with a ``root`` user and a ``fluxmq`` user whose role may read and write every key;
+``ca_file``, ``client_cert(user)`` and ``etcdctl(...)`` give tests what a node or operator has.
+
 The binary is required, never skipped: ``make sysdeps`` installs Debian's ``etcd-server``. Election
 timings are shortened so etcd's minimum lease TTL is 1 s (etcd raises shorter TTLs to
 1.5 x election timeout, rounded up to whole seconds), which keeps lease-expiry tests short.
@@ -18,6 +23,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -26,9 +32,15 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from tests.certs import LOCAL_SANS, Authority, CertFiles
+
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
 MIN_VERSION = (3, 4)
+ETCDCTL_TIMEOUT_S = 15.0
+ROOT_PASSWORD = "root-pw-0123456789"
+USER = "fluxmq"
+PASSWORD = "fluxmq-pw-0123456789"
 
 
 class EtcdUnavailableError(RuntimeError):
@@ -62,8 +74,12 @@ def etcd_binary() -> str:
 class EtcdServer:
     """One etcd process; ``with EtcdServer() as etcd:`` starts it and removes it afterwards."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, secure: bool = False, enable_auth: bool = True) -> None:
+        """``secure``: TLS with client certificates; then ``enable_auth`` (default) turns etcd's
+        authentication on with the users of the module docstring at the first start."""
         self.binary = etcd_binary()
+        self.secure = secure
+        self._wants_auth = secure and enable_auth
         self.client_port = _free_port()
         self.peer_port = _free_port()
         self.host = "127.0.0.1"
@@ -71,20 +87,92 @@ class EtcdServer:
         self.data_dir = Path(self._tmp) / "data"
         self.log_path = Path(self._tmp) / "etcd.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._auth_enabled = False
+        self._certs = Path(self._tmp) / "certs"
+        if secure:
+            self._certs.mkdir()
+            self._ca = Authority("etcd test CA")
+            self.ca_file = self._ca.write(self._certs / "ca.pem")
+            self._server = self._ca.issue("etcd", sans=LOCAL_SANS, server=True, client=True).write(
+                self._certs, "server"
+            )
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.client_port}"
 
     @property
+    def url(self) -> str:
+        return f"{'https' if self.secure else 'http'}://{self.endpoint}"
+
+    def client_cert(self, user: str) -> CertFiles:
+        """A client certificate whose common name is ``user`` (etcd's user when it carries no
+        password token), signed by this server's CA."""
+        assert self.secure, "a plaintext etcd has no CA"
+        path = self._certs / f"user-{user}.crt"
+        if path.exists():
+            return CertFiles(path, self._certs / f"user-{user}.key")
+        return self._ca.issue(user, client=True).write(self._certs, f"user-{user}")
+
+    def etcdctl(self, *args: str, user: str = "root", check: bool = True) -> str:
+        """Runs ``etcdctl`` against this server (as ``user`` by its client certificate when
+        secure; ``user=""``: with no certificate at all) -> its output."""
+        command = ["etcdctl", f"--endpoints={self.url}", "--dial-timeout=5s"]
+        if self.secure:
+            command.append(f"--cacert={self.ca_file}")
+            if user:
+                cert = self.client_cert(user)
+                command += [f"--cert={cert.cert}", f"--key={cert.key}"]
+        proc = subprocess.run(
+            [*command, *args],
+            capture_output=True,
+            text=True,
+            timeout=ETCDCTL_TIMEOUT_S,
+            env={**os.environ, "ETCDCTL_API": "3"},
+            stdin=subprocess.DEVNULL,
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout + proc.stderr
+
+    def _enable_auth(self) -> None:
+        """Users root and fluxmq (read-write on every key), then authentication on."""
+        self.etcdctl("user", "add", f"root:{ROOT_PASSWORD}")
+        self.etcdctl("role", "add", USER)
+        self.etcdctl("role", "grant-permission", USER, "--prefix=true", "readwrite", "/")
+        self.etcdctl("user", "add", f"{USER}:{PASSWORD}")
+        self.etcdctl("user", "grant-role", USER, USER)
+        self.etcdctl("auth", "enable")
+        self._auth_enabled = True
+
+    def _health_context(self) -> ssl.SSLContext | None:
+        if not self.secure:
+            return None
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        root = self.client_cert("root")
+        context.load_cert_chain(str(root.cert), str(root.key))
+        return context
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
     def _command(self) -> list[str]:
-        client_url = f"http://{self.host}:{self.client_port}"
+        client_url = self.url
         peer_url = f"http://{self.host}:{self.peer_port}"
+        tls = (
+            [
+                f"--cert-file={self._server.cert}",
+                f"--key-file={self._server.key}",
+                f"--trusted-ca-file={self.ca_file}",
+                "--client-cert-auth",
+            ]
+            if self.secure
+            else []
+        )
         return [
             self.binary,
+            *tls,
             "--name=test",
             f"--data-dir={self.data_dir}",
             f"--listen-client-urls={client_url}",
@@ -108,7 +196,8 @@ class EtcdServer:
                 self._command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         deadline = time.monotonic() + START_TIMEOUT_S
-        url = f"http://{self.endpoint}/health"
+        url = f"{self.url}/health"
+        context = self._health_context()
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise EtcdUnavailableError(
@@ -116,9 +205,11 @@ class EtcdServer:
                 )
             with (
                 contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(url, timeout=1) as response,
+                urllib.request.urlopen(url, timeout=1, context=context) as response,
             ):
                 if b'"health":"true"' in response.read():
+                    if self._wants_auth and not self._auth_enabled:
+                        self._enable_auth()
                     return
             time.sleep(0.05)
         self.stop()

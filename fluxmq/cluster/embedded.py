@@ -13,7 +13,8 @@ across restarts.
 Everything runs synchronously on the event loop: metadata writes are rare and tiny, and no await
 inside an operation is what makes each one atomic (create-if-absent, compare-and-set, the API-key
 limit, which simply counts the active records of the environment and role inside the write).
-API keys live under ``keys/<key_id>``, their last-used times under ``keys_used/<key_id>``.
+API keys live under ``keys/<key_id>``, their last-used times under ``keys_used/<key_id>``. With
+``record_secret`` key records are sealed and checked as in the etcd store (``ForgedRecord``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from fluxmq.cluster.metadata import (
     GROUPS_MAX,
     NODES_MAX,
     AlreadyExists,
+    ForgedRecord,
     GroupInfo,
     LimitExceeded,
     MetadataCorrupt,
@@ -50,6 +52,7 @@ from fluxmq.cluster.metadata import (
     Placement,
     RevisionConflict,
     Versioned,
+    api_key_seal_key,
     check_group_id,
     check_key_id,
     check_key_usage,
@@ -79,6 +82,7 @@ from fluxmq.cluster.metadata import (
     encode_setting,
     key_limit_reached,
     keys_to_forget,
+    report_forged_key,
     sort_api_keys,
 )
 from fluxmq.core.auth import KeyRecord
@@ -294,7 +298,9 @@ class EmbeddedMetadataStore:
         map_size_bytes: int = MAP_SIZE_BYTES_DEFAULT,
         sync: bool = True,
         watch_poll_ms: int = WATCH_POLL_MS_DEFAULT,
+        record_secret: str = "",
     ) -> None:
+        self._seal_key = api_key_seal_key(record_secret) if record_secret else None
         self._clock_ms = clock_ms
         self._watch_poll_ms = watch_poll_ms
         self._backend: _Backend = (
@@ -565,7 +571,9 @@ class EmbeddedMetadataStore:
             if txn.get(key) is not None:
                 raise AlreadyExists(f"api key {record.key_id!r} already exists")
             stored = [
-                decode_api_key(entry.record, name) for name, entry in self._scan(txn, "api_key")
+                r
+                for name, entry in self._scan(txn, "api_key")
+                if (r := self._decode_key(entry.record, name)) is not None
             ]
             active = [
                 r.key_id
@@ -578,7 +586,7 @@ class EmbeddedMetadataStore:
             for key_id in forgotten:
                 txn.delete(_key("api_key", key_id))
                 txn.delete(_key("api_key_usage", key_id))
-            self._put(txn, key, encode_api_key(record), self._next_revision(txn))
+            self._put(txn, key, encode_api_key(record, self._seal_key), self._next_revision(txn))
         self._publish(
             *(MetadataEvent("api_key", key_id, deleted=True) for key_id in forgotten),
             MetadataEvent("api_key", record.key_id),
@@ -592,11 +600,13 @@ class EmbeddedMetadataStore:
             entry = self._entry(txn, key)
             if entry is None:
                 raise NotFound(f"api key {key_id!r} does not exist")
-            record = decode_api_key(entry.record, key_id)
-            if not record.active:
-                return record
-            record = dataclasses.replace(record, revoked_ms=revoked_ms)
-            self._put(txn, key, encode_api_key(record), self._next_revision(txn))
+            found = self._decode_key(entry.record, key_id)
+            if found is None:
+                raise NotFound(f"api key {key_id!r} does not exist")
+            if not found.active:
+                return found
+            record = dataclasses.replace(found, revoked_ms=revoked_ms)
+            self._put(txn, key, encode_api_key(record, self._seal_key), self._next_revision(txn))
         self._publish(MetadataEvent("api_key", key_id))
         return record
 
@@ -604,7 +614,7 @@ class EmbeddedMetadataStore:
         check_key_id(key_id)
         with self._read() as txn:
             entry = self._entry(txn, _key("api_key", key_id))
-            return None if entry is None else decode_api_key(entry.record, key_id)
+            return None if entry is None else self._decode_key(entry.record, key_id)
 
     async def list_api_keys(self) -> list[KeyRecord]:
         found: list[KeyRecord] = []
@@ -612,8 +622,18 @@ class EmbeddedMetadataStore:
             for name, entry in self._scan(txn, "api_key"):
                 if len(found) == API_KEYS_READ_MAX:
                     raise LimitExceeded(f"more than {API_KEYS_READ_MAX} api keys are stored")
-                found.append(decode_api_key(entry.record, name))
+                record = self._decode_key(entry.record, name)
+                if record is not None:
+                    found.append(record)
         return sort_api_keys(found)
+
+    def _decode_key(self, raw: bytes, key_id: str) -> KeyRecord | None:
+        """The record, or None (logged) when it is not sealed with the record secret."""
+        try:
+            return decode_api_key(raw, key_id, self._seal_key)
+        except ForgedRecord as err:
+            report_forged_key(err, key_id)
+            return None
 
     async def touch_api_keys(self, last_used_ms: Mapping[str, int]) -> None:
         wanted = check_key_usage(last_used_ms)

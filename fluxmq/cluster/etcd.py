@@ -31,6 +31,16 @@ The count limits (NODES_MAX, GROUPS_MAX, API_KEYS_MAX) are checked before writin
 transaction: concurrent creators may overshoot them slightly (the per-role key limit is exact).
 One endpoint only: aetcd connects to a single host, so high availability of etcd itself needs a
 load balancer or DNS name in front of it.
+
+Security: whoever can write to etcd could otherwise mint API keys, so etcd must run with
+authentication and TLS, reachable by the nodes only. The store speaks TLS when given a CA file
+(``ca_file``; ``cert_file``/``key_file`` add a client certificate, which etcd with
+``--client-cert-auth`` takes as the user's name) and authenticates with ``username``/``password``.
+aetcd 1.0 opens plaintext channels only, so ``_Client`` opens the channel itself, and it
+authenticates again when etcd forgets the token (a restart, or the token's TTL). With
+``record_secret`` (the cluster secret) every API key record carries an HMAC (``mac``): a record
+without a valid one was written by someone without the secret, and is treated as absent and logged
+(``metadata.ForgedRecord``).
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ from typing import Any, TypeVar
 import aetcd
 import aetcd.exceptions
 import aetcd.rpc
+import aetcd.watcher
+import grpc
 
 from fluxmq.cluster.metadata import (
     API_KEYS_MAX,
@@ -55,11 +67,13 @@ from fluxmq.cluster.metadata import (
     NODES_MAX,
     AlreadyExists,
     EventKind,
+    ForgedRecord,
     GroupInfo,
     LimitExceeded,
     MetadataCorrupt,
     MetadataError,
     MetadataEvent,
+    MetadataRefused,
     MetadataUnavailable,
     MetadataWatch,
     NodeInfo,
@@ -68,6 +82,7 @@ from fluxmq.cluster.metadata import (
     Placement,
     RevisionConflict,
     Versioned,
+    api_key_seal_key,
     check_group_id,
     check_int,
     check_key_id,
@@ -100,6 +115,7 @@ from fluxmq.cluster.metadata import (
     encode_setting,
     key_limit_reached,
     keys_to_forget,
+    report_forged_key,
     sort_api_keys,
 )
 from fluxmq.core.auth import KeyRecord
@@ -185,6 +201,100 @@ def _check_endpoint(endpoint: object) -> tuple[str, int]:
     return host, int(port)
 
 
+_AUTH_HINT = (
+    "etcd refused this node's credentials (set etcd_user and etcd_password_file, or "
+    "etcd_cert_file and etcd_key_file with a certificate whose common name is an etcd user)"
+)
+# etcd's answers when it no longer knows a token it issued: authenticate again.
+_STALE_TOKEN_DETAILS = ("invalid auth token", "auth token is expired")
+# etcd's answers to missing or wrong credentials: retrying cannot help.
+_REFUSED_DETAILS = ("user name is empty", "authentication failed", "permission denied")
+
+
+def _read_pem(name: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{name}: cannot read {path!r}: {e.strerror}") from None
+
+
+def _channel_credentials(ca_file: str, cert_file: str, key_file: str) -> grpc.ChannelCredentials:
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("cert_file and key_file: give both or neither")
+    if cert_file and not ca_file:
+        raise ValueError("cert_file: a client certificate needs ca_file (TLS to etcd)")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem("ca_file", ca_file),
+        private_key=_read_pem("key_file", key_file) if key_file else None,
+        certificate_chain=_read_pem("cert_file", cert_file) if cert_file else None,
+    )
+
+
+class _Client(aetcd.Client):  # type: ignore[misc]
+    """aetcd's client over a TLS channel when given credentials; the rest of its connect() as
+    is (aetcd 1.0 cannot open anything but a plaintext channel)."""
+
+    _is_connecting: bool
+    _connected: asyncio.Event
+
+    def __init__(self, *, credentials: grpc.ChannelCredentials | None, **kwargs: Any) -> None:
+        self._credentials = credentials
+        super().__init__(**kwargs)
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        if self._is_connecting:
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        try:
+            self._is_connecting = True
+            target = f"{self._host}:{self._port}"
+            options = list(self._options.items())
+            if self._credentials is None:
+                self.channel = aetcd.rpc.insecure_channel(target, options=options)
+            else:
+                self.channel = aetcd.rpc.secure_channel(target, self._credentials, options=options)
+            if self._username is not None and self._password is not None:
+                self.auth_stub = aetcd.rpc.AuthStub(self.channel)
+                request = aetcd.rpc.AuthenticateRequest(
+                    name=self._username, password=self._password
+                )
+                resp = await self.auth_stub.Authenticate(request, timeout=self._timeout)
+                self.metadata = (("token", resp.token),)
+            self.kvstub = aetcd.rpc.KVStub(self.channel)
+            self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
+            self.leasestub = aetcd.rpc.LeaseStub(self.channel)
+            self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
+            self._watcher = aetcd.watcher.Watcher(
+                aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+            )
+            self._connected.set()
+        except BaseException:
+            if self.channel is not None:
+                await self.channel.close()
+            self._init_channel_attrs()
+            raise
+        finally:
+            self._is_connecting = False
+
+
+def _detail(e: BaseException) -> str:
+    return e.details() if isinstance(e, aetcd.rpc.AioRpcError) else str(e)
+
+
+def _is_stale_token(e: BaseException) -> bool:
+    return any(d in _detail(e) for d in _STALE_TOKEN_DETAILS)
+
+
+def _is_refused(e: BaseException) -> bool:
+    code = e.code() if isinstance(e, aetcd.rpc.AioRpcError) else None
+    return code == aetcd.rpc.StatusCode.PERMISSION_DENIED or any(
+        d in _detail(e) for d in _REFUSED_DETAILS
+    )
+
+
 class _EtcdWatch(MetadataWatch):
     """Feeds a MetadataWatch from an etcd watch on the whole prefix, reconnecting forever."""
 
@@ -200,7 +310,8 @@ class _EtcdWatch(MetadataWatch):
             try:
                 async with asyncio.timeout(store.timeout_ms / 1000):
                     stream = await store.client.watch(store.root, range_end=_prefix_end(store.root))
-            except Exception:  # unreachable etcd, timeouts, aetcd's own failures: retry
+            except Exception as e:  # unreachable etcd, timeouts, aetcd's own failures: retry
+                await store.forget_stale_token(e)
                 await asyncio.sleep(retry_ms / 1000)
                 retry_ms = min(2 * retry_ms, WATCH_RETRY_MAX_MS)
                 continue
@@ -246,13 +357,31 @@ class EtcdMetadataStore:
         timeout_ms: int = TIMEOUT_MS_DEFAULT,
         username: str | None = None,
         password: str | None = None,
+        ca_file: str = "",
+        cert_file: str = "",
+        key_file: str = "",
+        record_secret: str = "",
     ) -> None:
+        """``username``/``password``: etcd's user (both or neither). ``ca_file``: speak TLS
+        to etcd and trust this CA; ``cert_file``/``key_file``: this node's client certificate.
+        ``record_secret``: seal API key records with it and ignore records not sealed with it
+        (the cluster secret; every node of a cluster needs the same one)."""
         host, port = _check_endpoint(endpoint)
+        if (username is None) != (password is None) or username == "" or password == "":
+            raise ValueError("username and password: give both (non-empty) or neither")
         self.endpoint = endpoint
         self.timeout_ms = check_int("timeout_ms", timeout_ms, 10, 600_000)
         self._prefix = _check_prefix(prefix)
         self.root = self._prefix.encode()
-        self.client = aetcd.Client(
+        self._seal_key = api_key_seal_key(record_secret) if record_secret else None
+        self._has_password = username is not None
+        credentials = (
+            _channel_credentials(ca_file, cert_file, key_file)
+            if ca_file or cert_file or key_file
+            else None
+        )
+        self.client = _Client(
+            credentials=credentials,
             host=host,
             port=port,
             username=username,
@@ -290,13 +419,28 @@ class EtcdMetadataStore:
         kind = _KIND_BY_DIR.get(directory + slash)
         return None if kind is None or not name else (kind, name)
 
+    async def forget_stale_token(self, e: BaseException) -> bool:
+        """After etcd refused this client's token (etcd restarted, or the token expired): drop
+        the channel, so the next call connects and authenticates again. -> whether it did."""
+        if not self._has_password or not _is_stale_token(e):
+            return False
+        with contextlib.suppress(Exception):
+            await self.client.close()
+        return True
+
     async def _call(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Runs one public operation under the deadline, translating transport failures."""
+        """Runs one public operation under the deadline, translating transport failures. An
+        operation etcd refused for a stale token did nothing, so it runs once more."""
         if self._closed:
             raise MetadataUnavailable("the etcd metadata store is closed")
         try:
             async with asyncio.timeout(self.timeout_ms / 1000):
-                return await operation()
+                try:
+                    return await operation()
+                except (aetcd.ClientError, aetcd.rpc.AioRpcError) as e:
+                    if not await self.forget_stale_token(e):
+                        raise
+                    return await operation()
         except TimeoutError as e:
             raise MetadataUnavailable(
                 f"etcd at {self.endpoint}: {what} timed out after {self.timeout_ms} ms"
@@ -304,10 +448,16 @@ class EtcdMetadataStore:
         except _UNAVAILABLE_ERRORS as e:
             raise MetadataUnavailable(f"etcd at {self.endpoint}: {what}: {e}") from e
         except aetcd.rpc.AioRpcError as e:
+            if _is_refused(e):
+                raise MetadataRefused(
+                    f"etcd at {self.endpoint}: {what}: {e.details()}: {_AUTH_HINT}"
+                ) from e
             if e.code() in _UNAVAILABLE_CODES:
                 raise MetadataUnavailable(f"etcd at {self.endpoint}: {what}: {e.details()}") from e
             raise MetadataError(f"etcd at {self.endpoint}: {what}: {e.details()}") from e
         except aetcd.ClientError as e:
+            if _is_refused(e):
+                raise MetadataRefused(f"etcd at {self.endpoint}: {what}: {e}: {_AUTH_HINT}") from e
             # Unmapped gRPC codes land here; only argument and auth errors are not transient.
             if isinstance(e, _REJECTED_ERRORS):
                 raise MetadataError(f"etcd at {self.endpoint}: {what}: {e}") from e
@@ -633,7 +783,7 @@ class EtcdMetadataStore:
         record, active_max = check_new_api_key(record, active_max)
         key = self._key("api_key", record.key_id)
         slots_key = self._slots_key(record.environment, record.role)
-        value = encode_api_key(record)
+        value = encode_api_key(record, self._seal_key)
         tx = self.client.transactions
 
         async def create() -> None:
@@ -670,7 +820,7 @@ class EtcdMetadataStore:
         first is fine, the count is a soft limit."""
         found = await self._scan_dir(self._dir("api_key"), API_KEYS_READ_MAX)
         kvs = dict(found)
-        records = [decode_api_key(bytes(kv.value), name) for name, kv in found]
+        records = self._decode_keys(found)
         forget = keys_to_forget(records, API_KEYS_MAX)
         tx = self.client.transactions
         for start in range(0, len(forget), KEYS_FORGOTTEN_PER_TXN):
@@ -698,7 +848,9 @@ class EtcdMetadataStore:
                 kv = await self.client.get(key)
                 if kv is None:
                     raise NotFound(f"api key {key_id!r} does not exist")
-                record = decode_api_key(bytes(kv.value), key_id)
+                record = self._decode_key(bytes(kv.value), key_id)
+                if record is None:
+                    raise NotFound(f"api key {key_id!r} does not exist")
                 if not record.active:
                     return record
                 slots_key = self._slots_key(record.environment, record.role)
@@ -711,7 +863,7 @@ class EtcdMetadataStore:
                         self._unchanged(slots_key, slots),
                     ],
                     success=[
-                        tx.put(key, encode_api_key(revoked)),
+                        tx.put(key, encode_api_key(revoked, self._seal_key)),
                         tx.put(slots_key, encode_key_slots(active)),
                     ],
                     failure=[],
@@ -728,16 +880,28 @@ class EtcdMetadataStore:
 
         async def get() -> KeyRecord | None:
             kv = await self.client.get(self._key("api_key", key_id))
-            return None if kv is None else decode_api_key(bytes(kv.value), key_id)
+            return None if kv is None else self._decode_key(bytes(kv.value), key_id)
 
         return await self._call("get_api_key", get)
 
     async def list_api_keys(self) -> list[KeyRecord]:
         async def list_all() -> list[KeyRecord]:
             found = await self._scan_dir(self._dir("api_key"), API_KEYS_READ_MAX)
-            return sort_api_keys([decode_api_key(bytes(kv.value), name) for name, kv in found])
+            return sort_api_keys(self._decode_keys(found))
 
         return await self._call("list_api_keys", list_all)
+
+    def _decode_key(self, raw: bytes, key_id: str) -> KeyRecord | None:
+        """The record, or None (logged) when it is not sealed with the cluster secret."""
+        try:
+            return decode_api_key(raw, key_id, self._seal_key)
+        except ForgedRecord as err:
+            report_forged_key(err, key_id)
+            return None
+
+    def _decode_keys(self, found: list[tuple[str, Any]]) -> list[KeyRecord]:
+        records = (self._decode_key(bytes(kv.value), name) for name, kv in found)
+        return [r for r in records if r is not None]
 
     async def touch_api_keys(self, last_used_ms: Mapping[str, int]) -> None:
         wanted = list(check_key_usage(last_used_ms).items())

@@ -21,8 +21,12 @@ starts with one resync event per kind, and emits them again whenever it may have
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import logging
 import re
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, get_args
@@ -115,6 +119,33 @@ class MetadataCorrupt(MetadataError):
     reason = "METADATA_CORRUPT"
 
 
+class InvalidArgument(MetadataError, ValueError):
+    """An argument the store refuses before any request (a queue name that is not a name):
+    ``what`` names it. A ValueError still, for callers that catch bad input as such; a
+    MetadataError, so that the gRPC edge answers INVALID_ARGUMENT, never INTERNAL."""
+
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(detail)
+        self.what = what
+
+
+class MetadataRefused(MetadataError):
+    """The store refused this client: missing or wrong credentials, or no permission. Retrying
+    cannot help; the operator must fix the node's etcd settings."""
+
+    reason = "METADATA_REFUSED"
+
+
+class ForgedRecord(MetadataError):
+    """An API key record without a valid seal (HMAC with the cluster secret): written by
+    someone who can write to the store but does not hold the secret. Stores treat it as absent
+    and log it (``report_forged_key``), so nobody mints a key by writing to etcd."""
+
+    reason = "FORGED_RECORD"
+
+
 # --- input checks -----------------------------------------------------------------------------
 
 
@@ -124,18 +155,18 @@ def _is_int(value: object) -> bool:
 
 def check_int(what: str, value: object, low: int, high: int = INT_MAX) -> int:
     if not _is_int(value):
-        raise ValueError(f"{what} must be an integer, got {type(value).__name__}")
+        raise InvalidArgument(what, f"{what} must be an integer, got {type(value).__name__}")
     assert isinstance(value, int)
     if not low <= value <= high:
-        raise ValueError(f"{what} must be in {low}..{high}, got {value}")
+        raise InvalidArgument(what, f"{what} must be in {low}..{high}, got {value}")
     return value
 
 
 def _check_pattern(what: str, value: object, pattern: re.Pattern[str], rule: str) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{what} must be a string, got {type(value).__name__}")
+        raise InvalidArgument(what, f"{what} must be a string, got {type(value).__name__}")
     if not pattern.fullmatch(value):
-        raise ValueError(f"{what} {value[:80]!r} is invalid: {rule}")
+        raise InvalidArgument(what, f"{what} {value[:80]!r} is invalid: {rule}")
     return value
 
 
@@ -408,7 +439,9 @@ def _dump(fields: dict[str, Any]) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _load(data: bytes, what: str, names: frozenset[str]) -> dict[str, Any]:
+def _load(
+    data: bytes, what: str, names: frozenset[str], optional: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     try:
         obj = json.loads(bytes(data).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
@@ -418,7 +451,7 @@ def _load(data: bytes, what: str, names: frozenset[str]) -> dict[str, Any]:
     if obj.get("v") != SCHEMA_VERSION:
         raise MetadataCorrupt(f"{what}: unsupported schema version {obj.get('v')!r}")
     del obj["v"]
-    if set(obj) != names:
+    if not names <= set(obj) <= names | optional:
         raise MetadataCorrupt(f"{what}: fields {sorted(obj)} != expected {sorted(names)}")
     return obj
 
@@ -501,6 +534,18 @@ def encode_setting(value: str) -> bytes:
 
 
 def decode_setting(data: bytes, key: str) -> str:
+    """The value of setting ``key``: the JSON record ``put_setting`` writes, or the plain text
+    an operator writes with ``etcdctl put <prefix>settings/<key> true`` (surrounding white
+    space dropped). A JSON object that is not a valid record is corrupt, never taken as text."""
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MetadataCorrupt(f"setting {key!r}: not UTF-8 text ({e})") from e
+    if not text.lstrip().startswith("{"):
+        try:
+            return check_setting_value(text.strip())
+        except ValueError as e:
+            raise MetadataCorrupt(f"setting {key!r}: {e}") from e
     obj = _load(data, f"setting {key!r}", frozenset(("value",)))
     try:
         return check_setting_value(obj["value"])
@@ -513,26 +558,68 @@ _API_KEY_FIELDS = frozenset(
 )
 
 
-def encode_api_key(record: KeyRecord) -> bytes:
-    """The record as JSON, salt and digest in hex; ``check_api_key`` it first."""
-    return _dump(
-        {
-            "key_id": record.key_id,
-            "name": record.name,
-            "environment": record.environment,
-            "role": record.role,
-            "tier": record.tier,
-            "salt": record.salt.hex(),
-            "digest": record.digest.hex(),
-            "created_ms": record.created_ms,
-            "revoked_ms": record.revoked_ms,
-        }
-    )
+_SEAL_CONTEXT = b"fluxmq api key record seal v1"
+FORGED_LOG_INTERVAL_S = 60.0
+_FORGED_LOGGED_MAX = 1024
+_forged_logged_at: dict[str, float] = {}
+_log = logging.getLogger("fluxmq.cluster.metadata")
 
 
-def decode_api_key(data: bytes, key: str) -> KeyRecord:
+def api_key_seal_key(secret: str) -> bytes:
+    """The HMAC key that seals API key records, derived from the cluster secret: a separate
+    key per purpose, so a seal says nothing about the key Raft authenticates with."""
+    if not secret:
+        raise ValueError("record_secret must be a non-empty string")
+    return hmac.new(secret.encode(), _SEAL_CONTEXT, hashlib.sha256).digest()
+
+
+def _seal(seal_key: bytes, unsealed: bytes) -> str:
+    return hmac.new(seal_key, unsealed, hashlib.sha256).hexdigest()
+
+
+def report_forged_key(err: ForgedRecord, key_id: str) -> None:
+    """Logs a forged key record: each key id at most once per FORGED_LOG_INTERVAL_S, so
+    someone writing records to etcd cannot flood the node's log."""
+    now_s = time.monotonic()
+    last_s = _forged_logged_at.get(key_id)
+    if last_s is not None and now_s - last_s < FORGED_LOG_INTERVAL_S:
+        return
+    if len(_forged_logged_at) >= _FORGED_LOGGED_MAX:
+        _forged_logged_at.clear()
+    _forged_logged_at[key_id] = now_s
+    _log.warning("ignored API key record %r: %s", key_id[:16], err)
+
+
+def encode_api_key(record: KeyRecord, seal_key: bytes | None = None) -> bytes:
+    """The record as JSON, salt and digest in hex; ``check_api_key`` it first. With
+    ``seal_key`` (``api_key_seal_key``) it carries ``mac``: HMAC-SHA256 over the record's
+    encoding without it."""
+    unsealed = _encode_api_key_fields(record)
+    if seal_key is None:
+        return _dump(unsealed)
+    return _dump({**unsealed, "mac": _seal(seal_key, _dump(unsealed))})
+
+
+def _encode_api_key_fields(record: KeyRecord) -> dict[str, Any]:
+    return {
+        "key_id": record.key_id,
+        "name": record.name,
+        "environment": record.environment,
+        "role": record.role,
+        "tier": record.tier,
+        "salt": record.salt.hex(),
+        "digest": record.digest.hex(),
+        "created_ms": record.created_ms,
+        "revoked_ms": record.revoked_ms,
+    }
+
+
+def decode_api_key(data: bytes, key: str, seal_key: bytes | None = None) -> KeyRecord:
+    """The record stored under ``key``. With ``seal_key``, a record whose ``mac`` is missing or
+    wrong raises ForgedRecord (after the fields check out: a broken record is still corrupt)."""
     what = f"api key {key!r}"
-    obj = _load(data, what, _API_KEY_FIELDS)
+    obj = _load(data, what, _API_KEY_FIELDS, optional=frozenset(("mac",)))
+    mac = obj.pop("mac", None)
     try:
         for name in ("salt", "digest"):
             if not isinstance(obj[name], str):
@@ -542,6 +629,13 @@ def decode_api_key(data: bytes, key: str) -> KeyRecord:
     except (TypeError, ValueError) as e:
         raise MetadataCorrupt(f"{what}: {e}") from e
     _expect(record.key_id == key, f"api key record under {key!r} names {record.key_id!r}")
+    if seal_key is not None:
+        expected = _seal(seal_key, _dump(_encode_api_key_fields(record)))
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, expected):
+            why = "has no seal" if mac is None else "has a seal that does not match"
+            raise ForgedRecord(
+                f"{what} {why} (written without the cluster secret, or before records were sealed)"
+            )
     return record
 
 

@@ -6,6 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fluxmq.core.text import clip_utf8
+
+# What an error may echo of its input: a 1 MiB queue name must not come back as a 1 MiB message
+# (nor as metadata and field violations that repeat it), which would also exceed the 8 KiB of
+# trailing metadata a default gRPC client accepts. A valid name (200 characters) fits whole.
+MESSAGE_BYTES_MAX = 1024
+DETAIL_BYTES_MAX = 256  # each ErrorInfo metadata value, violation field and description
+
 
 @dataclass(frozen=True, slots=True)
 class FieldViolation:
@@ -23,10 +31,25 @@ class FluxError(Exception):
     metadata: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Bounded where every error is made: the status on the wire, a stream's error response
+        # and a log line quoting the error all see the clipped text.
+        self.message = clip_utf8(self.message, MESSAGE_BYTES_MAX)
+        if any(len(v) > DETAIL_BYTES_MAX // 4 for v in self.metadata.values()):
+            self.metadata = {k: clip_utf8(v, DETAIL_BYTES_MAX) for k, v in self.metadata.items()}
+        if self.violations:
+            self.violations = tuple(_clipped(v) for v in self.violations)
         Exception.__init__(self, f"{self.reason}: {self.message}")
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}"
+
+
+def _clipped(v: FieldViolation) -> FieldViolation:
+    field_path = clip_utf8(v.field, DETAIL_BYTES_MAX)
+    description = clip_utf8(v.description, DETAIL_BYTES_MAX)
+    if field_path is v.field and description is v.description:
+        return v
+    return FieldViolation(field_path, description)
 
 
 def invalid_argument(field_path: str, description: str) -> FluxError:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+# \Z, not $: "$" also matches before a final newline, which would let "x\n" pass as a name.
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\Z")
 PARTITIONS_MAX = 1024
 QUEUES_MAX = 100_000
 LABELS_MAX = 64
-LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z")
 LABEL_VALUE_CHARS_MAX = 256
 
 PUBLISH_MESSAGES_MAX = 1000

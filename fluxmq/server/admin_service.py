@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -17,6 +20,7 @@ import grpc
 from fluxmq._pb.v1 import admin_pb2 as pb
 from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
+from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server import node_stats
 from fluxmq.server.broker import Broker, not_leader
 from fluxmq.server.guard import Identity, current_identity
@@ -25,6 +29,11 @@ from fluxmq.server.router import Router
 from raft import NotLeaderError, Shard, ShardStatus
 
 SHARD_ID_CHARS_MAX = 200
+# A state digest reads the whole store (about 20 s of a core at 1.4 GB): digests may take at
+# most this share of one core over time, and a request that would wait longer than
+# DIGEST_WAIT_MAX_S for its turn is refused with RetryInfo instead of held.
+DIGEST_CPU_SHARE = 0.1
+DIGEST_WAIT_MAX_S = 1.0
 ADDRESS_CHARS_MAX = 300
 # host:port; the host is a name, an IPv4 address or a bracketed IPv6 address.
 _ADDRESS_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})$")
@@ -126,13 +135,98 @@ def _traffic(brokers: list[Broker]) -> tuple[list[pb.QueueStatus], list[pb.Queue
     return queues, counters
 
 
+def digest_busy(retry_after_s: float, why: str) -> FluxError:
+    retry_after_ms = max(1, math.ceil(retry_after_s * 1000))
+    return FluxError(
+        "DIGEST_BUSY",
+        f"{why}: retry in {retry_after_ms} ms, or ask with skip_digest = true",
+        retriable=True,
+        retry_after_ms=retry_after_ms,
+        metadata={"field": "skip_digest"},
+    )
+
+
+def digest_denied(role: str) -> FluxError:
+    return FluxError(
+        "PERMISSION_DENIED",
+        f"the state digest (skip_digest = false) reads the whole store: it takes an admin key, "
+        f"not a {role} key; ask with skip_digest = true",
+        violations=(FieldViolation("skip_digest", "false needs an admin key"),),
+        metadata={"field": "skip_digest", "role": role},
+    )
+
+
+@dataclass(slots=True)
+class _Digest:
+    applied_index: int  # the state's own applied index, unchanged while the digest was read
+    digest: str
+
+
+class DigestGate:
+    """The node's state digests: one computation at a time (off the event loop), at most
+    ``cpu_share`` of a core over time, and free while a shard's state has not changed since
+    its last digest (the cached digest belongs to the state's applied index).
+
+    A request waits for a computation under way (and then usually finds its result), waits
+    for its turn when that comes within ``wait_max_s``, and is refused with DIGEST_BUSY and
+    RetryInfo when it would wait longer."""
+
+    def __init__(
+        self,
+        cpu_share: float = DIGEST_CPU_SHARE,
+        wait_max_s: float = DIGEST_WAIT_MAX_S,
+        clock_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cpu_share = cpu_share
+        self._wait_max_s = wait_max_s
+        self._clock_s = clock_s
+        self._lock = asyncio.Lock()
+        self._cache: dict[str, _Digest] = {}
+        self._next_start_s = -math.inf  # inf while a computation runs
+        self._last_took_s = 0.0
+        self.computed = 0  # digests computed
+
+    async def digest(self, shard_id: str, state: QueueStateMachine) -> str:
+        async with self._lock:
+            cached = self._cache.get(shard_id)
+            if cached is not None and cached.applied_index == state.last_applied_index():
+                return cached.digest
+            if self._next_start_s == math.inf:  # a cancelled request's computation still runs
+                raise digest_busy(max(self._last_took_s, self._wait_max_s), "a digest is running")
+            wait_s = self._next_start_s - self._clock_s()
+            if wait_s > self._wait_max_s:
+                raise digest_busy(wait_s, "state digests are rate limited on this node")
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            self._next_start_s = math.inf
+            # Shielded: a caller that goes away does not stop the thread, whose end sets the
+            # next start itself.
+            return await asyncio.shield(asyncio.to_thread(self._compute, shard_id, state))
+
+    def _compute(self, shard_id: str, state: QueueStateMachine) -> str:
+        """On a worker thread: the digest reads one LMDB read transaction, not the state lock."""
+        before = state.last_applied_index()
+        started_s = self._clock_s()
+        try:
+            digest = state.digest()
+        finally:
+            ended_s = self._clock_s()
+            self._last_took_s = ended_s - started_s
+            self._next_start_s = ended_s + self._last_took_s * (1 / self._cpu_share - 1)
+        self.computed += 1
+        if state.last_applied_index() == before:
+            self._cache[shard_id] = _Digest(before, digest)
+        else:
+            self._cache.pop(shard_id, None)
+        return digest
+
+
 class AdminService(pb_grpc.AdminServiceServicer):
-    def __init__(self, router: Router, node_id: str) -> None:
+    def __init__(self, router: Router, node_id: str, digests: DigestGate | None = None) -> None:
         self._router = router
         self._broker = router.home
         self._node_id = node_id
-        # One digest at a time: each reads the whole state, concurrent ones would only compete.
-        self._digest_lock = asyncio.Lock()
+        self.digests = digests or DigestGate()
 
     def _brokers(self) -> dict[str, Broker]:
         """Every replication group this node hosts, by shard id (each with its own state)."""
@@ -172,16 +266,16 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def GetClusterStatus(
         self, request: pb.GetClusterStatusRequest, context: Any
     ) -> pb.ClusterStatus:
+        if not request.skip_digest:
+            identity = current_identity.get()
+            if identity is not None and identity.role != "admin":
+                raise digest_denied(identity.role)
         out = pb.ClusterStatus(node_id=self._node_id)
         brokers = sorted(self._brokers().items())
-        for _shard_id, broker in brokers:
-            if request.skip_digest:
-                status, digest = broker.shard.status(), ""
-            else:
-                async with self._digest_lock:
-                    status = broker.shard.status()
-                    # Reads the whole replicated state: off the event loop.
-                    digest = await asyncio.to_thread(broker.state.digest)
+        for shard_id, broker in brokers:
+            status, digest = broker.shard.status(), ""
+            if not request.skip_digest:
+                digest = await self.digests.digest(shard_id, broker.state)
             out.shards.append(_shard_info(status, digest, sorted(broker.state.catalog)))
         out.sampled_ms = self._broker.now_ms()
         queues, counters = await asyncio.to_thread(_traffic, [b for _, b in brokers])

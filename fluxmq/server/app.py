@@ -10,6 +10,7 @@ from grpc_reflection.v1alpha import reflection
 from fluxmq._pb.v1 import admin_pb2, queue_pb2
 from fluxmq.server import admin_service, queue_service
 from fluxmq.server.broker import Broker
+from fluxmq.server.forwarding import RESPONSE_BYTES_MAX
 from fluxmq.server.interceptors import EdgeInterceptor
 from fluxmq.server.router import Router, RoutingInterceptor
 from fluxmq.server.tls import TlsConfig
@@ -41,7 +42,7 @@ def build_server(
         ],
         options=[
             ("grpc.max_receive_message_length", request_bytes_max),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", RESPONSE_BYTES_MAX),
             ("grpc.so_reuseport", 0),
         ],
     )

@@ -19,6 +19,7 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.cluster import (
     AlreadyExists,
     GroupInfo,
+    MetadataCorrupt,
     MetadataError,
     MetadataStore,
     MetadataUnavailable,
@@ -52,6 +53,27 @@ def metadata_unavailable(what: str, err: MetadataError) -> FluxError:
         retriable=True,
         retry_after_ms=1000,
     )
+
+
+def invalid_setting(key: str, problem: str) -> FluxError:
+    """A cluster setting in etcd that cannot be used: the operator's to fix, so the request
+    that needs it fails naming the key (a retry cannot help until the value is fixed)."""
+    return FluxError(
+        "INVALID_CLUSTER_SETTING",
+        f"the cluster setting {key} (etcd key <prefix>settings/{key}) is invalid: {problem}; "
+        f"fix it, e.g. etcdctl put <prefix>settings/{key} true",
+        metadata={"setting": key},
+    )
+
+
+def setting_bool(key: str, value: str) -> bool:
+    """``true``/``false`` in any case, as the README writes them; anything else is refused
+    (a typo must not silently mean false)."""
+    lowered = value.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    shown = value if len(value) <= 40 else value[:40] + "..."
+    raise invalid_setting(key, f"{shown!r} is not true or false")
 
 
 async def _supervised(name: str, routine: Callable[[], Awaitable[None]]) -> None:
@@ -452,8 +474,13 @@ class ClusterView:
         return counts
 
     async def _auto_provisioning(self) -> bool:
-        value = await self.store.get_setting(AUTO_PROVISION_SETTING)
-        return self._auto_provision if value is None else value.lower() == "true"
+        try:
+            value = await self.store.get_setting(AUTO_PROVISION_SETTING)
+        except MetadataCorrupt as err:
+            raise invalid_setting(AUTO_PROVISION_SETTING, str(err)) from None
+        return (
+            self._auto_provision if value is None else setting_bool(AUTO_PROVISION_SETTING, value)
+        )
 
     async def _provision_group(self, size: int) -> str:
         """A new group of ``size`` live nodes that host the fewest groups, on distinct nodes."""
@@ -524,7 +551,8 @@ class ClusterView:
     async def ensure_reachable(self, what: str) -> None:
         """Fail a metadata change before touching the shard when the store is away."""
         try:
-            await self.store.get_setting("cluster_name")
+            with contextlib.suppress(MetadataCorrupt):  # a reachability probe: any answer will do
+                await self.store.get_setting("cluster_name")
             self._worked()
         except MetadataUnavailable as err:
             self._failed(what, err)

@@ -10,7 +10,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from fluxmq.core.errors import FluxError
+from fluxmq.cluster.metadata import InvalidArgument as MetadataInvalidArgument
+from fluxmq.core.errors import FluxError, invalid_argument
 from raft import (
     NotLeaderError,
     OutcomeUnknownError,
@@ -19,12 +20,14 @@ from raft import (
     ShardClosedError,
     ShardRequestDeniedError,
 )
-from storage import CorruptRecordError, StorageFullError
+from storage import CorruptRecordError, StorageBusyError, StorageFullError
 
 DOMAIN = "fluxmq"
 
 STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    # A request body that is not the method's message (bytes that do not parse).
+    "MALFORMED_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
     "MESSAGE_TOO_LARGE": grpc.StatusCode.INVALID_ARGUMENT,
     "PARTITION_OUT_OF_RANGE": grpc.StatusCode.INVALID_ARGUMENT,
     "QUEUE_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
@@ -69,6 +72,15 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "INTERNAL": grpc.StatusCode.INTERNAL,
     # Security: a missing, malformed, unknown or revoked key; a role or environment violation;
     # a key over its rate (RetryInfo says when to come back); a third active key per role.
+    # A cluster setting in etcd the operator wrote in a form the node cannot use (names the key).
+    "INVALID_CLUSTER_SETTING": grpc.StatusCode.FAILED_PRECONDITION,
+    # Resource bounds of a node: concurrent streams (streams_max), LMDB readers (retriable).
+    "TOO_MANY_STREAMS": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "STORAGE_BUSY": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # gRPC refused a message between two nodes over a size limit (not retriable).
+    "SIZE_LIMIT_EXCEEDED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # A state digest asked for while one is computed or too soon after (RetryInfo says when).
+    "DIGEST_BUSY": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "INVALID_API_KEY": grpc.StatusCode.UNAUTHENTICATED,
     "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
     "RATE_LIMITED": grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -81,6 +93,9 @@ def domain_error(exc: BaseException) -> FluxError | None:
     """The FluxError an exception of a lower layer stands for (None: not ours, a bug)."""
     if isinstance(exc, FluxError):
         return exc
+    if isinstance(exc, MetadataInvalidArgument):
+        # The edge checks names before any lookup; this answers for a path it does not cover.
+        return invalid_argument(exc.what, exc.detail)
     if isinstance(exc, NotLeaderError):
         return FluxError(
             "NOT_LEADER", str(exc), retriable=True, metadata={"leader": exc.leader or ""}
@@ -107,6 +122,13 @@ def domain_error(exc: BaseException) -> FluxError | None:
         )
     if isinstance(exc, StorageFullError):
         return FluxError("STORAGE_FULL", str(exc), retriable=False)
+    if isinstance(exc, StorageBusyError):
+        return FluxError(
+            "STORAGE_BUSY",
+            f"{exc}; nothing was read or written: retry in a moment",
+            retriable=True,
+            retry_after_ms=100,
+        )
     if isinstance(exc, CorruptRecordError):
         return FluxError(
             "DATA_CORRUPTED",

@@ -18,6 +18,7 @@ from grpc_status import rpc_status
 from fluxmq._pb.v1 import queue_pb2_grpc
 from fluxmq.core.errors import FieldViolation, FluxError
 from fluxmq.server.interceptors import REQUEST_ID_KEY, request_id_var
+from fluxmq.server.stream_slots import StreamSlots
 from fluxmq.server.tls import TlsConfig
 
 FORWARDED_KEY = "x-fluxmq-forwarded"
@@ -26,6 +27,10 @@ FORWARD_TIMEOUT_S = 5.0
 # Metadata ``cause`` of the error a relay answers when the node it forwarded to is shutting down.
 REMOTE_SHUTTING_DOWN = "NODE_SHUTTING_DOWN"
 CHANNELS_MAX = 64  # one per peer node; a larger directory reuses the oldest slot
+# The largest answer a node sends (its server's max_send_message_length): a channel to another
+# node must receive as much, or a call through a non-hosting node fails where a direct one works.
+RESPONSE_BYTES_MAX = 64 * 1024 * 1024
+REQUEST_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # the request_bytes_max setting's default
 
 
 def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
@@ -49,6 +54,8 @@ def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
             retry = error_details_pb2.RetryInfo()
             detail.Unpack(retry)
             retry_after_ms = retry.retry_delay.ToMilliseconds()
+    if not reason and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return size_limit_exceeded(err, address)
     if not reason:
         return FluxError(
             "GROUP_UNAVAILABLE",
@@ -68,6 +75,20 @@ def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
         violations=tuple(violations),
         retry_after_ms=retry_after_ms,
         metadata=metadata,
+    )
+
+
+def size_limit_exceeded(err: grpc.aio.AioRpcError, address: str) -> FluxError:
+    """gRPC's own refusal of a message over a size limit between two nodes (their
+    request_bytes_max differ, or an answer beyond RESPONSE_BYTES_MAX): the same call fails the
+    same way every time, so it is not retriable and says which limit."""
+    return FluxError(
+        "SIZE_LIMIT_EXCEEDED",
+        f"a message between this node and {address} exceeds a gRPC size limit "
+        f"({err.details()}): answers are at most {RESPONSE_BYTES_MAX} bytes and requests at most "
+        "request_bytes_max (give every node the same); ask for less (max_bytes, fewer messages)",
+        retriable=False,
+        metadata={"node": address},
     )
 
 
@@ -114,16 +135,32 @@ def forwarded_metadata(context: Any) -> tuple[tuple[str, str], ...]:
 
 
 class Forwarder:
-    """Channels to the other nodes (plaintext, or TLS with ``tls``)."""
+    """Channels to the other nodes (plaintext, or TLS with ``tls``), with the size limits of
+    this node's server, so a call relayed here passes exactly when a direct one would: a
+    request up to ``request_bytes_max``, an answer up to RESPONSE_BYTES_MAX. ``streams`` is the
+    node's bound on concurrent streams, shared with QueueService: a relayed stream holds a slot
+    here (and one on the node that serves it)."""
 
-    def __init__(self, tls: TlsConfig | None = None) -> None:
+    def __init__(
+        self,
+        tls: TlsConfig | None = None,
+        *,
+        request_bytes_max: int = REQUEST_BYTES_MAX_DEFAULT,
+        streams: StreamSlots | None = None,
+    ) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._credentials = None if tls is None else tls.channel_credentials()
+        self.streams = streams or StreamSlots()
+        self.channel_options: tuple[tuple[str, int], ...] = (
+            ("grpc.max_send_message_length", request_bytes_max),
+            ("grpc.max_receive_message_length", RESPONSE_BYTES_MAX),
+        )
 
     def _open(self, address: str) -> grpc.aio.Channel:
+        options = self.channel_options
         if self._credentials is None:
-            return grpc.aio.insecure_channel(address)
-        return grpc.aio.secure_channel(address, self._credentials)
+            return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(address, self._credentials, options=options)
 
     def queue_service(self, address: str) -> queue_pb2_grpc.QueueServiceStub:
         channel = self._channels.get(address)
@@ -161,17 +198,19 @@ class Forwarder:
     async def forward_stream(
         self, address: str, method: str, request: Any, context: Any
     ) -> AsyncGenerator[Any, None]:
-        """A server stream (Tail, Consume) relayed from ``address`` for as long as it runs."""
-        call = getattr(self.queue_service(address), method)(
-            request, metadata=forwarded_metadata(context)
-        )
-        try:
-            async for item in call:
-                yield item
-        except grpc.aio.AioRpcError as err:
-            raise remote_error(err, address) from None
-        finally:
-            call.cancel()
+        """A server stream (Tail, Consume) relayed from ``address`` for as long as it runs;
+        it holds one of this node's stream slots (TOO_MANY_STREAMS when none is free)."""
+        with self.streams.hold():
+            call = getattr(self.queue_service(address), method)(
+                request, metadata=forwarded_metadata(context)
+            )
+            try:
+                async for item in call:
+                    yield item
+            except grpc.aio.AioRpcError as err:
+                raise remote_error(err, address) from None
+            finally:
+                call.cancel()
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from fluxmq.core.auth import (
 )
 from fluxmq.core.errors import FluxError
 from fluxmq.core.ratelimit import Bucket, Limit, RateLimiter
+from fluxmq.core.text import printable
 
 log = logging.getLogger("fluxmq.auth")
 audit_log = logging.getLogger("fluxmq.audit")
@@ -378,9 +380,65 @@ class Guard:
         return env or self.default_environment
 
 
-def audit(identity: Identity | None, method: str, request_id: str, outcome: str, what: str) -> None:
-    """One line per admin action: who, what, when (the log line's time), request id."""
-    who = str(identity) if identity is not None else "anonymous (auth off)"
+# Refusals of callers without a valid key are audited at most this often: anyone who can reach
+# the port can make them, and each must not cost the node a log line without bound.
+UNAUTHENTICATED_AUDIT = Limit(rate_per_s=10, burst=100)
+
+
+class _RefusalAudit:
+    """The budget of audit lines for callers without a valid key, and what it skipped."""
+
+    def __init__(self) -> None:
+        self.bucket = Bucket(UNAUTHENTICATED_AUDIT, float(UNAUTHENTICATED_AUDIT.burst), 0)
+        self.skipped = 0
+
+    def admit(self) -> int | None:
+        """-> how many earlier refusals went unlogged (to say so on this line), or None when
+        this one must go unlogged too."""
+        if self.bucket.take(1, int(time.monotonic() * 1000)):
+            self.skipped += 1
+            return None
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
+
+_refusals = _RefusalAudit()
+
+
+def audit(
+    identity: Identity | None,
+    method: str,
+    request_id: str,
+    outcome: str,
+    what: str,
+    *,
+    auth_on: bool = False,
+    refused: bool = False,
+) -> None:
+    """One line per admin action: who, what, when (the log line's time), request id. ``what``
+    may hold caller-supplied text: it is escaped and cut here (one line, bounded). A call the
+    guard refused is logged as refused, with the key when it was valid (a role or environment
+    violation, a rate limit), and at a bounded rate when the caller had no valid key."""
+    what = printable(what)
+    if identity is None and not auth_on:
+        audit_log.info(
+            "admin action %s by anonymous (auth off): %s -> %s (request id %s)",
+            method, what, outcome, request_id,
+        )  # fmt: skip
+        return
+    if identity is None:
+        skipped = _refusals.admit()
+        if skipped is None:
+            return
+        audit_log.info(
+            "admin action %s REFUSED for a caller without a valid key: %s -> %s "
+            "(request id %s)%s",
+            method, what, outcome, request_id,
+            f" ({skipped} more such refusals not logged)" if skipped else "",
+        )  # fmt: skip
+        return
+    verb = "REFUSED for" if refused else "by"
     audit_log.info(
-        "admin action %s by %s: %s -> %s (request id %s)", method, who, what, outcome, request_id
-    )
+        "admin action %s %s %s: %s -> %s (request id %s)",
+        method, verb, identity, what, outcome, request_id,
+    )  # fmt: skip

@@ -105,13 +105,61 @@ class HealthState:
         self.verdict = Verdict(False, "starting")
 
 
-def _handler(registry: CollectorRegistry, state: HealthState) -> type[BaseHTTPRequestHandler]:
+class _Rendering:
+    __slots__ = ("body", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.body = b""
+        self.error: BaseException | None = None
+
+
+class Exposition:
+    """Renders /metrics at most once at a time per format: a request that arrives while a
+    rendering runs waits for it and gets the same body. Scrapers that poll faster than a
+    scrape takes (or many of them at once) then cost one rendering, not one each."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._lock = threading.Lock()
+        self._running: dict[str, _Rendering] = {}
+        self.renderings = 0  # how many ran
+        self.joined = 0  # requests answered by another request's rendering
+
+    def render(self, accept: str) -> tuple[bytes, str]:
+        """-> (body, content type) for a request's Accept header."""
+        encoder, content_type = choose_encoder(accept)
+        with self._lock:
+            rendering = self._running.get(content_type)
+            owner = rendering is None
+            if rendering is None:
+                rendering = self._running[content_type] = _Rendering()
+                self.renderings += 1
+            else:
+                self.joined += 1
+        if owner:
+            try:
+                rendering.body = encoder(self._registry)
+            except BaseException as err:
+                rendering.error = err
+            finally:
+                with self._lock:
+                    del self._running[content_type]
+                rendering.done.set()
+        else:
+            rendering.done.wait()
+        if rendering.error is not None:
+            raise rendering.error
+        return rendering.body, content_type
+
+
+def _handler(exposition: Exposition, state: HealthState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._reply(200, encoder(registry), content_type)
+                body, content_type = exposition.render(self.headers.get("Accept", ""))
+                self._reply(200, body, content_type)
             elif path == "/healthz":
                 self._reply(200, b"ok\n")
             elif path == "/readyz":
@@ -140,7 +188,8 @@ class HttpEndpoint:
     """/metrics, /healthz and /readyz on one port, served from a daemon thread."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry, state: HealthState):
-        self._server = ThreadingHTTPServer((host, port), _handler(registry, state))
+        self.exposition = Exposition(registry)
+        self._server = ThreadingHTTPServer((host, port), _handler(self.exposition, state))
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(

@@ -1,8 +1,15 @@
-"""The gRPC edge every call passes through: request id, error mapping, RPC metrics.
+"""The gRPC edge every call passes through: request id, error mapping, RPC metrics, bodies that
+do not parse, queue names.
 
 The request id comes from the client's ``x-request-id`` metadata or is generated; it is in the
 trailing metadata of every response (OK or not) and in the ErrorInfo of every error, and log
 lines of the call carry it.
+
+grpc.aio parses a request before any handler or interceptor runs, and answers a body that does
+not parse with UNKNOWN and a traceback in the log per call (before authentication). The edge
+therefore wraps every method's request deserializer: bytes that are not the message become an
+``_Undecodable`` stand-in, which the call answers with INVALID_ARGUMENT (MALFORMED_REQUEST)
+after checking the caller's key, and nothing is logged for it.
 """
 
 from __future__ import annotations
@@ -10,16 +17,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
 
 from fluxmq import metrics
-from fluxmq.core.auth import METHOD_ACTIONS, Action
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core.auth import METHOD_ACTIONS, Action, KeyRecord
 from fluxmq.core.errors import FluxError
+from fluxmq.core.queue_config import validate_name
+from fluxmq.core.text import printable
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_grpc_status
 from fluxmq.server.guard import (
     Guard,
@@ -37,10 +48,15 @@ REQUEST_ID_KEY = "x-request-id"
 
 
 def _request_id(context: grpc.aio.ServicerContext) -> str:
+    """The client's id when it is 1..128 printable ASCII characters without spaces (it goes
+    into every log line of the call), else a new one."""
     for key, value in context.invocation_metadata() or ():
-        if key == REQUEST_ID_KEY and isinstance(value, str) and 0 < len(value) <= 128:
+        if key == REQUEST_ID_KEY and isinstance(value, str) and _REQUEST_ID_RE.fullmatch(value):
             return value
     return uuid.uuid4().hex
+
+
+_REQUEST_ID_RE = re.compile(r"[!-~]{1,128}")
 
 
 class _Call:
@@ -111,8 +127,11 @@ def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:
 
 
 def _audit_target(request: Any) -> str:
+    """What an admin call is about, for the audit line (which escapes and cuts it)."""
     if request is None:
         return "-"
+    if isinstance(request, _Undecodable):
+        return "a request body that does not parse"
     names = queues_of(request)
     if names:
         return "queue " + ",".join(names)
@@ -147,25 +166,116 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method = details.method.rsplit("/", 1)[-1]
         # Health checks and reflection stay open (probes carry no key); the API needs one.
         guard = self._guard() if details.method.startswith("/fluxmq.v1.") else None
+        decode = _tolerant(handler.request_deserializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 _unary(method, handler.unary_unary, self._catch_up, self._leader, guard),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=decode,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
                 _streaming(method, handler.unary_stream, guard, per_message=False),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=decode,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
                 _streaming(method, handler.stream_stream, guard, per_message=True),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=decode,
                 response_serializer=handler.response_serializer,
             )
         return handler
+
+
+class _Undecodable:
+    """Stands for a request body that is not the method's message."""
+
+    __slots__ = ("message_type", "parser_says")
+
+    def __init__(self, message_type: str, parser_says: str) -> None:
+        self.message_type = message_type
+        self.parser_says = parser_says
+
+    def error(self) -> FluxError:
+        return FluxError(
+            "MALFORMED_REQUEST",
+            f"the request body is not a valid {self.message_type}: {self.parser_says}",
+            metadata={"message_type": self.message_type},
+        )
+
+
+Deserializer = Callable[[bytes], Any]
+
+
+def _tolerant(deserializer: Deserializer | None) -> Deserializer | None:
+    """``deserializer``, answering bytes it cannot parse with an ``_Undecodable``."""
+    if deserializer is None:
+        return None
+    message_class = getattr(deserializer, "__self__", None)  # Message.FromString is bound
+    descriptor = getattr(message_class, "DESCRIPTOR", None)
+    message_type = str(getattr(descriptor, "full_name", "request message"))
+
+    def decode(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as err:  # DecodeError, and whatever a parser raises on foreign bytes
+            # The parser's words name the message type and the flaw, never the bytes; the
+            # type is said separately, so keep the flaw alone.
+            says = str(err).rpartition("': ")[2] or type(err).__name__
+            return _Undecodable(message_type, printable(says, 120))
+
+    return decode
+
+
+async def _key_holder(guard: Guard | None, md: tuple[tuple[str, Any], ...]) -> Identity | None:
+    """The caller of a call whose body does not parse, checked before MALFORMED_REQUEST is
+    answered: a caller without a valid key learns nothing, not even that its bytes do not
+    parse (UNAUTHENTICATED). None with auth off."""
+    return None if guard is None else _identity(await _authenticate(guard, md))
+
+
+def _queue_names(request: Any) -> Iterator[tuple[str, str]]:
+    """(field path, name) of every queue name a QueueService request carries."""
+    if isinstance(request, pb.TransactRequest):
+        for i, ack in enumerate(request.acks):
+            yield f"acks[{i}].queue", ack.queue
+        for i, publish in enumerate(request.publishes):
+            yield f"publishes[{i}].queue", publish.queue
+    elif isinstance(request, pb.CreateQueueRequest | pb.UpdateQueueRequest):
+        yield "config.name", request.config.name
+        yield "config.dead_letter_queue", request.config.dead_letter_queue
+    elif isinstance(request, pb.PublishStreamRequest):
+        yield "publish.queue", request.publish.queue
+    else:
+        field_name = _name_field(type(request))
+        if field_name:
+            yield field_name, getattr(request, field_name)
+
+
+_NAME_FIELDS: dict[type, str] = {}  # message type -> its field naming a queue ("" for none)
+
+
+def _name_field(kind: type) -> str:
+    field_name = _NAME_FIELDS.get(kind)
+    if field_name is None:
+        fields = kind.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
+        strings = [f for f in ("queue", "name") if f in fields]
+        strings = [f for f in strings if fields[f].type == fields[f].TYPE_STRING]
+        field_name = _NAME_FIELDS[kind] = strings[0] if strings else ""
+    return field_name
+
+
+def check_queue_names(request: Any) -> None:
+    """INVALID_ARGUMENT naming the field, for a queue name that is not a name, before anything
+    looks it up: in a cluster a lookup goes to the metadata store, whose keys are built from
+    names (``"../x"``, ``"a\\0b"``). An empty name is left to the method, which says what it
+    needs (some fields are optional)."""
+    if getattr(request, "DESCRIPTOR", None) is None or request.DESCRIPTOR.file is not pb.DESCRIPTOR:
+        return
+    for field_path, name in _queue_names(request):
+        if name:
+            validate_name(name, field_path)
 
 
 def _unary(
@@ -179,9 +289,13 @@ def _unary(
         call = _Call(method, context)
         identity: Identity | None = None
         try:
+            if isinstance(request, _Undecodable):
+                identity = await _key_holder(guard, _metadata(context))
+                raise request.error()
             if guard is not None:
                 identity = await _admit(guard, method, request, _metadata(context))
                 current_identity.set(identity)
+            check_queue_names(request)
             try:
                 response = await behavior(request, context)
             except FluxError as err:
@@ -201,9 +315,35 @@ def _unary(
         finally:
             call.finish()
             if METHOD_ACTIONS.get(method) in ADMIN_ACTIONS:
-                audit(identity, method, call.request_id, call.code, _audit_target(request))
+                _audit(guard, identity, method, call, request)
 
     return wrapper
+
+
+def _identity(record: KeyRecord) -> Identity:
+    return Identity(record.key_id, record.environment, record.role, record.tier)
+
+
+def _audit(
+    guard: Guard | None, identity: Identity | None, method: str, call: _Call, request: Any
+) -> None:
+    """The audit line of an admin call. A call the guard refused has no identity: the key is
+    named when it was valid (a role or environment violation, a rate limit), looked up in the
+    guard's cache of verified keys, so the refusal costs no second verification."""
+    refused = guard is not None and identity is None
+    if refused and call.code != "UNAUTHENTICATED":
+        assert guard is not None
+        with contextlib.suppress(FluxError):
+            identity = _identity(guard.authenticate(_metadata(call.context)))
+    audit(
+        identity,
+        method,
+        call.request_id,
+        call.code,
+        _audit_target(request),
+        auth_on=guard is not None,
+        refused=refused,
+    )
 
 
 def _streaming(
@@ -217,6 +357,11 @@ def _streaming(
         call = _Call(method, context)
         md: tuple[tuple[str, Any], ...] = ()
         try:
+            if per_message:
+                request = _decoded(request)
+            elif isinstance(request, _Undecodable):
+                await _key_holder(guard, _metadata(context))
+                raise request.error()
             if guard is not None:
                 md = _metadata(context)
                 if per_message:
@@ -226,6 +371,8 @@ def _streaming(
                     request = _checked(guard, method, request, md)
                 else:
                     current_identity.set(await _admit(guard, method, request, md))
+            if not per_message:
+                check_queue_names(request)
             async for response in behavior(request, context):
                 if guard is not None:
                     # A stream can outlive its key: a revoked key ends it at the next message
@@ -254,13 +401,22 @@ async def _admit(
     return guard.admit(method, request, md)
 
 
-async def _authenticate(guard: Guard, md: tuple[tuple[str, Any], ...]) -> None:
+async def _authenticate(guard: Guard, md: tuple[tuple[str, Any], ...]) -> KeyRecord:
     try:
-        guard.authenticate(md)
+        return guard.authenticate(md)
     except UnknownApiKey as err:
         if not await guard.keys.maybe_fetch(err.key_id):
             raise
-        guard.authenticate(md)
+        return guard.authenticate(md)
+
+
+async def _decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A client stream's requests; one that does not parse ends the stream with
+    MALFORMED_REQUEST (its place in the stream, hence what it meant, is lost)."""
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            raise request.error()
+        yield request
 
 
 async def _checked(

@@ -11,7 +11,13 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from fluxmq._pb.v1 import admin_pb2 as apb
-from fluxmq.cluster.metadata import AlreadyExists, LimitExceeded, MetadataError, NotFound
+from fluxmq.cluster.metadata import (
+    AlreadyExists,
+    LimitExceeded,
+    MetadataError,
+    MetadataRefused,
+    NotFound,
+)
 from fluxmq.core.auth import (
     ACTIVE_KEYS_PER_ENV_ROLE_MAX,
     SALT_BYTES,
@@ -205,6 +211,8 @@ def translate(err: Exception) -> FluxError:
         return FluxError("API_KEY_EXISTS", str(err))
     if isinstance(err, NotFound):
         return FluxError("API_KEY_NOT_FOUND", str(err))
+    if isinstance(err, MetadataRefused):  # the node's etcd credentials: no retry fixes that
+        return FluxError("METADATA_UNAVAILABLE", f"API keys are unavailable: {err}")
     if isinstance(err, MetadataError):
         return FluxError(
             "METADATA_UNAVAILABLE",

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-
-from prometheus_client import Counter
 
 from fluxmq import metrics
 from fluxmq.core import keys
@@ -23,20 +21,37 @@ from fluxmq.server.broker import Broker
 # -- state rows (the metrics collectors' and the status's) ---------------------------------------
 
 
-def partition_rows(state: QueueStateMachine) -> Iterator[tuple[str, int, int, int, int]]:
-    """-> (queue, partition, low watermark, high watermark, stored bytes) of every partition."""
+def hosted_queues(brokers: Iterable[Broker]) -> list[tuple[str, int]]:
+    """-> (name, partitions) of every queue of ``brokers`` (the catalogs only: no LMDB read)."""
+    return [
+        (entry.name, entry.policy.partitions)
+        for broker in brokers
+        for entry in list(broker.state.catalog.values())
+    ]
+
+
+def partition_rows(
+    state: QueueStateMachine, only: Collection[str] | None = None
+) -> Iterator[tuple[str, int, int, int, int]]:
+    """-> (queue, partition, low watermark, high watermark, stored bytes) of every partition
+    (of the queues in ``only`` when given: the others are not read at all)."""
     with state.store.read() as txn:
         for entry in list(state.catalog.values()):
+            if only is not None and entry.name not in only:
+                continue
             for p in range(entry.policy.partitions):
                 lg = txn.log(keys.log_id(entry.queue_id, p))
                 wm = lg.watermarks()
                 yield entry.name, p, wm.low, wm.high, lg.size_bytes()
 
 
-def group_rows(broker: Broker) -> Iterator[metrics.GroupRow]:
-    """One row per consumer group of every queue, summed over the partitions."""
+def group_rows(broker: Broker, only: Collection[str] | None = None) -> Iterator[metrics.GroupRow]:
+    """One row per consumer group of every queue (in ``only`` when given), summed over the
+    partitions."""
     reader = broker.reader
     for entry in list(broker.state.catalog.values()):
+        if only is not None and entry.name not in only:
+            continue
         for meta in reader.groups(entry):
             try:
                 parts = reader.group_partitions(entry, meta.name, broker.now_ms())
@@ -54,10 +69,13 @@ def group_rows(broker: Broker) -> Iterator[metrics.GroupRow]:
             )
 
 
-def dead_letter_rows(broker: Broker) -> Iterator[tuple[str, int, bool]]:
-    """-> (queue, dead letters, alert raised) of every queue with a dead-letter queue."""
+def dead_letter_rows(
+    broker: Broker, only: Collection[str] | None = None
+) -> Iterator[tuple[str, int, bool]]:
+    """-> (queue, dead letters, alert raised) of every queue (in ``only`` when given) with a
+    dead-letter queue."""
     for entry in list(broker.state.catalog.values()):
-        if entry.policy.dead_letter_queue is None:
+        if entry.policy.dead_letter_queue is None or (only is not None and entry.name not in only):
             continue
         depth = broker.reader.dead_letter_depth(entry)
         yield entry.name, depth, entry.name in broker.consumers.dead_letter_alerts
@@ -107,7 +125,7 @@ def queue_rows(broker: Broker) -> list[QueueRow]:
 
 # -- this process's counters --------------------------------------------------------------------
 
-QUEUE_COUNTERS: tuple[tuple[str, Counter], ...] = (
+QUEUE_COUNTERS: tuple[tuple[str, metrics.QueueCounter], ...] = (
     ("published_messages", metrics.PUBLISHED_MESSAGES),
     ("published_bytes", metrics.PUBLISHED_BYTES),
     ("delivered_messages", metrics.LEASED_MESSAGES),
@@ -124,11 +142,9 @@ def queue_counters(queues: Iterable[str]) -> dict[str, dict[str, int]]:
     wanted = set(queues)
     out: dict[str, dict[str, int]] = {}
     for name, counter in QUEUE_COUNTERS:
-        for family in counter.collect():
-            for sample in family.samples:
-                queue = sample.labels.get("queue", "")
-                if sample.name.endswith("_total") and queue in wanted:
-                    out.setdefault(queue, {})[name] = int(sample.value)
+        for queue, value in counter.values().items():
+            if queue in wanted:
+                out.setdefault(queue, {})[name] = int(value)
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, cast
 
 import grpc
@@ -62,6 +62,28 @@ def _publish_response(result: AppendResult) -> pb.PublishResponse:
         else:
             add(partition=partition, offset=offset, timestamp_ms=ts)
     return resp
+
+
+StreamHandler = Callable[["QueueService", Any, Any], AsyncIterator[Any]]
+
+
+def _holds_stream_slot(handler: StreamHandler) -> StreamHandler:
+    """A stream takes one of the node's stream slots for its life (streams_max): beyond them it
+    is refused at once with RESOURCE_EXHAUSTED / TOO_MANY_STREAMS, before any work."""
+
+    async def wrapper(self: QueueService, request: Any, context: Any) -> AsyncGenerator[Any, None]:
+        with self._forwarder.streams.hold():
+            stream = handler(self, request, context)
+            try:
+                async for item in stream:
+                    yield item
+            finally:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # type: ignore[attr-defined]
+
+    wrapper.__name__ = handler.__name__
+    wrapper.__doc__ = handler.__doc__
+    return wrapper
 
 
 class QueueService(pb_grpc.QueueServiceServicer):
@@ -183,6 +205,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
         result = await self._broker.publish(request.queue, request.messages, timeout_ms)
         return _publish_response(result)
 
+    @_holds_stream_slot
     async def PublishStream(
         self, request_iterator: AsyncIterator[pb.PublishStreamRequest], context: Any
     ) -> AsyncIterator[pb.PublishStreamResponse]:
@@ -264,6 +287,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
         _fill_records(resp.records, request.partition, result.records)
         return resp
 
+    @_holds_stream_slot
     async def Tail(self, request: pb.TailRequest, context: Any) -> AsyncIterator[pb.TailResponse]:
         batch_max = request.max_messages or 500
         if batch_max > 10_000:
@@ -335,6 +359,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
         _fill_leased(resp.messages, result)
         return resp
 
+    @_holds_stream_slot
     async def Consume(
         self, request: pb.ConsumeRequest, context: Any
     ) -> AsyncIterator[pb.ConsumeResponse]:

@@ -13,7 +13,7 @@ import doctest
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -569,3 +569,98 @@ async def test_a_slot_taken_between_read_and_write_makes_the_etcd_writer_retry(
     finally:
         await mine.close()
         await other.close()
+
+
+# --- sealed records: the cluster secret binds every key record ------------------------------------
+
+SECRET = "cluster-secret-0123456789"
+
+
+@pytest.fixture(params=["embedded-lmdb", "embedded-memory", "etcd"])
+async def sealed(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+    """A store that seals key records with SECRET, as every node of a cluster does."""
+    harness: Harness
+    if request.param == "etcd":
+        server: EtcdServer = request.getfixturevalue("etcd")
+        store = EtcdMetadataStore(server.endpoint, prefix=_prefix(), record_secret=SECRET)
+        harness = Harness(store, "etcd")
+    else:
+        path = tmp_path / "meta" if request.param == "embedded-lmdb" else None
+        harness = Harness(
+            EmbeddedMetadataStore(path, sync=False, record_secret=SECRET), request.param
+        )
+    yield harness
+    await harness.store.close()
+
+
+async def test_sealed_key_records_round_trip_and_carry_a_mac(sealed: Harness) -> None:
+    rec = record("production", "admin")
+    await sealed.store.create_api_key(rec, LIMIT)
+    assert await sealed.store.get_api_key(rec.key_id) == rec
+    revoked = await sealed.store.revoke_api_key(rec.key_id, 2_000)
+    assert await sealed.store.get_api_key(rec.key_id) == revoked
+    assert await sealed.store.list_api_keys() == [revoked]
+    stored = [b for b in await stored_bytes(sealed) if rec.digest.hex().encode() in b]
+    assert stored and all(b'"mac":"' in b for b in stored)
+
+
+def _forgeries(rec: KeyRecord) -> dict[str, bytes]:
+    """What someone who can write to the store but lacks the secret can write."""
+    promoted = dataclasses.replace(rec, role="admin")
+    genuine = json.loads(md.encode_api_key(rec, md.api_key_seal_key(SECRET)))
+    return {
+        "no-mac": md.encode_api_key(rec),  # a plain `etcdctl put` of a well-formed record
+        "other-secret": md.encode_api_key(rec, md.api_key_seal_key("another-secret-0123")),
+        "mac-of-another-record": json.dumps(
+            {**json.loads(md.encode_api_key(promoted)), "mac": genuine["mac"]}
+        ).encode(),
+        "mac-not-a-string": json.dumps({**genuine, "mac": 7}).encode(),
+    }
+
+
+@pytest.mark.parametrize("forgery", ["no-mac", "other-secret", "mac-of-another-record",
+                                     "mac-not-a-string"])  # fmt: skip
+async def test_a_key_record_written_without_the_cluster_secret_is_ignored_and_logged(
+    sealed: Harness, forgery: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = record("production", "consumer")
+    md._forged_logged_at.clear()
+    await sealed.write_raw("api_key", rec.key_id, _forgeries(rec)[forgery])
+    with caplog.at_level("WARNING", logger="fluxmq.cluster.metadata"):
+        assert await sealed.store.get_api_key(rec.key_id) is None
+        assert await sealed.store.list_api_keys() == []
+        with pytest.raises(NotFound):
+            await sealed.store.revoke_api_key(rec.key_id, 5)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings  # logged once per key id, not once per read
+    assert rec.key_id in warnings[0] and "cluster secret" in warnings[0]
+    # A genuine key beside the forgery is unaffected, and the forgery takes no slot.
+    good = [record("production", "consumer", 2_000 + i) for i in range(LIMIT)]
+    for r in good:
+        await sealed.store.create_api_key(r, LIMIT)
+    assert await sealed.store.list_api_keys() == sorted(good, key=lambda r: r.created_ms)
+
+
+async def test_forged_records_are_logged_at_most_once_per_interval_per_key(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [1_000.0]
+    monkeypatch.setattr(md.time, "monotonic", lambda: now[0])
+    md._forged_logged_at.clear()
+    err = md.ForgedRecord("api key 'aaaaaaaa' has no seal")
+    with caplog.at_level("WARNING", logger="fluxmq.cluster.metadata"):
+        for _ in range(100):
+            md.report_forged_key(err, "aaaaaaaa")
+        md.report_forged_key(err, "bbbbbbbb")
+        now[0] += md.FORGED_LOG_INTERVAL_S
+        md.report_forged_key(err, "aaaaaaaa")
+    assert len(caplog.records) == 3
+
+
+def test_sealed_records_decode_without_a_secret_and_an_empty_secret_is_refused() -> None:
+    """Sealing adds a field; a reader that does not check seals (a single node, tools) still
+    decodes the record, and a missing secret is refused, never taken as an empty key."""
+    rec = record()
+    assert md.decode_api_key(md.encode_api_key(rec, md.api_key_seal_key(SECRET)), rec.key_id) == rec
+    with pytest.raises(ValueError):
+        md.api_key_seal_key("")

@@ -12,8 +12,14 @@ environments taken from it unchanged except for three things a container gets fr
 - names: the service names resolve to those addresses through a private /etc/hosts
   (each process runs in a user + mount namespace with a hosts file bind-mounted over
   /etc/hosts: what Docker's DNS does on the compose network);
-- volumes: each volume's container path (/var/lib/fluxmq, etcd's data dir) becomes a temporary
-  directory.
+- volumes: each named volume's container path (/var/lib/fluxmq, etcd's data dir) becomes a
+  temporary directory; a bind mount (etcd's certificates from deploy/etcd-pki.sh) becomes its
+  host path.
+
+etcd speaks TLS with client certificates and authentication on: ``load_compose(pki=...)``
+points FLUXMQ_ETCD_PKI at a directory of certificates (``make_pki`` runs deploy/etcd-pki.sh,
+naming etcd's loopback address too), and the one-shot ``etcd-auth`` service runs, as compose
+runs it, after etcd is healthy and before the nodes start.
 
 The nodes authenticate clients (auth is on by default in cluster mode): ``compose_config`` is given
 the host variables the compose file demands, the cluster secret and ``FLUXMQ_API_KEY`` (the
@@ -50,6 +56,8 @@ import yaml
 from fluxmq.core.auth import new_key
 
 REPO = Path(__file__).resolve().parents[2]
+PKI_SCRIPT = REPO / "deploy" / "etcd-pki.sh"
+PKI_ENV = "FLUXMQ_ETCD_PKI"
 COMPOSE_FILE = REPO / "deploy" / "compose" / "compose.yaml"
 PROMETHEUS_FILE = REPO / "deploy" / "compose" / "prometheus.yml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
@@ -105,19 +113,49 @@ def host_env(secret: str = TEST_SECRET, api_key: str = TEST_API_KEY) -> dict[str
     return clean_env(**{SECRET_ENV: secret, API_KEY_ENV: api_key})
 
 
-def load_compose(secret: str = TEST_SECRET, api_key: str = TEST_API_KEY) -> dict[str, Any]:
+def load_compose(
+    secret: str = TEST_SECRET, api_key: str = TEST_API_KEY, pki: Path | None = None
+) -> dict[str, Any]:
     """The resolved compose model (``docker-compose config``) with ``secret`` as the cluster
-    secret and ``api_key`` as FLUXMQ_API_KEY."""
-    done = compose_config(host_env(secret, api_key))
+    secret, ``api_key`` as FLUXMQ_API_KEY and ``pki`` (if given) as FLUXMQ_ETCD_PKI."""
+    env = host_env(secret, api_key)
+    if pki is not None:
+        env[PKI_ENV] = str(pki)
+    done = compose_config(env)
     assert done.returncode == 0, done.stderr
     model: dict[str, Any] = yaml.safe_load(done.stdout)
     return model
 
 
 def node_services(model: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The FluxMQ services (image fluxmq:latest), by name, in name order."""
+    """The FluxMQ nodes (image fluxmq:latest, its entrypoint), by name, in name order."""
     services: dict[str, dict[str, Any]] = model["services"]
-    return {n: s for n, s in sorted(services.items()) if s.get("image") == NODE_IMAGE}
+    return {
+        n: s
+        for n, s in sorted(services.items())
+        if s.get("image") == NODE_IMAGE and "entrypoint" not in s
+    }
+
+
+def job_services(model: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """One-shot services of the node image with their own entrypoint (etcd-auth)."""
+    services: dict[str, dict[str, Any]] = model["services"]
+    return {
+        n: s
+        for n, s in sorted(services.items())
+        if s.get("image") == NODE_IMAGE and "entrypoint" in s
+    }
+
+
+def make_pki(directory: Path, *extra_sans: str) -> None:
+    """deploy/etcd-pki.sh ``directory`` ``extra_sans``: what the operator runs once."""
+    done = subprocess.run(
+        ["sh", str(PKI_SCRIPT), str(directory), *extra_sans],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def etcd_service(model: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -135,6 +173,14 @@ def interpolation_error(stderr: str) -> str:
     unresolved ``${VAR:?message}`` templates docker-compose 1.x echoes (it dumps the whole
     environment mapping, so every template's text would otherwise seem to be in the error)."""
     return re.sub(r"\$\{[^}]*\}", "${...}", stderr)
+
+
+def volume_source(entry: str | Mapping[str, Any]) -> str:
+    """The host side of a compose volume entry: a named volume or (bind mount) a path."""
+    if isinstance(entry, Mapping):
+        return str(entry.get("source", ""))
+    parts = entry.split(":")
+    return parts[0] if len(parts) > 1 else ""
 
 
 def volume_target(entry: str | Mapping[str, Any]) -> str:
@@ -333,6 +379,7 @@ class Topology:
         self.etcd = self._etcd_proc(etcd)
         image_env = {k: v for k, v in final_stage().env().items() if k.startswith("FLUXMQ_")}
         self.nodes = [self._node_proc(n, s, image_env) for n, s in node_services(model).items()]
+        self.jobs = [self._job_proc(n, s) for n, s in job_services(model).items()]
 
     # -- building the processes from the model ------------------------------------------------
 
@@ -346,6 +393,10 @@ class Topology:
     def _mount_volumes(self, service: str, spec: Mapping[str, Any]) -> None:
         mounts: dict[str, Path] = {}
         for i, entry in enumerate(spec.get("volumes", [])):
+            source = volume_source(entry)
+            if source.startswith("/"):  # a bind mount: the host's file, as Docker mounts it
+                mounts[volume_target(entry)] = Path(source)
+                continue
             host = self.root / service / f"volume{i}"
             host.mkdir(parents=True, mode=0o700)
             mounts[volume_target(entry)] = host
@@ -375,6 +426,19 @@ class Topology:
         argv = [sys.executable, "-m", "fluxmq", *(self._localize(name, a) for a in command)]
         return Proc(name, self.ips[name], argv, env, self.root / f"{name}.log")
 
+    def _job_proc(self, name: str, spec: Mapping[str, Any]) -> Proc:
+        self._mount_volumes(name, spec)
+        entrypoint = as_list(spec.get("entrypoint"))
+        assert entrypoint[:1] == ["python"], f"{name}: entrypoint is not python: {entrypoint}"
+        command = [*entrypoint[1:], *as_list(spec.get("command"))]
+        env = {k: self._localize(name, str(v)) for k, v in (spec.get("environment") or {}).items()}
+        argv = [sys.executable, *(self._localize(name, a) for a in command)]
+        return Proc(name, self.ips[name], argv, env, self.root / f"{name}.log")
+
+    def localize(self, service: str, value: str) -> str:
+        """A value of ``service`` as this machine sees it (its address, its mounts)."""
+        return self._localize(service, value)
+
     # -- running -------------------------------------------------------------------------------
 
     def address(self, proc: Proc, key: str) -> str:
@@ -384,7 +448,7 @@ class Topology:
         return f"{proc.ip}:{port}"
 
     def processes(self) -> list[Proc]:
-        return [self.etcd, *self.nodes]
+        return [self.etcd, *self.jobs, *self.nodes]
 
     def check_ports(self, ports: Mapping[str, list[int]]) -> None:
         busy = [
@@ -421,10 +485,10 @@ class Topology:
 
     def stop_all(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM every process group, SIGKILL what is left after ``timeout_s``; never hangs."""
-        for proc in [*self.nodes, self.etcd]:
+        for proc in [*self.nodes, *self.jobs, self.etcd]:
             self.signal(proc, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for proc in [*self.nodes, self.etcd]:
+        for proc in [*self.nodes, *self.jobs, self.etcd]:
             if proc.popen is None:
                 continue
             with contextlib.suppress(subprocess.TimeoutExpired):

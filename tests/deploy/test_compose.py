@@ -50,10 +50,13 @@ from tests.deploy.compose_topology import (
     host_env,
     http_get,
     interpolation_error,
+    job_services,
     load_compose,
+    make_pki,
     node_services,
     parse_dockerfile,
     running,
+    volume_source,
     volume_target,
     wait_until,
 )
@@ -233,8 +236,8 @@ def test_grafana_provisioning_points_at_the_compose_prometheus(model: dict[str, 
 
 def test_images_are_pinned(model: dict[str, Any]) -> None:
     for name, spec in model["services"].items():
-        if name in node_services(model):
-            continue
+        if name in node_services(model) or name in job_services(model):
+            continue  # the image built from deploy/Dockerfile
         image = spec["image"]
         tag = image.rpartition(":")[2]
         assert "/" not in tag and tag not in ("", "latest"), f"{name}: {image} is not pinned"
@@ -296,11 +299,13 @@ def image_healthcheck() -> list[str]:
     return ["CMD", *argv]
 
 
-def healthcheck_argv(test: list[str], ip: str) -> list[str]:
+def healthcheck_argv(
+    test: list[str], ip: str, localize: Callable[[str], str] = lambda a: a
+) -> list[str]:
     """A container healthcheck (exec form) runnable here: on the service's address, with this
-    machine's python / etcdctl."""
+    machine's python / etcdctl (and ``localize`` mapping the container's mounted files)."""
     assert test[0] == "CMD", test
-    argv = [a.replace("127.0.0.1", ip) for a in test[1:]]
+    argv = [localize(a).replace("127.0.0.1", ip) for a in test[1:]]
     if argv[0] == "python":
         argv[0] = sys.executable
     elif Path(argv[0]).name == "etcdctl":
@@ -324,12 +329,14 @@ def listen_port(argv: list[str], flag: str) -> tuple[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_compose_topology_run_as_processes_forms_a_cluster(
-    model: dict[str, Any], tmp_path: Path
-) -> None:
+def test_compose_topology_run_as_processes_forms_a_cluster(tmp_path: Path) -> None:
     grace_s = 30.0
+    pki = tmp_path / "pki"
+    model = load_compose(pki=pki)
     with running(model, tmp_path) as topo:
         etcd, nodes = topo.etcd, topo.nodes
+        make_pki(pki, etcd.ip)  # what the operator runs once (etcd's address here, too)
+        (etcd_auth,) = topo.jobs
         assert [n.service for n in nodes] == ["fluxmq-1", "fluxmq-2", "fluxmq-3"]
         # The key the operator exported as FLUXMQ_API_KEY: every node's bootstrap admin key,
         # and what this test presents, as fluxmqctl on the host would.
@@ -352,13 +359,17 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
         topo.check_ports({etcd.service: [etcd_client[1], etcd_peer[1]], **node_ports})
 
         topo.start(etcd)
-        etcd_http = f"{etcd_client[0]}:{etcd_client[1]}"
-        wait_until(
-            "etcd is healthy",
-            lambda: '"health":"true"' in http_get(etcd_http, "/health")[1],
-            15,
-            topo.diagnose,
+        etcd_check = healthcheck_argv(
+            model["services"][etcd.service]["healthcheck"]["test"],
+            etcd.ip,
+            functools.partial(topo.localize, etcd.service),
         )
+        wait_until("etcd is healthy", lambda: run_check(etcd_check) == 0, 15, topo.diagnose)
+        # compose: etcd-auth runs once etcd is healthy; the nodes wait for it to succeed.
+        topo.start(etcd_auth)
+        assert etcd_auth.popen is not None
+        assert etcd_auth.popen.wait(60) == 0, topo.diagnose()
+        assert_etcd_refuses_strangers(topo, pki, f"{etcd.ip}:{etcd_client[1]}")
         for node in nodes:
             topo.start(node)
 
@@ -381,7 +392,8 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
         # The services' own healthchecks pass (run here against the service's address).
         for proc in (etcd, *nodes):
             spec = model["services"][proc.service]
-            assert run_check(healthcheck_argv(spec["healthcheck"]["test"], proc.ip)) == 0, (
+            local = functools.partial(topo.localize, proc.service)
+            assert run_check(healthcheck_argv(spec["healthcheck"]["test"], proc.ip, local)) == 0, (
                 f"{proc.service}: its compose healthcheck fails\n{topo.diagnose()}"
             )
         for node in nodes:
@@ -537,6 +549,64 @@ def test_compose_topology_run_as_processes_forms_a_cluster(
                 ) from None
             assert code == 0, f"{node.service} exited with {code}\n{topo.diagnose()}"
         print(f"\nnodes stopped {time.monotonic() - stopped:.1f} s after SIGTERM")
+
+
+def etcdctl_put(endpoint: str, pki: Path, cert: str | None) -> str:
+    """``etcdctl put /fluxmq/keys/...`` with the certificate ``<cert>.crt`` (None: none)."""
+    argv = ["etcdctl", f"--endpoints=https://{endpoint}", f"--cacert={pki / 'ca.crt'}"]
+    if cert is not None:
+        argv += [f"--cert={pki / (cert + '.crt')}", f"--key={pki / (cert + '.key')}"]
+    argv += ["--dial-timeout=3s", "--command-timeout=5s", "put", "/fluxmq/keys/aaaaaaaa", "{}"]
+    done = subprocess.run(argv, env=clean_env(ETCDCTL_API="3"), capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    return done.stdout + done.stderr
+
+
+def assert_etcd_refuses_strangers(topo: Any, pki: Path, endpoint: str) -> None:
+    """After etcd-auth: no certificate, no connection; a certificate of the CA that names no
+    user with rights there (etcd's own), no write; TLS alone is not the gate."""
+    assert "OK" not in etcdctl_put(endpoint, pki, None), topo.diagnose()
+    assert "permission denied" in etcdctl_put(endpoint, pki, "etcd"), topo.diagnose()
+
+
+def test_etcd_runs_with_tls_client_certificates_and_auth_reachable_by_the_nodes_only(
+    model: dict[str, Any],
+) -> None:
+    services = model["services"]
+    etcd_name, etcd = etcd_service(model)
+    command = as_list(etcd["command"])
+    flags = dict(a.partition("=")[::2] for a in command[1:])
+    assert flags["--listen-client-urls"].startswith("https://"), flags
+    assert flags["--advertise-client-urls"].startswith("https://"), flags
+    assert "--client-cert-auth" in command
+    mounted = {volume_target(v): volume_source(v) for v in etcd["volumes"]}
+    for flag in ("--cert-file", "--key-file", "--trusted-ca-file"):
+        assert flags[flag] in mounted and mounted[flags[flag]].startswith("/"), flag
+    # Reachable by the nodes only: an internal network, nothing published.
+    assert model["networks"]["etcd"].get("internal") is True
+    assert set(etcd["networks"]) == {"etcd"} and "ports" not in etcd
+    on_etcd_net = {n for n, s in services.items() if "etcd" in (s.get("networks") or {})}
+    jobs = job_services(model)
+    assert on_etcd_net == {etcd_name, *node_services(model), *jobs}
+    # etcd-auth turns authentication on before any node starts; only it holds root's key.
+    assert list(jobs) == ["etcd-auth"]
+    job = jobs["etcd-auth"]
+    assert as_list(job["entrypoint"]) == ["python", "-m", "fluxmq.cluster.etcd_auth"]
+    assert job["depends_on"][etcd_name]["condition"] == "service_healthy"
+    job_args = dict(a.partition("=")[::2] for a in as_list(job["command"]))
+    assert job_args["--endpoint"] == f"{etcd_name}:2379"
+    assert job_args["--prefix"] == "/fluxmq/"
+    root_keys = {volume_source(v) for v in job["volumes"] if volume_target(v).endswith(".key")}
+    assert len(root_keys) == 1 and root_keys.pop().endswith("/root.key")
+    for name, spec in node_services(model).items():
+        env = node_env(spec)
+        assert spec["depends_on"]["etcd-auth"]["condition"] == "service_completed_successfully"
+        targets = {volume_target(v): volume_source(v) for v in spec["volumes"]}
+        for setting, file in (("CA", "ca.crt"), ("CERT", "fluxmq.crt"), ("KEY", "fluxmq.key")):
+            path = env[f"FLUXMQ_ETCD_{setting}_FILE"]
+            assert targets[path].endswith("/" + file), (name, setting, targets)
+        assert not any(s.endswith("/root.key") for s in targets.values()), name
+        assert job_args["--user"] == "fluxmq"  # the common name of fluxmq.crt (etcd-pki.sh)
 
 
 def test_healthcheck_commands_fail_when_nothing_answers(model: dict[str, Any]) -> None:

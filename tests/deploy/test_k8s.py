@@ -122,6 +122,11 @@ def workloads(objs: list[Obj]) -> Iterator[Obj]:
     return (o for o in objs if o["kind"] in ("StatefulSet", "Deployment", "DaemonSet"))
 
 
+def pod_owners(objs: list[Obj]) -> Iterator[Obj]:
+    """The workloads and the Jobs: every object with a pod template."""
+    return (o for o in objs if o["kind"] in ("StatefulSet", "Deployment", "DaemonSet", "Job"))
+
+
 def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
@@ -191,6 +196,7 @@ def test_kustomize_build_renders_valid_objects(tmp_path: Path) -> None:
     tree = tmp_path / "k8s"
     shutil.copytree(K8S, tree)
     for f in generator_files("secretGenerator"):
+        (tree / f).parent.mkdir(parents=True, exist_ok=True)  # etcd-pki/ is the operator's
         (tree / f).write_text("0123456789abcdef0123456789abcdef\n")
     proc = subprocess.run(
         [kubectl, "kustomize", str(tree)], capture_output=True, text=True, timeout=60
@@ -206,7 +212,7 @@ def test_kustomize_build_renders_valid_objects(tmp_path: Path) -> None:
     binding = find("ClusterRoleBinding", "fluxmq-prometheus", rendered)
     assert [s["namespace"] for s in binding["subjects"]] == ["fluxmq"]
     names = {(d["kind"], d["metadata"]["name"]) for d in rendered}
-    for w in workloads(rendered):
+    for w in pod_owners(rendered):
         for vol in w["spec"]["template"]["spec"].get("volumes", []):
             if "configMap" in vol:
                 assert ("ConfigMap", vol["configMap"]["name"]) in names, vol
@@ -331,7 +337,7 @@ def test_service_monitor_selects_the_headless_service() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind_name", [f"{w['kind']}/{w['metadata']['name']}" for w in workloads(objects())]
+    "kind_name", [f"{w['kind']}/{w['metadata']['name']}" for w in pod_owners(objects())]
 )
 def test_pods_meet_the_restricted_pod_security_standard(kind_name: str) -> None:
     """namespace.yaml enforces "restricted": a pod that breaks it is never created."""
@@ -356,7 +362,7 @@ def test_pods_meet_the_restricted_pod_security_standard(kind_name: str) -> None:
 
 def test_images_are_pinned() -> None:
     kust_images = {i["name"]: i for i in kustomization()["images"]}
-    for w in workloads(objects()):
+    for w in pod_owners(objects()):
         for c in w["spec"]["template"]["spec"]["containers"]:
             image = c["image"]
             name, _, tag = image.rpartition(":")
@@ -441,7 +447,12 @@ def secret_contents(
     cluster_secret: str = TEST_CLUSTER_SECRET, admin_key: str = TEST_ADMIN_KEY
 ) -> dict[str, str]:
     """What the operator's files hold, by the generated Secrets' keys (kustomization.yaml)."""
-    return {"cluster_secret": cluster_secret, "auth_bootstrap_key": admin_key}
+    pem = "-----BEGIN CERTIFICATE-----\n"  # fluxmq.config only checks that they are readable
+    return {
+        "cluster_secret": cluster_secret,
+        "auth_bootstrap_key": admin_key,
+        **{name: pem for name in ("ca.crt", "fluxmq.crt", "fluxmq.key")},
+    }
 
 
 def run_entrypoint(
@@ -562,6 +573,9 @@ def test_pod_configuration_loads_through_the_node_config(tmp_path: Path, ordinal
     assert cfg["auth_bootstrap_key"] == admin_key
     assert cfg["auth_bootstrap_environment"] == "production"
     assert cfg["etcd"] == "etcd:2379"
+    # etcd over TLS with the brokers' client certificate, from their mounted Secret.
+    for setting, file in (("ca", "ca.crt"), ("cert", "fluxmq.crt"), ("key", "fluxmq.key")):
+        assert cfg[f"etcd_{setting}_file"].endswith("/" + file), (setting, cfg)
     etcd_service = find("Service", cfg["etcd"].rpartition(":")[0])
     assert int(cfg["etcd"].rpartition(":")[2]) in {p["port"] for p in etcd_service["spec"]["ports"]}
 
@@ -581,6 +595,111 @@ def test_pod_refuses_an_admin_key_file_that_is_not_a_production_key(
     assert proc.returncode != 0, proc.stdout
     assert "auth_bootstrap_key_file" in proc.stderr, proc.stderr
     assert content not in proc.stderr, "the error must not show the file's content"
+
+
+# -- etcd: TLS, client certificates, authentication, reachable by the brokers only ---------------
+
+
+def pod_labels(workload: Obj) -> dict[str, str]:
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def secret_mounts(workload: Obj, name: str) -> dict[str, str]:
+    """mountPath -> secretName of a container's Secret volumes."""
+    pod = workload["spec"]["template"]["spec"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    return {
+        m["mountPath"]: secrets[m["name"]]
+        for m in container(workload, name)["volumeMounts"]
+        if m["name"] in secrets
+    }
+
+
+def secret_files(secret_name: str) -> dict[str, str]:
+    (gen,) = [g for g in kustomization()["secretGenerator"] if g["name"] == secret_name]
+    return dict(entry.split("=", 1) for entry in gen["files"])
+
+
+def test_etcd_serves_tls_only_to_client_certificates_of_its_ca() -> None:
+    etcd = find("StatefulSet", "etcd")
+    env = {e["name"]: e["value"] for e in container(etcd, "etcd")["env"] if "value" in e}
+    assert env["ETCD_LISTEN_CLIENT_URLS"].startswith("https://"), env
+    assert env["ETCD_ADVERTISE_CLIENT_URLS"].startswith("https://"), env
+    assert env["ETCD_CLIENT_CERT_AUTH"] == "true"
+    mounts = secret_mounts(etcd, "etcd")
+    for var, file in (("CERT", "etcd.crt"), ("KEY", "etcd.key"), ("TRUSTED_CA", "ca.crt")):
+        path = env[f"ETCD_{var}_FILE"]
+        directory, _, name = path.rpartition("/")
+        assert name == file and directory in mounts, (var, path, mounts)
+        assert secret_files(mounts[directory])[name] == f"etcd-pki/{file}"
+
+
+def test_etcd_auth_job_enables_authentication_with_roots_certificate_for_the_brokers_user() -> None:
+    job = find("Job", "etcd-auth")
+    argv = container(job, "etcd-auth")["command"]
+    assert argv[:3] == ["python", "-m", "fluxmq.cluster.etcd_auth"]
+    args = dict(a.partition("=")[::2] for a in argv[3:])
+    assert args["--endpoint"].rpartition(":")[0] == "etcd"
+    assert args["--prefix"] == config_toml()["etcd_prefix"]
+    assert args["--user"] == "fluxmq"  # the common name of fluxmq.crt (deploy/etcd-pki.sh)
+    mounts = secret_mounts(job, "etcd-auth")
+    for flag, file in (("--ca-file", "ca.crt"), ("--cert-file", "root.crt"),
+                       ("--key-file", "root.key")):  # fmt: skip
+        directory, _, name = args[flag].rpartition("/")
+        assert name == file and secret_files(mounts[directory])[name] == f"etcd-pki/{file}"
+    # Root's key is the job's alone; the brokers hold their own certificate.
+    broker = secret_mounts(fluxmq_sts(), "fluxmq")
+    assert not any("root.key" in secret_files(s) for s in broker.values() if s != "fluxmq-admin-key"
+                   and s != "fluxmq-cluster-secret")  # fmt: skip
+    assert "fluxmq.key" in secret_files(broker["/var/run/secrets/fluxmq-etcd"])
+
+
+def policy_for(workload: Obj) -> Obj:
+    hits = [
+        p
+        for p in objects()
+        if p["kind"] == "NetworkPolicy"
+        and selects(p["spec"]["podSelector"]["matchLabels"], pod_labels(workload))
+    ]
+    assert len(hits) == 1, f"{workload['metadata']['name']}: {len(hits)} NetworkPolicies"
+    return hits[0]
+
+
+def allowed_peers(policy: Obj, port: int) -> list[dict[str, str]] | None:
+    """The pod labels allowed to reach ``port`` (None: anyone), by the policy's ingress rules."""
+    peers: list[dict[str, str]] = []
+    for rule in policy["spec"].get("ingress", []):
+        ports = rule.get("ports")
+        if ports and not any(p["port"] <= port <= p.get("endPort", p["port"]) for p in ports):
+            continue
+        if "from" not in rule:
+            return None
+        peers += [peer["podSelector"]["matchLabels"] for peer in rule["from"]]
+    return peers
+
+
+def test_network_policies_let_only_brokers_reach_etcd_and_the_raft_ports() -> None:
+    etcd, broker, job = find("StatefulSet", "etcd"), fluxmq_sts(), find("Job", "etcd-auth")
+    etcd_policy = policy_for(etcd)
+    assert etcd_policy["spec"]["policyTypes"] == ["Ingress"]
+    client = container_port(container(etcd, "etcd"), "client")
+    peers = allowed_peers(etcd_policy, client)
+    assert peers is not None and peers, "etcd's client port is open to every pod"
+    assert all(selects(p, pod_labels(broker)) or selects(p, pod_labels(job)) for p in peers)
+    assert any(selects(p, pod_labels(broker)) for p in peers)
+    for other in pod_owners(objects()):
+        if other["metadata"]["name"] not in ("fluxmq", "etcd-auth"):
+            assert not any(selects(p, pod_labels(other)) for p in peers), other["metadata"]
+    broker_policy = policy_for(broker)
+    raft = container_port(container(broker), "raft")
+    # The home group's Raft port and those of the extra groups a node may host (16).
+    for port in (raft, raft + 1, raft + 16):
+        raft_peers = allowed_peers(broker_policy, port)
+        assert raft_peers, f"Raft port {port} is open to every pod"
+        assert all(selects(p, pod_labels(broker)) for p in raft_peers), port
+    for name in ("grpc", "metrics"):  # clients (with a key), probes and Prometheus
+        assert allowed_peers(broker_policy, container_port(container(broker), name)) is None
 
 
 # -- Prometheus ----------------------------------------------------------------------------------

@@ -125,6 +125,7 @@ def test_address_of_no_interface_is_one_line(tmp_path: Path) -> None:
         str(tmp_path / "d"),
         "--listen",
         "192.0.2.1:7070",  # TEST-NET-1: never an address of this machine
+        "--insecure-listen",  # past the open-broker check, to the bind that fails
         "--metrics-listen",
         "",
     )

@@ -55,7 +55,7 @@ CLUSTER_ENV = {
 def test_file_is_overridden_by_environment_and_environment_by_flags(tmp_path: Path) -> None:
     path = tmp_path / "fluxmq.toml"
     path.write_text(
-        'data_dir = "/file"\nlisten = "0.0.0.0:7070"\nlog_json = true\n'
+        'data_dir = "/file"\nlisten = "0.0.0.0:7070"\ninsecure_listen = true\nlog_json = true\n'
         "retention_interval_ms = 500\n"
     )
     cfg = load(["--config", str(path), "--data-dir", "/flag"], environ={"FLUXMQ_LISTEN": "h:1"})
