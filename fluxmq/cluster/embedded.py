@@ -38,7 +38,6 @@ from fluxmq.cluster.metadata import (
     GROUPS_MAX,
     NODES_MAX,
     AlreadyExists,
-    ForgedRecord,
     GroupInfo,
     LimitExceeded,
     MetadataCorrupt,
@@ -66,12 +65,12 @@ from fluxmq.cluster.metadata import (
     check_setting_value,
     check_term,
     check_ttl_ms,
-    decode_api_key,
     decode_group,
     decode_key_usage,
     decode_leader,
     decode_node,
     decode_placement,
+    decode_sealed_api_key,
     decode_setting,
     encode_api_key,
     encode_group,
@@ -82,7 +81,6 @@ from fluxmq.cluster.metadata import (
     encode_setting,
     key_limit_reached,
     keys_to_forget,
-    report_forged_key,
     sort_api_keys,
 )
 from fluxmq.core.auth import KeyRecord
@@ -628,12 +626,7 @@ class EmbeddedMetadataStore:
         return sort_api_keys(found)
 
     def _decode_key(self, raw: bytes, key_id: str) -> KeyRecord | None:
-        """The record, or None (logged) when it is not sealed with the record secret."""
-        try:
-            return decode_api_key(raw, key_id, self._seal_key)
-        except ForgedRecord as err:
-            report_forged_key(err, key_id)
-            return None
+        return decode_sealed_api_key(raw, key_id, self._seal_key)
 
     async def touch_api_keys(self, last_used_ms: Mapping[str, int]) -> None:
         wanted = check_key_usage(last_used_ms)

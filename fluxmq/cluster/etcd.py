@@ -67,7 +67,6 @@ from fluxmq.cluster.metadata import (
     NODES_MAX,
     AlreadyExists,
     EventKind,
-    ForgedRecord,
     GroupInfo,
     LimitExceeded,
     MetadataCorrupt,
@@ -97,13 +96,13 @@ from fluxmq.cluster.metadata import (
     check_setting_value,
     check_term,
     check_ttl_ms,
-    decode_api_key,
     decode_group,
     decode_key_slots,
     decode_key_usage,
     decode_leader,
     decode_node,
     decode_placement,
+    decode_sealed_api_key,
     decode_setting,
     encode_api_key,
     encode_group,
@@ -115,7 +114,6 @@ from fluxmq.cluster.metadata import (
     encode_setting,
     key_limit_reached,
     keys_to_forget,
-    report_forged_key,
     sort_api_keys,
 )
 from fluxmq.core.auth import KeyRecord
@@ -892,12 +890,7 @@ class EtcdMetadataStore:
         return await self._call("list_api_keys", list_all)
 
     def _decode_key(self, raw: bytes, key_id: str) -> KeyRecord | None:
-        """The record, or None (logged) when it is not sealed with the cluster secret."""
-        try:
-            return decode_api_key(raw, key_id, self._seal_key)
-        except ForgedRecord as err:
-            report_forged_key(err, key_id)
-            return None
+        return decode_sealed_api_key(raw, key_id, self._seal_key)
 
     def _decode_keys(self, found: list[tuple[str, Any]]) -> list[KeyRecord]:
         records = (self._decode_key(bytes(kv.value), name) for name, kv in found)

@@ -614,6 +614,16 @@ def _encode_api_key_fields(record: KeyRecord) -> dict[str, Any]:
     }
 
 
+def decode_sealed_api_key(data: bytes, key: str, seal_key: bytes | None) -> KeyRecord | None:
+    """Both stores' reading of a key record: the record, or None (logged, rate limited) when it
+    is not sealed with the record secret, so a forged record reads as a missing key."""
+    try:
+        return decode_api_key(data, key, seal_key)
+    except ForgedRecord as err:
+        report_forged_key(err, key)
+        return None
+
+
 def decode_api_key(data: bytes, key: str, seal_key: bytes | None = None) -> KeyRecord:
     """The record stored under ``key``. With ``seal_key``, a record whose ``mac`` is missing or
     wrong raises ForgedRecord (after the fields check out: a broken record is still corrupt)."""

@@ -11,16 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from fluxmq.client import AsyncClient, Message, RetryPolicy
+from fluxmq.client import AsyncClient, Message
 from fluxmq.launcher import LocalCluster
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import PATIENT, Cluster, started
 from tests.integration.conftest import Node
 from tests.integration.test_cluster_cli import free_port_range
 
 pytestmark = pytest.mark.slow
-
-# Enough retries to ride out a restart or an election (~10 s at most).
-PATIENT = RetryPolicy(max_attempts=40, initial_backoff_s=0.05, max_backoff_s=0.5)
 
 
 async def fetch_values(client: AsyncClient, queue: str, partition: int = 0) -> list[bytes]:
@@ -69,12 +66,8 @@ async def test_buffered_producer_survives_broker_restart_without_duplicates(node
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster", 3)
-    try:
-        c.start()
+    with started(Cluster(tmp_path / "cluster", 3)) as c:
         yield c
-    finally:
-        c.stop()
 
 
 async def test_failover_to_another_node_keeps_publishing_and_consuming(cluster: Cluster) -> None:

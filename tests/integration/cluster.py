@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2, queue_pb2_grpc
+from fluxmq.client import RetryPolicy
 from fluxmq.core.auth import new_key
 from tests.integration.conftest import Node, free_port
 
 SECRET = "integration-test-secret-0123456789"
+# SDK retries that ride out a restart, a hand-over or the election that may follow (~10 s).
+PATIENT = RetryPolicy(max_attempts=40, initial_backoff_s=0.05, max_backoff_s=0.5)
 
 
 class Cluster:
@@ -114,3 +119,13 @@ class Cluster:
                     return out
                 offset = r.next_offset
         raise AssertionError("fetch did not finish")
+
+
+@contextmanager
+def started(cluster: Cluster) -> Iterator[Cluster]:
+    """``cluster`` started (with a leader) for the block, stopped after it however it ends."""
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

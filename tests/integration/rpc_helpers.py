@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 
@@ -20,24 +20,42 @@ class RichError:
     retry_delay_ms: int | None
 
 
-def rich_error(err: grpc.RpcError) -> RichError:
-    assert isinstance(err, grpc.Call)
-    status = rpc_status.from_call(err)
-    assert status is not None, f"no rich status on {err.code()}: {err.details()}"
-    reason, fields, meta, retry = "", [], {}, None
+@dataclass
+class StatusDetails:
+    """What a google.rpc.Status carries in its details (ErrorInfo, BadRequest, RetryInfo)."""
+
+    reason: str = ""
+    domain: str | None = None  # None: no ErrorInfo
+    fields: list[str] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    retry_delay_ms: int | None = None
+
+
+def status_details(status: status_pb2.Status) -> StatusDetails:
+    out = StatusDetails()
     for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            assert info.domain == "fluxmq"
-            reason, meta = info.reason, dict(info.metadata)
+            out.reason, out.domain, out.metadata = info.reason, info.domain, dict(info.metadata)
         elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             br = error_details_pb2.BadRequest()
             detail.Unpack(br)
-            fields = [v.field for v in br.field_violations]
+            out.fields = [v.field for v in br.field_violations]
         elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             ri = error_details_pb2.RetryInfo()
             detail.Unpack(ri)
-            retry = ri.retry_delay.ToMilliseconds()
+            out.retry_delay_ms = ri.retry_delay.ToMilliseconds()
+    return out
+
+
+def rich_error(err: grpc.RpcError) -> RichError:
+    assert isinstance(err, grpc.Call)
+    status = rpc_status.from_call(err)
+    assert status is not None, f"no rich status on {err.code()}: {err.details()}"
+    d = status_details(status)
+    assert d.domain in (None, "fluxmq"), d.domain
     rid = dict(err.trailing_metadata() or ()).get("x-request-id")
-    return RichError(err.code(), err.details() or "", reason, fields, meta, rid, retry)
+    return RichError(
+        err.code(), err.details() or "", d.reason, d.fields, d.metadata, rid, d.retry_delay_ms
+    )

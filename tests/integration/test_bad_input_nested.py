@@ -8,12 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import status_pb2
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 
 from .delivery_helpers import ACKED, Stub, ack, group, lease, publish, work_queue
-from .rpc_helpers import rich_error
+from .rpc_helpers import rich_error, status_details
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 LIMIT_BYTES = 64
@@ -126,19 +126,9 @@ def stream_error(
     )
     assert resp.HasField("error"), resp
     status = status_pb2.Status.FromString(resp.error.status_details)
-    fields: list[str] = []
-    metadata: dict[str, str] = {}
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            br = error_details_pb2.BadRequest()
-            detail.Unpack(br)
-            fields = [v.field for v in br.field_violations]
-        elif detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            metadata = dict(info.metadata)
+    details = status_details(status)
     assert status.message == resp.error.message
-    return resp.error.reason, fields, metadata, resp.error.message
+    return resp.error.reason, details.fields, details.metadata, resp.error.message
 
 
 def test_publish_stream_violations_name_the_field_inside_publish(stub: Stub) -> None:

@@ -14,10 +14,9 @@ import pytest
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
 from fluxmq.cluster import GroupInfo
-from fluxmq.launcher import ADMIN_KEY_FILE, LocalCluster
+from fluxmq.launcher import LocalCluster
 from tests.integration.group_helpers import wait_for
-from tests.integration.test_cluster_cli import free_port_range
-from tests.integration.test_placement import KEY, metadata, shards_of
+from tests.integration.test_placement import KEY, launched, metadata, shards_of
 
 pytestmark = pytest.mark.slow
 BIG_BYTES = 5_400_000  # the report's 5.4 MB: over 1 MiB (a Raft frame) and 4 MiB (gRPC default)
@@ -27,14 +26,7 @@ CALL_TIMEOUT_S = 60
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    (tmp_path / "c").mkdir()
-    (tmp_path / "c" / ADMIN_KEY_FILE).write_text(KEY + "\n")
-    c = LocalCluster(tmp_path / "c", nodes=3, base_port=free_port_range(), etcd_port=0)
-    c.up()
-    try:
-        yield c
-    finally:
-        c.down(purge=False)
+    yield from launched(tmp_path / "c")
 
 
 class _Authorized(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]

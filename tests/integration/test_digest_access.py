@@ -17,19 +17,13 @@ from tests.cli.conftest import Ctl
 from .conftest import Node
 from .rpc_helpers import rich_error
 from .test_admin_api import HEX64, InProcess, in_process  # noqa: F401 - a fixture
-from .test_security import Api, md, secured
+from .test_security import Api, md, serving_secured
 
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[tuple[Node, str, Api]]:
-    node, admin = secured(tmp_path)
-    node.start()
-    api = Api(node)
-    try:
-        yield node, admin, api
-    finally:
-        api.ch.close()
-        node.stop()
+    with serving_secured(tmp_path) as served:
+        yield served
 
 
 def test_a_read_key_asking_for_the_digest_is_denied_naming_skip_digest(

@@ -36,6 +36,7 @@ GROUPS = {
     "gb": (("node2", "node3", "node4"), "node4"),
 }
 HOME_LEADER = "node2"
+MOVE_ATTEMPTS = 4  # leadership transfers asked for per move (each bounded by its own timeout)
 QUEUES = {"qa": "ga", "qb": "gb"}
 
 
@@ -83,24 +84,34 @@ class Shards:
         return seen.pop() if len(seen) == 1 else None
 
     def move_leader(self, group: str, target: str) -> None:
-        current = None
+        """Bounded retries: on a loaded machine a transfer may time out (UNAVAILABLE, outcome
+        unknown) while the target is still catching up; asking again is safe."""
+        for attempt in range(MOVE_ATTEMPTS):
+            current = None
 
-        def agreed() -> bool:
-            nonlocal current
-            current = self.leader(group)
-            return current is not None
+            def agreed() -> bool:
+                nonlocal current
+                current = self.leader(group)
+                return current is not None
 
-        wait_for(f"{group} to elect a leader", agreed)
-        assert current is not None
-        if current != target:
-            with authorized_channel(self.address(current), KEY) as ch:
-                admin_pb2_grpc.AdminServiceStub(ch).TransferLeadership(
-                    admin_pb2.TransferLeadershipRequest(
-                        shard_id=group, target=self.raft(group, target)
-                    ),
-                    timeout=30,
-                )
-        wait_for(f"{target} to lead {group}", lambda: self.leader(group) == target)
+            wait_for(f"{group} to elect a leader", agreed)
+            assert current is not None
+            if current == target:
+                return
+            try:
+                with authorized_channel(self.address(current), KEY) as ch:
+                    admin_pb2_grpc.AdminServiceStub(ch).TransferLeadership(
+                        admin_pb2.TransferLeadershipRequest(
+                            shard_id=group, target=self.raft(group, target)
+                        ),
+                        timeout=30,
+                    )
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or attempt == MOVE_ATTEMPTS - 1:
+                    raise
+                continue
+            wait_for(f"{target} to lead {group}", lambda: self.leader(group) == target)
+            return
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, started
 from tests.integration.conftest import Node
 from tests.integration.group_helpers import wait_for
 from tests.integration.rpc_helpers import rich_error
@@ -24,12 +24,8 @@ FORWARDED = (("x-fluxmq-forwarded", "1"),)  # what a node sends: the callee neve
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("static"))
-    c.start()
-    try:
+    with started(Cluster(tmp_path_factory.mktemp("static"))) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def leader_of(cluster: Cluster) -> Node:

@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from fluxmq._pb.v1 import admin_pb2, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from tests.etcd_server import EtcdServer
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, started
 from tests.integration.conftest import Node
 from tests.integration.rpc_helpers import rich_error
 from tests.integration.test_security import md, secured
@@ -234,11 +234,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             tmp_path_factory.mktemp("hostile-cluster"), 3,
             "--etcd", etcd.endpoint, "--auto-provision-groups",
         )  # fmt: skip
-        try:
-            c.start()
+        with started(c):
             yield c
-        finally:
-            c.stop()
 
 
 def log_size(node: Node) -> int:

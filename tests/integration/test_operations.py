@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, started
 from tests.integration.conftest import Node
 from tests.integration.test_cluster_durability import check_replicas, create_queue, publish_batches
 
@@ -66,12 +66,8 @@ def grpc_health(node: Node, service: str) -> int:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    c.start()
-    try:
+    with started(Cluster(tmp_path)) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def test_single_node_is_live_and_ready_and_unknown_paths_are_404(node: Node) -> None:

@@ -26,16 +26,22 @@ pytestmark = pytest.mark.slow
 KEY = new_key("production")  # every test's cluster bootstraps this admin key
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    (tmp_path / "c").mkdir()
-    (tmp_path / "c" / ADMIN_KEY_FILE).write_text(KEY + "\n")
-    c = LocalCluster(tmp_path / "c", nodes=3, base_port=free_port_range(), etcd_port=0)
+def launched(root: Path) -> Iterator[LocalCluster]:
+    """Three nodes and their etcd as ``fluxmqctl cluster up`` starts them, in ``root``,
+    bootstrapping KEY; taken down (data kept) once the caller is done."""
+    root.mkdir()
+    (root / ADMIN_KEY_FILE).write_text(KEY + "\n")
+    c = LocalCluster(root, nodes=3, base_port=free_port_range(), etcd_port=0)
     c.up()
     try:
         yield c
     finally:
         c.down(purge=False)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    yield from launched(tmp_path / "c")
 
 
 def metadata(c: LocalCluster, call: str, *args: object) -> object:

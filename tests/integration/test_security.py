@@ -9,6 +9,7 @@ import base64
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -19,7 +20,7 @@ from fluxmq._pb.v1 import admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import new_key
 from tests.etcd_server import EtcdServer
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, started
 from tests.integration.conftest import Node
 from tests.integration.rpc_helpers import rich_error
 
@@ -64,9 +65,10 @@ def secured(root: Path, *extra: str) -> tuple[Node, str]:
     return node, admin
 
 
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[tuple[Node, str, Api]]:
-    node, admin = secured(tmp_path)
+@contextmanager
+def serving_secured(root: Path, *extra: str) -> Iterator[tuple[Node, str, Api]]:
+    """A started ``secured`` node, its admin key and an Api on it; stopped after the block."""
+    node, admin = secured(root, *extra)
     node.start()
     api = Api(node)
     try:
@@ -74,6 +76,12 @@ def live(tmp_path: Path) -> Iterator[tuple[Node, str, Api]]:
     finally:
         api.ch.close()
         node.stop()
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[tuple[Node, str, Api]]:
+    with serving_secured(tmp_path) as served:
+        yield served
 
 
 def refused(call, *args, **kwargs) -> grpc.RpcError:  # type: ignore[no-untyped-def]
@@ -387,11 +395,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "--rate-limit-tiers", CLUSTER_TIERS,
             "--auto-provision-groups",
         )  # fmt: skip
-        try:
-            c.start()
+        with started(c):
             yield c
-        finally:
-            c.stop()
 
 
 def known_on(api: Api, key: str) -> bool:

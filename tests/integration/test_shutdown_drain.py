@@ -19,14 +19,14 @@ import pytest
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
-from fluxmq.client import AsyncClient, Message, RetryPolicy
+from fluxmq.client import AsyncClient, Message
 from fluxmq.client.errors import FluxMQError, from_rpc_error
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server
 from fluxmq.server.broker import Broker
 from raft import LocalShard
 from storage import MemoryStore
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import PATIENT, Cluster, started
 from tests.integration.conftest import Node
 from tests.integration.rpc_helpers import rich_error
 
@@ -247,8 +247,6 @@ async def test_draining_ends_waits_while_in_flight_writes_and_leases_complete(
     assert (await publish(stub, "work", b"d")).results[0].offset == 3
 
 
-# Rides out the hand-over and the election that may follow (~10 s at most).
-PATIENT = RetryPolicy(max_attempts=40, initial_backoff_s=0.05, max_backoff_s=0.5)
 HALF = 100  # messages published before the SIGTERM, and as many after it
 SLOW = 4  # of the first half: still being handled at the SIGTERM, acked during the drain
 MOVED_WITHIN_S = 5.0  # after the SIGTERM; the node's grace period is 20 s
@@ -256,12 +254,8 @@ MOVED_WITHIN_S = 5.0  # after the SIGTERM; the node's grace period is 20 s
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path / "cluster", 3)
-    try:
-        c.start()
+    with started(Cluster(tmp_path / "cluster", 3)) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.mark.slow

@@ -31,15 +31,37 @@ def held_port() -> Iterator[int]:
         yield int(holder.getsockname()[1])
 
 
-def fluxmq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def python(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """This interpreter run with ``args``, none of our FLUXMQ_* variables but those of ``env``."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLUXMQ")}
     return subprocess.run(
-        [sys.executable, "-m", "fluxmq", *args],
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=START_TIMEOUT_S,
         env={**clean, **(env or {})},
         stdin=subprocess.DEVNULL,
+    )
+
+
+def fluxmq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return python("-m", "fluxmq", *args, env=env)
+
+
+def serve(
+    data_dir: Path, listen: str, metrics_listen: str, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``fluxmq serve`` on these addresses (metrics_listen '' for none), run to its exit."""
+    return fluxmq(
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        "--listen",
+        listen,
+        "--metrics-listen",
+        metrics_listen,
+        *extra,
+        env=env,
     )
 
 
@@ -54,15 +76,7 @@ def assert_one_line_failure(proc: subprocess.CompletedProcess[str], *needles: st
 
 
 def test_grpc_port_in_use_is_one_line_naming_listen(held_port: int, tmp_path: Path) -> None:
-    proc = fluxmq(
-        "serve",
-        "--data-dir",
-        str(tmp_path / "d"),
-        "--listen",
-        f"127.0.0.1:{held_port}",
-        "--metrics-listen",
-        f"127.0.0.1:{free_port()}",
-    )
+    proc = serve(tmp_path / "d", f"127.0.0.1:{held_port}", f"127.0.0.1:{free_port()}")
     line = assert_one_line_failure(
         proc,
         f"cannot listen on 127.0.0.1:{held_port} for grpc",
@@ -76,15 +90,7 @@ def test_grpc_port_in_use_is_one_line_naming_listen(held_port: int, tmp_path: Pa
 def test_metrics_port_in_use_is_one_line_naming_metrics_listen(
     held_port: int, tmp_path: Path
 ) -> None:
-    proc = fluxmq(
-        "serve",
-        "--data-dir",
-        str(tmp_path / "d"),
-        "--listen",
-        f"127.0.0.1:{free_port()}",
-        "--metrics-listen",
-        f"127.0.0.1:{held_port}",
-    )
+    proc = serve(tmp_path / "d", f"127.0.0.1:{free_port()}", f"127.0.0.1:{held_port}")
     assert_one_line_failure(
         proc,
         f"cannot listen on 127.0.0.1:{held_port}",
@@ -94,13 +100,9 @@ def test_metrics_port_in_use_is_one_line_naming_metrics_listen(
 
 
 def test_raft_port_in_use_is_one_line_naming_raft_listen(held_port: int, tmp_path: Path) -> None:
-    proc = fluxmq(
-        "serve",
-        "--data-dir",
-        str(tmp_path / "d"),
-        "--listen",
+    proc = serve(
+        tmp_path / "d",
         f"127.0.0.1:{free_port()}",
-        "--metrics-listen",
         f"127.0.0.1:{free_port()}",
         "--raft-listen",
         f"127.0.0.1:{held_port}",
@@ -119,15 +121,11 @@ def test_raft_port_in_use_is_one_line_naming_raft_listen(held_port: int, tmp_pat
 
 
 def test_address_of_no_interface_is_one_line(tmp_path: Path) -> None:
-    proc = fluxmq(
-        "serve",
-        "--data-dir",
-        str(tmp_path / "d"),
-        "--listen",
+    proc = serve(
+        tmp_path / "d",
         "192.0.2.1:7070",  # TEST-NET-1: never an address of this machine
-        "--insecure-listen",  # past the open-broker check, to the bind that fails
-        "--metrics-listen",
         "",
+        "--insecure-listen",  # past the open-broker check, to the bind that fails
     )
     assert_one_line_failure(proc, "for grpc (--listen / FLUXMQ_LISTEN)", "cannot assign")
 
@@ -135,15 +133,7 @@ def test_address_of_no_interface_is_one_line(tmp_path: Path) -> None:
 def test_unusable_data_dir_is_one_line_naming_data_dir(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
-    proc = fluxmq(
-        "serve",
-        "--data-dir",
-        str(not_a_dir / "data"),
-        "--listen",
-        f"127.0.0.1:{free_port()}",
-        "--metrics-listen",
-        "",
-    )
+    proc = serve(not_a_dir / "data", f"127.0.0.1:{free_port()}", "")
     assert_one_line_failure(proc, "--data-dir / FLUXMQ_DATA_DIR", "not a directory")
 
 
@@ -180,16 +170,8 @@ def test_grpc_port_taken_after_the_check_still_exits_1_without_traceback(
         "import fluxmq.daemon as d; d.check_listen_addresses = lambda cfg: None; "
         "raise SystemExit(d.main())"
     )
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLUXMQ")}
-    serve = ["serve", "--data-dir", str(tmp_path / "d"), "--listen", f"127.0.0.1:{held_port}"]
-    proc = subprocess.run(
-        [sys.executable, "-c", skip_check, *serve, "--metrics-listen", ""],
-        capture_output=True,
-        text=True,
-        timeout=START_TIMEOUT_S,
-        env=clean,
-        stdin=subprocess.DEVNULL,
-    )
+    args = ["serve", "--data-dir", str(tmp_path / "d"), "--listen", f"127.0.0.1:{held_port}"]
+    proc = python("-c", skip_check, *args, "--metrics-listen", "")
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

@@ -15,6 +15,9 @@ import socket
 import struct
 from collections.abc import Sequence
 
+import pytest
+
+from raft import frames
 from raft.api import Entry
 from raft.driver import RaftDriver
 from raft.pysyncobj_shard import PySyncObjShard, RaftTimings, ShardConfig
@@ -87,6 +90,20 @@ class FileStateMachine:
 
     def digest(self) -> str:
         return hashlib.sha256(b"".join(self.payloads())).hexdigest()
+
+
+def encoded_frame_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every frame encoded from now on (for the rest of the test), in order."""
+    sizes: list[int] = []
+    real_encode = frames.encode
+
+    def encode(payloads: Sequence[bytes]) -> bytes:
+        frame = real_encode(payloads)
+        sizes.append(len(frame))
+        return frame
+
+    monkeypatch.setattr(frames, "encode", encode)
+    return sizes
 
 
 def free_ports(n: int) -> list[int]:

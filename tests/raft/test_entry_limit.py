@@ -5,15 +5,14 @@ entry_bytes_max a command is refused before anything is written."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from raft import frames
 from raft.api import ShardRequestDeniedError
 from raft.pysyncobj_shard import ShardConfig
+from tests.raft.helpers import encoded_frame_sizes
 from tests.raft.test_replication import assert_same_history, propose_all, running, sole_leader
 
 FRAME_BYTES_MAX = 4096
@@ -24,15 +23,7 @@ WAIT_S = 15.0
 async def test_a_command_over_the_frame_size_within_the_entry_limit_is_replicated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sizes: list[int] = []
-    real_encode = frames.encode
-
-    def encode(payloads: Sequence[bytes]) -> bytes:
-        frame = real_encode(payloads)
-        sizes.append(len(frame))
-        return frame
-
-    monkeypatch.setattr(frames, "encode", encode)
+    sizes = encoded_frame_sizes(monkeypatch)
     overrides = {"frame_bytes_max": FRAME_BYTES_MAX, "entry_bytes_max": ENTRY_BYTES_MAX}
     async with running(tmp_path, **overrides) as c:
         leader = await sole_leader(c)

@@ -7,75 +7,20 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import select
 import socket
-import struct
-import time
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pysyncobj.encryptor import getEncryptor
 
-from raft import _pysyncobj
-from raft._pysyncobj import HardenedSyncObj, SyncObjConf
-from raft.journal import LmdbJournal
-from tests.raft.helpers import free_port_dialling, free_ports
-
-SECRET = "the-cluster-secret"
-WAIT_S = 10.0
-
-
-class Node:
-    """One HardenedSyncObj whose peers never run, ticked by hand: its transport accepts the
-    connections a test opens."""
-
-    def __init__(
-        self, root: str, address: str | None = None, peers: list[str] | None = None
-    ) -> None:
-        self.journal = LmdbJournal(os.path.join(root, "journal"))
-        if address is None or peers is None:
-            address, *peers = (f"127.0.0.1:{p}" for p in free_ports(3))
-        self.address = address
-        conf = SyncObjConf(
-            password=SECRET,
-            autoTick=False,
-            fullDumpFile=os.path.join(root, "snapshot"),
-            useFork=False,
-            bindAddress=self.address,
-            maxBindRetries=1,
-        )
-        self.so = HardenedSyncObj(
-            self.address,
-            peers,
-            conf,
-            self.journal,
-            _pysyncobj.create_poller(),
-            lambda index, frame: index,
-            lambda path, info: None,
-        )
-        self.peers = peers
-
-    def tick_until(self, what: str, done: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not done():
-            assert time.monotonic() < deadline, f"not reached within {WAIT_S}s: {what}"
-            self.so.doTick(0.01)
-
-    def connect(self) -> socket.socket:
-        host, port = self.address.rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)), timeout=WAIT_S)
-        self.tick_until("the connection is accepted", lambda: bool(self.unknown()))
-        return sock
-
-    def unknown(self) -> set[Any]:
-        return set(self.so.transport._unknownConnections)
+from tests.raft.helpers import free_port_dialling
+from tests.raft.ticked_node import SECRET, frame, read_frame
+from tests.raft.ticked_node import TickedNode as Node
 
 
 def started(n: Node) -> Iterator[Node]:
-    n.tick_until("the raft port is bound", lambda: bool(n.so.transport.ready))
+    n.tick_until_bound()
     yield n
     n.so.destroy()
 
@@ -101,25 +46,6 @@ def dialling_node(tmp_path: Any, peer: socket.socket) -> Iterator[Node]:
     peer_address = f"127.0.0.1:{peer.getsockname()[1]}"
     address = f"127.0.0.1:{free_port_dialling(peer_address)}"
     yield from started(Node(str(tmp_path), address, [peer_address]))
-
-
-def frame(message: Any, secret: str) -> bytes:
-    """One message as pysyncobj's TcpConnection sends it, encrypted with ``secret``."""
-    token = getEncryptor(secret).encrypt_at_time(zlib.compress(pickle.dumps(message), 3), 1)
-    return struct.pack("i", len(token)) + token
-
-
-def read_frame(sock: socket.socket, secret: str) -> Any:
-    def exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            assert chunk, "closed"
-            data += chunk
-        return data
-
-    (length,) = struct.unpack("i", exactly(4))
-    return pickle.loads(zlib.decompress(getEncryptor(secret).decrypt(exactly(length))))
 
 
 def select_readable(sock: socket.socket) -> bool:

@@ -8,66 +8,20 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import socket
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from pysyncobj.encryptor import getEncryptor
 from pysyncobj.tcp_connection import TcpConnection
 
 from raft import _pysyncobj
-from raft._pysyncobj import HardenedSyncObj, SyncObjConf
-from raft.journal import LmdbJournal
 from raft.wire_guard import WireLimits
-from tests.raft.helpers import free_ports
-
-SECRET = "the-cluster-secret"
-WAIT_S = 10.0
-
-
-class Node:
-    """One HardenedSyncObj whose peers never run, ticked by hand."""
-
-    def __init__(self, root: str, limits: WireLimits) -> None:
-        self.journal = LmdbJournal(os.path.join(root, "journal"))
-        self.address, *self.peers = (f"127.0.0.1:{p}" for p in free_ports(3))
-        conf = SyncObjConf(
-            password=SECRET,
-            autoTick=False,
-            fullDumpFile=os.path.join(root, "snapshot"),
-            useFork=False,
-            bindAddress=self.address,
-            maxBindRetries=1,
-        )
-        self.so = HardenedSyncObj(
-            self.address,
-            self.peers,
-            conf,
-            self.journal,
-            _pysyncobj.create_poller(),
-            lambda index, frame: index,
-            lambda path, info: None,
-            limits,
-        )
-
-    def tick_until(self, what: str, done: Callable[[], bool], wait_s: float = WAIT_S) -> None:
-        deadline = time.monotonic() + wait_s
-        while not done():
-            assert time.monotonic() < deadline, f"not reached within {wait_s}s: {what}"
-            self.so.doTick(0.01)
-
-    def connect(self) -> socket.socket:
-        host, port = self.address.rsplit(":", 1)
-        return socket.create_connection((host, int(port)), timeout=WAIT_S)
-
-    def unknown(self) -> set[Any]:
-        return set(self.so.transport._unknownConnections)
+from tests.raft.ticked_node import TickedNode as Node
+from tests.raft.ticked_node import frame, read_frame
 
 
 def limits(**overrides: Any) -> WireLimits:
@@ -80,9 +34,9 @@ def make_node(tmp_path: Any) -> Iterator[Callable[..., Node]]:
     nodes: list[Node] = []
 
     def make(**overrides: Any) -> Node:
-        n = Node(str(tmp_path / str(len(nodes))), limits(**overrides))
+        n = Node(str(tmp_path / str(len(nodes))), limits=limits(**overrides))
         nodes.append(n)
-        n.tick_until("the raft port is bound", lambda: bool(n.so.transport.ready))
+        n.tick_until_bound()
         return n
 
     yield make
@@ -104,26 +58,6 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
-def frame(message: Any, secret: str = SECRET) -> bytes:
-    token = getEncryptor(secret).encrypt_at_time(zlib.compress(pickle.dumps(message), 3), 1)
-    return struct.pack("i", len(token)) + token
-
-
-def read_frame(sock: socket.socket) -> Any:
-    sock.settimeout(WAIT_S)
-
-    def exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            assert chunk, "closed"
-            data += chunk
-        return data
-
-    (length,) = struct.unpack("i", exactly(4))
-    return pickle.loads(zlib.decompress(getEncryptor(SECRET).decrypt(exactly(length))))
-
-
 def raft_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "raft.pysyncobj"]
 
@@ -134,7 +68,6 @@ def test_an_oversized_declared_frame_is_refused_and_closed_before_its_body_is_bu
     caplog.set_level(logging.INFO, logger="raft.pysyncobj")
     node = make_node()
     sock = node.connect()
-    node.tick_until("the connection is accepted", lambda: bool(node.unknown()))
     (conn,) = node.unknown()
     sock.sendall(struct.pack("i", 0x7FFFFFFF) + os.urandom(256 << 10))
     node.tick_until("the connection is closed", lambda: not node.unknown())
@@ -153,7 +86,7 @@ def test_oversized_frames_are_logged_once_per_peer_host_per_interval(
     caplog.set_level(logging.INFO, logger="raft.pysyncobj")
     node = make_node()
     for _ in range(5):
-        sock = node.connect()
+        sock = node.dial()
         sock.sendall(struct.pack("i", 0x7FFFFFFF) + b"x" * 64)
         node.tick_until("the attacker sees the close", lambda s=sock: closed_by_peer(s))
         sock.close()
@@ -167,7 +100,6 @@ def test_a_connection_that_does_not_complete_the_handshake_is_closed_at_connect_
     caplog.set_level(logging.INFO, logger="raft.pysyncobj")
     node = make_node(connect_timeout_ms=300)
     sock = node.connect()
-    node.tick_until("the connection is accepted", lambda: bool(node.unknown()))
     accepted_at = time.monotonic()
     node.tick_until("the idle connection is closed", lambda: closed_by_peer(sock), wait_s=5.0)
     assert time.monotonic() - accepted_at >= 0.25
@@ -181,7 +113,6 @@ def test_the_handshake_deadline_is_driven_by_the_tick_clock(
 ) -> None:
     node = make_node(connect_timeout_ms=60_000)
     sock = node.connect()
-    node.tick_until("the connection is accepted", lambda: bool(node.unknown()))
     transport = node.so.transport
     assert transport.fx_expire_handshakes(time.monotonic() + 59.0) == 0
     assert node.unknown()
@@ -199,7 +130,7 @@ def test_connections_beyond_the_handshake_cap_are_refused_at_once(
     socks: list[socket.socket] = []
     try:
         for i in range(7):
-            sock = node.connect()
+            sock = node.dial()
             socks.append(sock)
             if i < 4:
                 node.tick_until("accepted", lambda i=i: len(node.unknown()) == i + 1)
@@ -219,7 +150,7 @@ def test_a_peer_with_the_secret_completes_the_handshake_then_may_send_large_fram
 ) -> None:
     caplog.set_level(logging.INFO, logger="raft.pysyncobj")
     node = make_node(connect_timeout_ms=500)
-    sock = node.connect()
+    sock = node.dial()
     ours = os.urandom(32)
     sock.sendall(frame(ours))
     node.tick_until("the connection is accepted", lambda: bool(node.unknown()))

@@ -37,7 +37,14 @@ from raft.api import (
 from raft.driver import RaftDriver
 from raft.journal import LmdbJournal
 from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError, check_config
-from tests.raft.helpers import FAST, SECRET, FileStateMachine, LocalCluster, free_ports
+from tests.raft.helpers import (
+    FAST,
+    SECRET,
+    FileStateMachine,
+    LocalCluster,
+    encoded_frame_sizes,
+    free_ports,
+)
 
 WAIT_S = 15.0  # bound on any single wait for the cluster; every test finishes well before
 
@@ -681,15 +688,7 @@ async def test_waiting_proposals_are_bounded_and_fail_cleanly_on_close(tmp_path:
 async def test_frames_respect_the_byte_limit_and_larger_payloads_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sizes: list[int] = []
-    real_encode = frames.encode
-
-    def encode(payloads: Sequence[bytes]) -> bytes:
-        frame = real_encode(payloads)
-        sizes.append(len(frame))
-        return frame
-
-    monkeypatch.setattr(frames, "encode", encode)
+    sizes = encoded_frame_sizes(monkeypatch)
     async with running(tmp_path, frame_bytes_max=4096) as c:
         leader = await sole_leader(c)
         with pytest.raises(ShardRequestDeniedError, match="frame limit"):

@@ -57,22 +57,27 @@ def _a_follower(jsz: dict[str, Any]) -> str:
     return next(n for n in NATS3 if n != leader)
 
 
+def _not_ready(answer: tuple[bool, str]) -> str:
+    """The reason of a readiness check's answer, which must be "not ready"."""
+    ready, reason = answer
+    assert not ready, reason
+    return reason
+
+
 # --- NATS JetStream ---------------------------------------------------------------------------
 
 
 def test_nats_cluster_is_not_ready_before_its_nodes_answer() -> None:
     jsz = _nodes(_sample("nats3_jsz_startup.json")["not_listening"])
     assert all(v is None for k, v in jsz.items() if k in NATS3)
-    ready, reason = nats_cluster_ready(jsz, NATS3)
-    assert not ready
+    reason = _not_ready(nats_cluster_ready(jsz, NATS3))
     assert reason == "n0: /jsz did not answer"
 
 
 def test_nats_cluster_is_not_ready_while_the_meta_group_has_no_leader() -> None:
     # JetStream is on and /jsz answers, but the meta group is still forming (/healthz: 503)
     jsz = _nodes(_sample("nats3_jsz_startup.json")["meta_forming"])
-    ready, reason = nats_cluster_ready(jsz, NATS3)
-    assert not ready
+    reason = _not_ready(nats_cluster_ready(jsz, NATS3))
     assert "no JetStream meta leader yet" in reason
 
 
@@ -88,8 +93,7 @@ def test_nats_cluster_is_ready_once_the_leader_sees_every_peer_current() -> None
 def test_nats_cluster_is_not_ready_when_a_node_stops_answering() -> None:
     sample = _sample("nats3_jsz_peer_stopped.json")
     jsz = {**sample["after_stop"], sample["victim"]: None}
-    ready, reason = nats_cluster_ready(jsz, NATS3)
-    assert not ready
+    reason = _not_ready(nats_cluster_ready(jsz, NATS3))
     assert reason == f"{sample['victim']}: /jsz did not answer"
 
 
@@ -99,8 +103,7 @@ def test_nats_cluster_is_not_ready_when_the_leader_sees_a_peer_not_current() -> 
     victim = sample["victim"]
     assert nats_cluster_ready(sample["before_stop"], NATS3) == (True, "ready")
     jsz = {**sample["after_stop"], victim: sample["before_stop"][victim]}
-    ready, reason = nats_cluster_ready(jsz, NATS3)
-    assert not ready
+    reason = _not_ready(nats_cluster_ready(jsz, NATS3))
     assert reason.endswith(f"sees peer {victim} not current")
 
 
@@ -108,8 +111,7 @@ def test_nats_cluster_is_not_ready_when_a_peer_lags() -> None:
     jsz = _ready_cluster()
     peer = _a_follower(jsz)
     _leader_replica(jsz, peer)["lag"] = 3
-    ready, reason = nats_cluster_ready(jsz, NATS3)
-    assert not ready
+    reason = _not_ready(nats_cluster_ready(jsz, NATS3))
     assert reason.endswith(f"sees peer {peer} 3 entries behind")
 
 
@@ -117,8 +119,7 @@ def test_nats_cluster_is_not_ready_when_a_peer_is_offline() -> None:
     jsz = _ready_cluster()
     peer = _a_follower(jsz)
     _leader_replica(jsz, peer)["offline"] = True
-    ready, reason = nats_cluster_ready(jsz, NATS3)
-    assert not ready
+    reason = _not_ready(nats_cluster_ready(jsz, NATS3))
     assert reason.endswith(f"sees peer {peer} offline")
 
 
@@ -127,8 +128,7 @@ def test_nats_cluster_is_not_ready_when_the_leader_does_not_know_a_peer_by_name(
     peer = _a_follower(jsz)
     replica = _leader_replica(jsz, peer)
     replica["name"] = f"Server name unknown at this time (peerID: {replica['peer']})"
-    ready, reason = nats_cluster_ready(jsz, NATS3)
-    assert not ready
+    reason = _not_ready(nats_cluster_ready(jsz, NATS3))
     assert f"does not list peer(s) {peer}" in reason
     assert "Server name unknown" in reason
 
@@ -138,8 +138,7 @@ def test_nats_cluster_is_not_ready_while_nodes_disagree_on_the_leader() -> None:
     leader = jsz["n0"]["meta_cluster"]["leader"]
     follower = _a_follower(jsz)
     jsz[follower]["meta_cluster"]["leader"] = follower
-    ready, reason = nats_cluster_ready(jsz, NATS3)
-    assert not ready
+    reason = _not_ready(nats_cluster_ready(jsz, NATS3))
     assert reason.startswith("nodes disagree on the meta leader")
     assert f"{follower} -> {follower}" in reason and f"-> {leader}" in reason
 
@@ -147,8 +146,7 @@ def test_nats_cluster_is_not_ready_while_nodes_disagree_on_the_leader() -> None:
 def test_nats_cluster_is_not_ready_while_the_meta_group_is_smaller_than_the_cluster() -> None:
     jsz = _ready_cluster()
     jsz["n2"]["meta_cluster"]["cluster_size"] = 2
-    ready, reason = nats_cluster_ready(jsz, NATS3)
-    assert not ready
+    reason = _not_ready(nats_cluster_ready(jsz, NATS3))
     assert reason == "n2: meta group has 2 peers, 3 expected"
 
 
@@ -247,8 +245,7 @@ def test_rabbit_cluster_is_ready_when_every_node_sees_every_node_running() -> No
 
 def test_rabbit_cluster_is_not_ready_while_a_node_is_stopped() -> None:
     status = _ctl("cluster_status_node3_stopped")
-    ready, reason = rabbit_cluster_ready(status, RABBIT3)
-    assert not ready
+    reason = _not_ready(rabbit_cluster_ready(status, RABBIT3))
     assert reason == "not running yet: rabbit3@localhost"
 
 
@@ -256,16 +253,14 @@ def test_rabbit_cluster_is_not_ready_before_a_node_joined() -> None:
     status = _ctl("cluster_status_1")
     status["disk_nodes"].remove("rabbit2@localhost")
     status["running_nodes"].remove("rabbit2@localhost")
-    ready, reason = rabbit_cluster_ready(status, RABBIT3)
-    assert not ready
+    reason = _not_ready(rabbit_cluster_ready(status, RABBIT3))
     assert reason == "not cluster members yet: rabbit2@localhost"
 
 
 def test_rabbit_cluster_is_not_ready_under_an_alarm() -> None:
     status = _ctl("cluster_status_1")
     status["alarms"] = [{"node": "rabbit1@localhost", "resource": "disk"}]
-    ready, reason = rabbit_cluster_ready(status, RABBIT3)
-    assert not ready
+    reason = _not_ready(rabbit_cluster_ready(status, RABBIT3))
     assert reason.startswith("alarms:")
 
 
@@ -277,8 +272,7 @@ def test_rabbit_quorum_queue_is_ready_when_every_member_is_online() -> None:
 
 def test_rabbit_quorum_queue_is_not_ready_while_a_member_is_offline() -> None:
     rows = _ctl("list_queues_node3_stopped")
-    ready, reason = rabbit_quorum_queues_ready(rows, ["cap.g"], RABBIT3)
-    assert not ready
+    reason = _not_ready(rabbit_quorum_queues_ready(rows, ["cap.g"], RABBIT3))
     assert reason == "queue cap.g: member(s) rabbit3@localhost not online yet"
 
 
@@ -291,8 +285,7 @@ def test_rabbit_quorum_queue_is_not_ready_before_it_is_listed_or_has_every_membe
     ready, reason = rabbit_quorum_queues_ready(rows, ["cap.g"], RABBIT3)
     assert (ready, reason) == (False, "queue cap.g: rabbit3@localhost not member(s) yet")
     # a classic queue of the same listing has no members at all
-    ready, reason = rabbit_quorum_queues_ready(rows, ["cap.classic"], RABBIT3)
-    assert not ready
+    _not_ready(rabbit_quorum_queues_ready(rows, ["cap.classic"], RABBIT3))
 
 
 def test_rabbitmqctl_json_is_found_after_banner_lines() -> None:

@@ -28,7 +28,7 @@ from fluxmq.core.state_machine import (
 )
 from storage import LmdbStore, MemoryStore, Store
 from storage.api import Record
-from tests.unit.test_state_machine import T0, Driver, E, append_cmd
+from tests.unit.test_state_machine import T0, Driver, E, append_cmd, receipts_of
 from tests.unit.test_state_machine import store as store  # the fixture: memory and LMDB
 
 ACKED = pb.RECEIPT_STATUS_ACKED
@@ -118,17 +118,7 @@ class Q:
 
     @staticmethod
     def receipts(res: LeaseResult) -> list[pb.Receipt]:
-        return [
-            pb.Receipt(
-                partition=x.partition,
-                offset=x.record.offset,
-                attempt=x.attempt,
-                lease_deadline_ms=x.deadline_ms,
-                lease_id=x.lease_id,
-                group_id=res.group_id,
-            )
-            for x in res.deliveries
-        ]
+        return receipts_of(res)
 
     def ack_cmd(self, receipts: Sequence[pb.Receipt], group: str = "g", now: int = T0) -> object:
         return self.d.one(

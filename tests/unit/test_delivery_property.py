@@ -32,7 +32,7 @@ from fluxmq.core.state_machine import (
 )
 from storage import LmdbStore, MemoryStore, Store
 from storage.api import Record
-from tests.unit.test_state_machine import T0, Driver, append_cmd
+from tests.unit.test_state_machine import T0, Driver, append_cmd, receipts_of
 
 ACKED = pb.RECEIPT_STATUS_ACKED
 ALREADY_ACKED = pb.RECEIPT_STATUS_ALREADY_ACKED
@@ -915,16 +915,7 @@ class SharedDlqRun:
             assert x.record.value.startswith(src.encode() + b"-"), self.fail(
                 f"{src} leased {x.record.value!r}: not one of its messages"
             )
-            self.held[(src, grp)].append(
-                pb.Receipt(
-                    partition=x.partition,
-                    offset=x.record.offset,
-                    attempt=x.attempt,
-                    lease_deadline_ms=x.deadline_ms,
-                    lease_id=x.lease_id,
-                    group_id=res.group_id,
-                )
-            )
+        self.held[(src, grp)].extend(receipts_of(res))
 
     def settle(self) -> None:
         src, grp = self.rng.choice(SOURCES), self.rng.choice(("g", "h"))

@@ -46,12 +46,18 @@ def as_state(fake: FakeState) -> QueueStateMachine:
     return cast(QueueStateMachine, fake)
 
 
-async def test_concurrent_requests_share_one_computation_and_the_loop_stays_responsive() -> None:
+async def digest_under_way() -> tuple[FakeState, DigestGate, asyncio.Task[str]]:
+    """A gate whose first digest is being read on a worker thread until ``fake.release``."""
     fake = FakeState()
     fake.release.clear()
     gate = DigestGate()
     first = asyncio.create_task(gate.digest("g1", as_state(fake)))
     await asyncio.to_thread(fake.entered.wait, 10)
+    return fake, gate, first
+
+
+async def test_concurrent_requests_share_one_computation_and_the_loop_stays_responsive() -> None:
+    fake, gate, first = await digest_under_way()
     second = asyncio.create_task(gate.digest("g1", as_state(fake)))
     # The event loop runs other work while the digest is being read on a worker thread.
     await asyncio.sleep(0)
@@ -93,11 +99,7 @@ async def test_a_digest_too_soon_after_an_expensive_one_is_refused_with_retry_in
 
 
 async def test_a_cancelled_requests_computation_keeps_others_out_until_it_ends() -> None:
-    fake = FakeState()
-    fake.release.clear()
-    gate = DigestGate()
-    first = asyncio.create_task(gate.digest("g1", as_state(fake)))
-    await asyncio.to_thread(fake.entered.wait, 10)
+    fake, gate, first = await digest_under_way()
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first

@@ -13,7 +13,13 @@ from fluxmq.core import commands, keys
 from fluxmq.core.errors import FluxError
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.queue_config import normalize_new, policy_of
-from fluxmq.core.state_machine import AppendResult, PurgeResult, QueueStateMachine, RetentionResult
+from fluxmq.core.state_machine import (
+    AppendResult,
+    LeaseResult,
+    PurgeResult,
+    QueueStateMachine,
+    RetentionResult,
+)
 from storage import LmdbStore, MemoryStore, Store
 
 T0 = 1_700_000_000_000
@@ -35,6 +41,21 @@ def store(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[Store]:
 def append_cmd(q: pb.Queue, msgs: list[pb.PublishMessage], now_ms: int = T0) -> cpb.AppendCmd:
     policy = policy_of(q.config)
     return prepare_append(q.config.name, q.queue_id, policy, msgs, 0, now_ms).command
+
+
+def receipts_of(res: LeaseResult) -> list[pb.Receipt]:
+    """The receipts a client would send back for the deliveries of ``res``, in their order."""
+    return [
+        pb.Receipt(
+            partition=x.partition,
+            offset=x.record.offset,
+            attempt=x.attempt,
+            lease_deadline_ms=x.deadline_ms,
+            lease_id=x.lease_id,
+            group_id=res.group_id,
+        )
+        for x in res.deliveries
+    ]
 
 
 class Driver:

@@ -28,7 +28,7 @@ from fluxmq.core.state_machine import (
     TransactResult,
 )
 from storage import LmdbStore, MemoryStore, Store
-from tests.unit.test_state_machine import T0, Driver, append_cmd
+from tests.unit.test_state_machine import T0, Driver, append_cmd, receipts_of
 
 ORDERED = pb.DELIVERY_MODE_ORDERED
 SHARED = pb.DELIVERY_MODE_SHARED
@@ -204,17 +204,7 @@ class Grp:
 
     @staticmethod
     def receipts(res: LeaseResult) -> list[pb.Receipt]:
-        return [
-            pb.Receipt(
-                partition=x.partition,
-                offset=x.record.offset,
-                attempt=x.attempt,
-                lease_deadline_ms=x.deadline_ms,
-                lease_id=x.lease_id,
-                group_id=res.group_id,
-            )
-            for x in res.deliveries
-        ]
+        return receipts_of(res)
 
     def ref(self, member: str, generation: int | None = None) -> cpb.MemberRef:
         if generation is None:
