@@ -38,6 +38,9 @@ class NodeConfig:
     metrics_partition_series_max: int = 4096
     metrics_queue_series_max: int = 1000
     request_bytes_max: str = "64MiB"
+    # Bytes of calls this node works on at once (requests, and Fetch responses reserved at
+    # their max_bytes); one key may hold half. Beyond: RESOURCE_EXHAUSTED / NODE_BUSY.
+    inflight_bytes_max: str = "256MiB"
     storage_map_size: str = "64GiB"  # LMDB map size: the most the store may grow to
     retention_interval_ms: int = 1000
     log_level: str = "INFO"
@@ -79,10 +82,13 @@ class NodeConfig:
     auth_bootstrap_key_file: str = ""
     auth_bootstrap_environment: str = "production"
     # Token-bucket tiers: "tier:class=rate/burst,...;tier:..." with classes publish (messages/s),
-    # consume and admin (calls/s). Every key names a tier; "default" must exist.
+    # consume and admin (calls/s), and optionally bytes (request bytes/s, every call; absent:
+    # no byte limit). Every key names a tier; "default" must exist.
     rate_limit_tiers: str = (
-        "default:publish=200000/400000,consume=50000/100000,admin=100/200;"
-        "bulk:publish=1000000/2000000,consume=500000/1000000,admin=100/200"
+        "default:publish=200000/400000,consume=50000/100000,admin=100/200,"
+        "bytes=134217728/268435456;"
+        "bulk:publish=1000000/2000000,consume=500000/1000000,admin=100/200,"
+        "bytes=536870912/1073741824"
     )
     # TLS for client and node-to-node gRPC (PEM files). With a cert, the port speaks only TLS.
     tls_cert_file: str = ""
@@ -117,6 +123,10 @@ class NodeConfig:
         return parse_bytes(self.request_bytes_max, "request_bytes_max")
 
     @property
+    def inflight_bytes_max_value(self) -> int:
+        return parse_bytes(self.inflight_bytes_max, "inflight_bytes_max")
+
+    @property
     def storage_map_size_bytes(self) -> int:
         return parse_bytes(self.storage_map_size, "storage_map_size")
 
@@ -140,6 +150,9 @@ HELP = {
     "metrics_queue_series_max": "most queues of this node named in /metrics series (by name; "
     "the others are counted in fluxmq_metrics_series_folded)",
     "request_bytes_max": "largest request the server accepts (e.g. 64MiB)",
+    "inflight_bytes_max": "bytes of calls the node works on at once (requests, and Fetch "
+    "responses at their max_bytes); one API key may hold half; beyond: RESOURCE_EXHAUSTED / "
+    "NODE_BUSY (retriable)",
     "storage_map_size": "largest size the store may grow to (e.g. 64GiB)",
     "retention_interval_ms": "how often the leader checks retention and dedup expiry",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
@@ -184,7 +197,8 @@ HELP = {
     "auth_bootstrap_environment": "environment of the bootstrap key: development, staging or "
     "production",
     "rate_limit_tiers": "token-bucket tiers of API keys: 'tier:publish=rate/burst,"
-    "consume=rate/burst,admin=rate/burst;...' (publish counts messages, the others calls)",
+    "consume=rate/burst,admin=rate/burst[,bytes=rate/burst];...' (publish counts messages, "
+    "consume and admin calls, bytes the bytes of every request)",
     "tls_cert_file": "PEM certificate (chain) of this node: gRPC then speaks TLS only",
     "tls_key_file": "PEM private key of tls_cert_file",
     "tls_ca_file": "PEM CA bundle that signs the other nodes' certificates (and clients' with "
@@ -325,6 +339,8 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> NodeC
 
 
 RATE_CLASSES = ("publish", "consume", "admin")
+# Optional in a tier: without it, the tier's keys have no byte rate.
+BYTES_CLASS = "bytes"
 
 
 def parse_tiers(text: str) -> dict[str, dict[str, tuple[float, int]]]:
@@ -348,11 +364,12 @@ def parse_tiers(text: str) -> dict[str, dict[str, tuple[float, int]]]:
                 parsed = (float(rate), int(burst))
             except ValueError:
                 parsed = (0.0, 0)
-            if not sep or not sep2 or cls not in RATE_CLASSES or parsed[0] <= 0 or parsed[1] < 1:
+            known = cls in RATE_CLASSES or cls == BYTES_CLASS
+            if not sep or not sep2 or not known or parsed[0] <= 0 or parsed[1] < 1:
                 raise ConfigError(
                     f"rate_limit_tiers: {item.strip()!r} in tier {name.strip()!r} is not "
-                    f"class=rate/burst with class one of {', '.join(RATE_CLASSES)}, rate > 0, "
-                    "burst >= 1"
+                    f"class=rate/burst with class one of {', '.join(RATE_CLASSES)}, "
+                    f"{BYTES_CLASS}, rate > 0, burst >= 1"
                 )
             limits[cls] = parsed
         missing = [c for c in RATE_CLASSES if c not in limits]
@@ -427,6 +444,8 @@ def validate(config: NodeConfig) -> None:
     try:
         if config.request_bytes_max_value < 1024 * 1024:
             raise ConfigError("request_bytes_max: at least 1MiB")
+        if config.inflight_bytes_max_value < 1024 * 1024:
+            raise ConfigError("inflight_bytes_max: at least 1MiB")
         if config.storage_map_size_bytes < 16 * 1024 * 1024:
             raise ConfigError("storage_map_size: at least 16MiB")
     except FluxError as err:

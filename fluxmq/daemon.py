@@ -25,6 +25,7 @@ from fluxmq import logging_setup, metrics
 from fluxmq.cluster import EmbeddedMetadataStore, EtcdMetadataStore, GroupInfo, NodeInfo
 from fluxmq.cluster.metadata import MetadataError
 from fluxmq.core.errors import FluxError
+from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.broker import Broker
@@ -510,6 +511,9 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         streams=StreamSlots(cfg.streams_max),
     )
     router = Router(cfg.shard_id, broker, None, forwarder)
+    router.inflight = InflightBudget(
+        cfg.inflight_bytes_max_value, cfg.inflight_bytes_max_value // 2
+    )
     try:
         server, health_servicer, port = build_server(
             broker,

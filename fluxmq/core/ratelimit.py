@@ -75,3 +75,74 @@ class RateLimiter:
         else:
             self._buckets.move_to_end(slot)
         return bucket.take(n, now_ms)
+
+
+INFLIGHT_BYTES_MAX_DEFAULT = 256 * 1024 * 1024  # config.NodeConfig.inflight_bytes_max
+
+
+@dataclass(slots=True)
+class InflightBudget:
+    """Bytes of requests (and of the responses reserved for them) a node is working on, with a
+    ceiling per node and a smaller one per key, so that a few large calls of one tenant cannot
+    hold the node's memory while every other tenant waits. Event-loop confined: no lock.
+
+    A call that would go beyond either ceiling is refused (the edge answers RESOURCE_EXHAUSTED /
+    NODE_BUSY, retriable), except on an idle node: a single call larger than the share of a key
+    (or than the node's budget) still runs when nothing else does, so that a big but legal
+    message always gets through.
+
+    >>> b = InflightBudget(node_bytes_max=100, key_bytes_max=50)
+    >>> b.reserve("a", 40), b.reserve("a", 20), b.reserve("b", 50), b.reserve("c", 20)
+    (True, False, True, False)
+    >>> b.release("a", 40); b.release("b", 50); b.in_use
+    0
+    >>> b.reserve("a", 500), b.reserve("b", 1)
+    (True, False)
+    """
+
+    node_bytes_max: int
+    key_bytes_max: int
+    in_use: int = 0
+    _by_key: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assert self.node_bytes_max >= 1 and 1 <= self.key_bytes_max <= self.node_bytes_max, self
+
+    def reserve(self, key: str | None, n: int) -> bool:
+        """Reserve ``n`` bytes for ``key`` (None: a caller without a key, auth off, bound by
+        the node's ceiling only); -> whether it fits. True must be paired with ``release``."""
+        held = self._by_key.get(key, 0) if key is not None else 0
+        fits = self.in_use + n <= self.node_bytes_max and (
+            key is None or held + n <= self.key_bytes_max
+        )
+        if not fits and self.in_use > 0:
+            return False
+        self.in_use += n
+        if key is not None:
+            self._by_key[key] = held + n
+        return True
+
+    def release(self, key: str | None, n: int) -> None:
+        self.in_use = max(0, self.in_use - n)
+        if key is None:
+            return
+        held = self._by_key.get(key, 0) - n
+        if held > 0:
+            self._by_key[key] = held
+        else:
+            self._by_key.pop(key, None)  # idle keys cost no memory
+
+    def held_by(self, key: str) -> int:
+        return self._by_key.get(key, 0)
+
+    def free_for(self, key: str | None) -> int:
+        """The bytes ``key`` could still reserve (0 when either ceiling is reached).
+
+        >>> b = InflightBudget(node_bytes_max=100, key_bytes_max=50)
+        >>> b.reserve("a", 30), b.free_for("a"), b.free_for("b"), b.free_for(None)
+        (True, 20, 50, 70)
+        """
+        node_free = self.node_bytes_max - self.in_use
+        if key is None:
+            return max(0, node_free)
+        return max(0, min(node_free, self.key_bytes_max - self._by_key.get(key, 0)))

@@ -37,7 +37,12 @@ def build_server(
     server = grpc.aio.server(
         # Edge first: it maps the errors of everything inside, routing included.
         interceptors=[
-            EdgeInterceptor(router.catch_up, router.leader_address, lambda: router.guard),
+            EdgeInterceptor(
+                router.catch_up,
+                router.leader_address,
+                lambda: router.guard,
+                lambda: router.inflight,
+            ),
             RoutingInterceptor(router),
         ],
         options=[

@@ -84,6 +84,8 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "INVALID_API_KEY": grpc.StatusCode.UNAUTHENTICATED,
     "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
     "RATE_LIMITED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # The node's in-flight byte budget (inflight_bytes_max) is spent (RetryInfo says when).
+    "NODE_BUSY": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "KEY_LIMIT_REACHED": grpc.StatusCode.FAILED_PRECONDITION,
     "API_KEY_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
 }

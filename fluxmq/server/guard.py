@@ -227,6 +227,21 @@ def _cost(method: str, request: Any) -> int:
     return 1
 
 
+BYTES_CLASS = "bytes"  # the optional byte rate of a tier (config.BYTES_CLASS)
+
+
+def _rate_limited(record: KeyRecord, rate_class: str, limit: Limit, wait_ms: int) -> FluxError:
+    unit = " bytes" if rate_class == BYTES_CLASS else ""
+    return FluxError(
+        "RATE_LIMITED",
+        f"key {record.prefix} is over its {rate_class} rate ({limit.rate_per_s:g}{unit}/s, "
+        f"burst {limit.burst}{unit}, tier {record.tier}): retry in {wait_ms} ms",
+        retriable=True,
+        retry_after_ms=wait_ms,
+        metadata={"rate_class": rate_class, "tier": record.tier},
+    )
+
+
 class Guard:
     def __init__(
         self,
@@ -299,14 +314,8 @@ class Guard:
             record.key_id, rate_class, limit, _cost(method, request), now_ms
         )
         if wait_ms:
-            raise FluxError(
-                "RATE_LIMITED",
-                f"key {record.prefix} is over its {rate_class} rate ({limit.rate_per_s:g}/s, "
-                f"burst {limit.burst}, tier {record.tier}): retry in {wait_ms} ms",
-                retriable=True,
-                retry_after_ms=wait_ms,
-                metadata={"rate_class": rate_class, "tier": record.tier},
-            )
+            raise _rate_limited(record, rate_class, limit, wait_ms)
+        self._charge_bytes(record, request, now_ms)
         identity = Identity(record.key_id, record.environment, record.role, record.tier)
         if action is Action.CLUSTER and identity.environment != self.default_environment:
             # Shards are shared by every environment: moving leaders or replicas is for the
@@ -320,6 +329,21 @@ class Guard:
         self.check_environment(identity, method, request)
         self.keys.note_used(record.key_id, now_ms)
         return identity
+
+    def _charge_bytes(self, record: KeyRecord, request: Any, now_ms: int) -> None:
+        """The tier's bytes bucket pays for the request's serialized size, so a key sending
+        few but large messages is held to a byte rate like one sending many small ones (the
+        same debt rule: a request beyond the burst waits for a full bucket, then pays all)."""
+        limits = self._tiers.get(record.tier, self._tiers["default"])
+        limit = limits.get(BYTES_CLASS)
+        if limit is None:
+            return
+        size = int(request.ByteSize())
+        if size == 0:
+            return
+        wait_ms = self.limiter.take(record.key_id, BYTES_CLASS, limit, size, now_ms)
+        if wait_ms:
+            raise _rate_limited(record, BYTES_CLASS, limit, wait_ms)
 
     def check_environment(self, identity: Identity, method: str, request: Any) -> None:
         """PERMISSION_DENIED when the request names a queue of another environment. A queue

@@ -29,7 +29,9 @@ from fluxmq import metrics
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import METHOD_ACTIONS, Action, KeyRecord
 from fluxmq.core.errors import FluxError
+from fluxmq.core.limits import FETCH_BYTES_DEFAULT, FETCH_BYTES_MAX
 from fluxmq.core.queue_config import validate_name
+from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.core.text import printable
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_grpc_status
 from fluxmq.server.guard import (
@@ -149,11 +151,13 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         catch_up: CatchUp | None = None,
         leader: LeaderAddress | None = None,
         guard: Callable[[], Guard | None] | None = None,
+        inflight: Callable[[], InflightBudget | None] | None = None,
     ) -> None:
         self._catch_up = catch_up
         self._leader = leader
         # Read when a call starts: the composition root sets it up after building the server.
         self._guard = guard or (lambda: None)
+        self._inflight = inflight or (lambda: None)
 
     async def intercept_service(
         self,
@@ -165,11 +169,19 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return None
         method = details.method.rsplit("/", 1)[-1]
         # Health checks and reflection stay open (probes carry no key); the API needs one.
-        guard = self._guard() if details.method.startswith("/fluxmq.v1.") else None
+        api = details.method.startswith("/fluxmq.v1.")
+        guard = self._guard() if api else None
         decode = _tolerant(handler.request_deserializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                _unary(method, handler.unary_unary, self._catch_up, self._leader, guard),
+                _unary(
+                    method,
+                    handler.unary_unary,
+                    self._catch_up,
+                    self._leader,
+                    guard,
+                    self._inflight() if api else None,
+                ),
                 request_deserializer=decode,
                 response_serializer=handler.response_serializer,
             )
@@ -284,10 +296,12 @@ def _unary(
     catch_up: CatchUp | None = None,
     leader: LeaderAddress | None = None,
     guard: Guard | None = None,
+    inflight: InflightBudget | None = None,
 ) -> Callable[..., Awaitable[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
         call = _Call(method, context)
         identity: Identity | None = None
+        held = _Held()
         try:
             if isinstance(request, _Undecodable):
                 identity = await _key_holder(guard, _metadata(context))
@@ -296,6 +310,8 @@ def _unary(
                 identity = await _admit(guard, method, request, _metadata(context))
                 current_identity.set(identity)
             check_queue_names(request)
+            if inflight is not None:
+                held.take(inflight, identity.key_id if identity is not None else None, request)
             try:
                 response = await behavior(request, context)
             except FluxError as err:
@@ -313,11 +329,61 @@ def _unary(
             await call.handle(exc)
             raise
         finally:
+            held.release()
             call.finish()
             if METHOD_ACTIONS.get(method) in ADMIN_ACTIONS:
                 _audit(guard, identity, method, call, request)
 
     return wrapper
+
+
+# Under pressure a Fetch gets a smaller max_bytes rather than a refusal, down to this much
+# (a read returns at least one record whatever its max_bytes, so a consumer still advances).
+FETCH_BYTES_UNDER_PRESSURE_MIN = 64 * 1024
+NODE_BUSY_RETRY_AFTER_MS = 200
+
+
+def node_busy(budget: InflightBudget, size_bytes: int) -> FluxError:
+    return FluxError(
+        "NODE_BUSY",
+        f"this node is working on {budget.in_use} bytes of calls and this one needs "
+        f"{size_bytes} more (inflight_bytes_max {budget.node_bytes_max}, at most "
+        f"{budget.key_bytes_max} per API key); retry shortly or on another node",
+        retriable=True,
+        retry_after_ms=NODE_BUSY_RETRY_AFTER_MS,
+        metadata={"inflight_bytes_max": str(budget.node_bytes_max), "size": str(size_bytes)},
+    )
+
+
+class _Held:
+    """The bytes one unary call holds of the node's in-flight budget, from admission until the
+    call ends (answered, failed or cancelled)."""
+
+    __slots__ = ("budget", "key", "size_bytes")
+
+    def __init__(self) -> None:
+        self.budget: InflightBudget | None = None
+        self.key: str | None = None
+        self.size_bytes = 0
+
+    def take(self, budget: InflightBudget, key: str | None, request: Any) -> None:
+        """Reserve the request's bytes, and a Fetch's response at its max_bytes, which is
+        lowered to what the budget can still give; NODE_BUSY when it does not fit."""
+        size = int(request.ByteSize())
+        if isinstance(request, pb.FetchRequest):
+            wanted = min(request.max_bytes or FETCH_BYTES_DEFAULT, FETCH_BYTES_MAX)
+            granted = max(FETCH_BYTES_UNDER_PRESSURE_MIN, min(wanted, budget.free_for(key) - size))
+            if granted < wanted:
+                request.max_bytes = granted
+            size += min(wanted, granted)
+        if not budget.reserve(key, size):
+            raise node_busy(budget, size)
+        self.budget, self.key, self.size_bytes = budget, key, size
+
+    def release(self) -> None:
+        if self.budget is not None:
+            self.budget.release(self.key, self.size_bytes)
+            self.budget = None
 
 
 def _identity(record: KeyRecord) -> Identity:

@@ -18,6 +18,7 @@ import grpc
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.errors import FluxError
+from fluxmq.core.ratelimit import INFLIGHT_BYTES_MAX_DEFAULT, InflightBudget
 from fluxmq.server.errors import node_shutting_down
 from fluxmq.server.forwarding import Forwarder, is_remote_shutting_down, was_forwarded
 
@@ -84,6 +85,8 @@ class Router:
         self.forwarder = forwarder or Forwarder()  # plaintext unless given a TLS one
         # Set by the composition root when authentication is on (before build_server).
         self.guard: Guard | None = None
+        # Bytes of calls in progress (the composition root sizes it from inflight_bytes_max).
+        self.inflight = InflightBudget(INFLIGHT_BYTES_MAX_DEFAULT, INFLIGHT_BYTES_MAX_DEFAULT // 2)
         self.key_admin: KeyAdmin | None = None
         self._draining = asyncio.Event()
 

@@ -250,6 +250,7 @@ async def test_draining_ends_waits_while_in_flight_writes_and_leases_complete(
 HALF = 100  # messages published before the SIGTERM, and as many after it
 SLOW = 4  # of the first half: still being handled at the SIGTERM, acked during the drain
 MOVED_WITHIN_S = 5.0  # after the SIGTERM; the node's grace period is 20 s
+CONSUMER_POLL_MS = 10_000  # the SDK consumer's long poll: idle on the node at the SIGTERM
 
 
 @pytest.fixture
@@ -302,7 +303,7 @@ async def test_sdk_consumer_moves_to_another_node_on_sigterm_and_acks_each_messa
         consuming = asyncio.ensure_future(
             client.consume(
                 "drain", "g", handle, concurrency=2 * SLOW, batch=20, lease_ms=3000,
-                wait_ms=30_000, stop=stop,
+                wait_ms=CONSUMER_POLL_MS, stop=stop,
             )
         )  # fmt: skip
         await publisher.publish_batch("drain", values[:HALF])
@@ -321,7 +322,8 @@ async def test_sdk_consumer_moves_to_another_node_on_sigterm_and_acks_each_messa
             await publisher.publish_batch("drain", values[i : i + 10])
         await asyncio.wait_for(all_acked.wait(), 60)
         stop.set()
-        stats = await asyncio.wait_for(consuming, 30)
+        # A stop lets the consumer's current long poll end (documented): up to its wait_ms.
+        stats = await asyncio.wait_for(consuming, CONSUMER_POLL_MS / 1000 + 30)
         desc = await client.admin.describe_group("drain", "g")
 
     redelivered = {v: a for v, a in acks.items() if len(a) > 1}
