@@ -41,6 +41,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-attempts", type=non_negative, default=0, help="0 = unlimited")
     p.add_argument("--lease-timeout", metavar="DURATION", default="", help='(default "30s")')
     p.add_argument("--dlq", metavar="NAME", default="", help='dead-letter queue ("<name>.dlq")')
+    p.add_argument(
+        "--no-dlq",
+        action="store_true",
+        help="no dead-letter queue: dead messages are dropped (and counted); an empty queue "
+        "made so can be named as other queues' shared DLQ (--dlq)",
+    )
     p.add_argument("--replication-factor", metavar="N", type=non_negative, default=0)
     p.add_argument("--group", metavar="G", default="", help="replication group (Raft shard)")
     p.add_argument(
@@ -115,6 +121,7 @@ def create(args: argparse.Namespace, ctx: Context) -> int:
         max_attempts=args.max_attempts,
         lease_timeout=args.lease_timeout,
         dead_letter_queue=args.dlq,
+        dead_letter_disabled=args.no_dlq,
         replication=pb.Replication(factor=args.replication_factor, group=args.group),
         labels=dict(args.label),
     )

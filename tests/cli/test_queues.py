@@ -153,3 +153,17 @@ def test_update_rejects_what_it_cannot_set(ctl: Ctl) -> None:
     err = ctl.fails(1, "queue", "update", "upd", "--set", "dedup_window=forever")
     assert err.startswith("error: INVALID_ARGUMENT: ") and "(request id " in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_queue_created_without_a_dlq_can_be_shared_as_other_queues_dlq(ctl: Ctl) -> None:
+    """The SQS-style flow: create the dead-letter queue first, then name it from its sources.
+    Only a queue made without a DLQ of its own may be named (a DLQ never has one)."""
+    ctl.ok("queue", "create", "plain-target")
+    err = ctl.fails(1, "queue", "create", "src-0", "--type", "work", "--dlq", "plain-target")
+    assert "DEAD_LETTER_QUEUE_CONFLICT" in err or "FAILED_PRECONDITION" in err, err
+    shown = fields(ctl.ok("queue", "create", "shared-dead", "--no-dlq"))
+    assert shown["dead_letter_disabled"] == "true", shown
+    for source in ("src-a", "src-b"):
+        made = fields(ctl.ok("queue", "create", source, "--type", "work", "--dlq", "shared-dead"))
+        assert made["dead_letter_queue"] == "shared-dead", made
+    assert fields(ctl.ok("queue", "describe", "shared-dead"))["dead_letter_of"]
