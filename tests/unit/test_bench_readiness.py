@@ -183,7 +183,6 @@ def _no_peers_error() -> Exception:
 def test_nats_stream_create_is_retried_while_placement_is_not_ready(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pytest.importorskip("nats")
     from bench.peers import nats as peer
 
     monkeypatch.setattr(peer, "PLACEMENT_RETRY_FIRST_S", 0.01)
@@ -199,7 +198,6 @@ def test_nats_stream_create_is_retried_while_placement_is_not_ready(
 
 
 def test_nats_create_gives_up_on_placement_with_a_clear_message_after_its_budget() -> None:
-    pytest.importorskip("nats")
     from bench.peers import nats as peer
 
     calls: list[int] = []
@@ -214,7 +212,6 @@ def test_nats_create_gives_up_on_placement_with_a_clear_message_after_its_budget
 
 
 def test_nats_create_does_not_retry_other_api_errors() -> None:
-    pytest.importorskip("nats")
     from nats.js.errors import APIError
 
     from bench.peers import nats as peer

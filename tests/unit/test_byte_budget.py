@@ -3,8 +3,6 @@ bytes-per-second bucket of a rate-limit tier. Pure: time is an input."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from fluxmq._pb.v1 import queue_pb2 as pb
@@ -15,6 +13,7 @@ from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.server.guard import Guard, KeyCache
 from fluxmq.server.interceptors import _Held
 from fluxmq.server.key_admin import make_record
+from tests.unit.test_guard_fuzz import _NoStore
 
 MIB = 1024 * 1024
 
@@ -79,20 +78,6 @@ def test_a_fetch_under_pressure_gets_a_smaller_max_bytes_and_reserves_it() -> No
     with pytest.raises(FluxError) as err:
         _Held().take(budget, "k", pb.FetchRequest(queue="q"))
     assert err.value.reason == "NODE_BUSY"
-
-
-class _NoStore:
-    async def list_api_keys(self) -> list[Any]:
-        return []
-
-    async def get_api_key(self, key_id: str) -> Any:
-        return None
-
-    async def touch_api_keys(self, last_used_ms: Any) -> None:
-        pass
-
-    def watch(self) -> Any:
-        return iter(())
 
 
 def _guard(tiers: str, now: list[int]) -> tuple[Guard, str]:
