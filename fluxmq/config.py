@@ -37,6 +37,9 @@ class NodeConfig:
     # Bounds of /metrics: partitions given per-partition series, queues named in queue series.
     metrics_partition_series_max: int = 4096
     metrics_queue_series_max: int = 1000
+    # Environments other than the operators' whose queue names /metrics shows (comma-separated;
+    # /metrics takes no key, so other environments' names are opt-in).
+    metrics_named_environments: str = ""
     request_bytes_max: str = "64MiB"
     # Bytes of calls this node works on at once (requests, and Fetch responses reserved at
     # their max_bytes); one key may hold half. Beyond: RESOURCE_EXHAUSTED / NODE_BUSY.
@@ -114,6 +117,9 @@ class NodeConfig:
     def advertised(self) -> str:
         return self.advertise or self.listen
 
+    def named_environment_list(self) -> tuple[str, ...]:
+        return tuple(e.strip() for e in self.metrics_named_environments.split(",") if e.strip())
+
     @property
     def peer_list(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.peers.split(",") if p.strip())
@@ -149,6 +155,10 @@ HELP = {
     "in /metrics (smallest queues first; the others are counted in fluxmq_metrics_series_folded)",
     "metrics_queue_series_max": "most queues of this node named in /metrics series (by name; "
     "the others are counted in fluxmq_metrics_series_folded)",
+    "metrics_named_environments": "environments besides the operators' "
+    "(auth_bootstrap_environment) whose queue and group names /metrics shows, comma-separated "
+    "(default none: /metrics takes no key, so their queues are only counted, as "
+    "fluxmq_metrics_series_folded{kind=environment})",
     "request_bytes_max": "largest request the server accepts (e.g. 64MiB)",
     "inflight_bytes_max": "bytes of calls the node works on at once (requests, and Fetch "
     "responses at their max_bytes); one API key may hold half; beyond: RESOURCE_EXHAUSTED / "
@@ -454,6 +464,12 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError("metrics_partition_series_max: must be 0..1000000")
     if not 0 <= config.metrics_queue_series_max <= 100_000:
         raise ConfigError("metrics_queue_series_max: must be 0..100000")
+    for environment in config.named_environment_list():
+        if environment not in ENVIRONMENTS:
+            raise ConfigError(
+                f"metrics_named_environments: {environment!r} is not one of "
+                f"{', '.join(ENVIRONMENTS)}"
+            )
     if not 10 <= config.retention_interval_ms <= 3_600_000:
         raise ConfigError("retention_interval_ms: must be 10..3600000")
     if config.auth not in ("auto", "on", "off"):

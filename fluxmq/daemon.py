@@ -27,6 +27,7 @@ from fluxmq.cluster.metadata import MetadataError
 from fluxmq.core.errors import FluxError
 from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.core.state_machine import QueueStateMachine
+from fluxmq.core.text import printable
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.broker import Broker
 from fluxmq.server.cluster_view import ClusterView
@@ -480,6 +481,16 @@ async def start_auth(
     )
     router.key_admin = KeyAdmin(store, cache, tiers, now_ms)
     log.info("authentication on: %d API keys known", len(cache.records))
+    legacy = router.unscoped_queues_of_other_environments(cfg.auth_bootstrap_environment)
+    if legacy:
+        log.warning(
+            "%d queues of other environments than %s were created before environments were "
+            "namespaces and keep names of the %s namespace (e.g. %s): their environment's keys "
+            "no longer reach them by name; move their messages to a queue created now "
+            "(README, Security)",
+            len(legacy), cfg.auth_bootstrap_environment, cfg.auth_bootstrap_environment,
+            printable(", ".join(legacy[:5]), 200),
+        )  # fmt: skip
     if not any(r.active and r.role == "admin" for r in cache.records.values()):
         log.warning(
             "authentication is on and no admin API key exists: no client can create queues or "
@@ -541,7 +552,11 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     health = HealthState()
     http: HttpEndpoint | None = None
     if cfg.metrics_listen:
-        metrics.set_series_limits(cfg.metrics_partition_series_max, cfg.metrics_queue_series_max)
+        metrics.set_series_limits(
+            cfg.metrics_partition_series_max,
+            cfg.metrics_queue_series_max,
+            cfg.named_environment_list(),
+        )
         _register_collectors(router, health)
         host, _, mport = cfg.metrics_listen.rpartition(":")
         try:

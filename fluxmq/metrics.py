@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fluxmq.core.namespaces import scope_of_name
+
 if TYPE_CHECKING:
     from fluxmq.core.delivery import Delivery
     from raft import ShardStatus
@@ -34,15 +36,22 @@ class SeriesLimits:
 
     partitions_max: int = 4096
     queues_max: int = 1000
+    # Environments besides the operators' whose queue names /metrics shows
+    # (``metrics_named_environments``). /metrics takes no key: anyone who reaches the port
+    # reads it, so another environment's names are opt-in.
+    named_environments: frozenset[str] = frozenset()
 
 
 LIMITS = SeriesLimits()
 
 
-def set_series_limits(partitions_max: int, queues_max: int) -> None:
+def set_series_limits(
+    partitions_max: int, queues_max: int, named_environments: Iterable[str] = ()
+) -> None:
     """Set by the daemon from its configuration, before the first scrape."""
     LIMITS.partitions_max = partitions_max
     LIMITS.queues_max = queues_max
+    LIMITS.named_environments = frozenset(named_environments)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,19 +64,24 @@ class SeriesPlan:
 
     queues: frozenset[str]  # named in queue-labelled series
     partition_queues: frozenset[str]  # also given per-partition series
-    folded_queues: int  # queues named in no series
+    folded_queues: int  # queues named in no series, over queues_max
     folded_partitions: int  # partitions without per-partition series
+    unnamed_queues: int = 0  # queues of environments whose names /metrics does not show
 
 
 def plan_series(queues: Iterable[tuple[str, int]], limits: SeriesLimits = LIMITS) -> SeriesPlan:
-    """``queues``: (name, partitions) of every queue the node hosts.
+    """``queues``: (stored name, partitions) of every queue the node hosts. Queues of an
+    environment not in ``named_environments`` are named in no series.
 
     >>> limits = SeriesLimits(partitions_max=3, queues_max=2)
-    >>> p = plan_series([("a", 4), ("b", 2), ("c", 1)], limits)
+    >>> p = plan_series([("a", 4), ("b", 2), ("c", 1), ("staging:s", 1)], limits)
     >>> sorted(p.queues), sorted(p.partition_queues), p.folded_queues, p.folded_partitions
-    (['a', 'b'], ['b'], 1, 5)
+    (['a', 'b'], ['b'], 1, 6)
+    >>> p.unnamed_queues
+    1
     """
-    ordered = sorted(queues)
+    every = sorted(queues)
+    ordered = [q for q in every if _named_environment(q[0], limits)]
     named = ordered[: limits.queues_max]
     budget = limits.partitions_max
     with_partitions: list[str] = []
@@ -76,14 +90,20 @@ def plan_series(queues: Iterable[tuple[str, int]], limits: SeriesLimits = LIMITS
             break  # sorted by size: no later queue fits either
         budget -= partitions
         with_partitions.append(name)
-    total = sum(partitions for _name, partitions in ordered)
+    total = sum(partitions for _name, partitions in every)
     exported = limits.partitions_max - budget
     return SeriesPlan(
         queues=frozenset(name for name, _p in named),
         partition_queues=frozenset(with_partitions),
         folded_queues=len(ordered) - len(named),
         folded_partitions=total - exported,
+        unnamed_queues=len(every) - len(ordered),
     )
+
+
+def _named_environment(stored_name: str, limits: SeriesLimits) -> bool:
+    scope = scope_of_name(stored_name)
+    return not scope or scope in limits.named_environments
 
 
 class _QueueCounterChild:
@@ -310,11 +330,13 @@ class QueueCollector(Collector):  # type: ignore[misc]
             "fluxmq_metrics_series_folded",
             "Queues (kind=queue) named in no series and partitions (kind=partition) without "
             "per-partition series in this scrape, over metrics_queue_series_max and "
-            "metrics_partition_series_max.",
+            "metrics_partition_series_max; queues of environments whose names are not shown "
+            "(kind=environment, see metrics_named_environments).",
             labels=["kind"],
         )
         folded.add_metric(["queue"], plan.folded_queues)
         folded.add_metric(["partition"], plan.folded_partitions)
+        folded.add_metric(["environment"], plan.unnamed_queues)
         out.append(folded)
         return out
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, get_args
 
 from fluxmq.core.auth import ENVIRONMENTS, KEY_ID_CHARS, ROLES, SALT_BYTES, KeyRecord
-from fluxmq.core.limits import LABEL_KEY_RE, LABEL_VALUE_CHARS_MAX, LABELS_MAX, QUEUE_NAME_RE
+from fluxmq.core.limits import LABEL_KEY_RE, LABEL_VALUE_CHARS_MAX, LABELS_MAX
+from fluxmq.core.namespaces import STORED_PREFIX_RE, STORED_QUEUE_NAME_RE
 
 SCHEMA_VERSION = 1
 
@@ -179,7 +180,10 @@ def check_group_id(value: object, what: str = "group_id") -> str:
 
 
 def check_queue_name(value: object, what: str = "queue") -> str:
-    return _check_pattern(what, value, QUEUE_NAME_RE, "1..200 characters of A-Z a-z 0-9 . _ -")
+    return _check_pattern(what, value, STORED_QUEUE_NAME_RE, _STORED_NAME_RULE)
+
+
+_STORED_NAME_RULE = "1..200 characters of A-Z a-z 0-9 . _ -, optionally after '<environment>:'"
 
 
 def check_setting_key(value: object) -> str:
@@ -305,7 +309,7 @@ def check_term(value: object) -> int:
 def check_list_args(prefix: object, after: object, limit: object) -> tuple[str, str, int]:
     """Checks list_placements' paging arguments: prefix/after are "" or name-shaped."""
     if prefix != "":
-        check_queue_name(prefix, "prefix")
+        _check_pattern("prefix", prefix, STORED_PREFIX_RE, _STORED_NAME_RULE)
     if after != "":
         check_queue_name(after, "after")
     assert isinstance(prefix, str) and isinstance(after, str)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import limits
 from fluxmq.core.errors import invalid_argument
+from fluxmq.core.namespaces import STORED_QUEUE_NAME_RE
 from fluxmq.core.units import parse_bytes, parse_duration_ms
 
 MUTABLE_PATHS = frozenset(
@@ -85,7 +86,9 @@ GROUP_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def validate_name(name: str, field_path: str = "name") -> None:
-    if not limits.QUEUE_NAME_RE.match(name):
+    """A queue name as stored: a caller's name, optionally under its environment's scope
+    (``core.namespaces``); the edge checks what callers write."""
+    if not STORED_QUEUE_NAME_RE.match(name):
         raise invalid_argument(
             field_path, f"{name!r} is not a queue name: 1..200 characters of A-Z a-z 0-9 . _ -"
         )

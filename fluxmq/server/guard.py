@@ -33,8 +33,10 @@ from fluxmq.core.auth import (
     unauthenticated,
 )
 from fluxmq.core.errors import FluxError
+from fluxmq.core.namespaces import scope_of, scope_of_name
 from fluxmq.core.ratelimit import Bucket, Limit, RateLimiter
 from fluxmq.core.text import printable
+from fluxmq.server.scoping import scope_request
 
 log = logging.getLogger("fluxmq.auth")
 audit_log = logging.getLogger("fluxmq.audit")
@@ -326,9 +328,16 @@ class Guard:
                 method=method,
                 environment=identity.environment,
             )
+        # Names into the caller's namespace first: every check after this sees stored names,
+        # so a name of another environment is never even looked up.
+        scope_request(request, self.scope_of(identity))
         self.check_environment(identity, method, request)
         self.keys.note_used(record.key_id, now_ms)
         return identity
+
+    def scope_of(self, identity: Identity) -> str:
+        """The namespace of the caller's queue names ("" for the operators' environment)."""
+        return scope_of(identity.environment, self.default_environment)
 
     def _charge_bytes(self, record: KeyRecord, request: Any, now_ms: int) -> None:
         """The tier's bytes bucket pays for the request's serialized size, so a key sending
@@ -346,7 +355,9 @@ class Guard:
             raise _rate_limited(record, BYTES_CLASS, limit, wait_ms)
 
     def check_environment(self, identity: Identity, method: str, request: Any) -> None:
-        """PERMISSION_DENIED when the request names a queue of another environment. A queue
+        """PERMISSION_DENIED when the request names a queue of another environment. Names are
+        in the caller's namespace by now (``admit``), so only a queue created before namespaces
+        (a development or staging queue under a name of the operators') can be one. A queue
         this node does not know passes (the node that has it checks forwarded calls): a caller
         that learns a queue later, e.g. by catching up, must check again."""
         if isinstance(request, pb.CreateQueueRequest):
@@ -395,9 +406,15 @@ class Guard:
 
     def _visible_name(self, identity: Identity, queue: str) -> bool:
         env = self._environment_of(queue)
-        return env is None or env == identity.environment
+        return (env or self.default_environment) == identity.environment
 
     def _environment_of(self, queue: str) -> str | None:
+        """The environment of a stored name: its scope, else (a name of the operators'
+        environment, or one created before namespaces) what its config says; None when it is
+        not scoped and no group this node hosts has it."""
+        scope = scope_of_name(queue)
+        if scope:
+            return scope
         env = self._queue_environment(queue)
         if env is None:
             return None

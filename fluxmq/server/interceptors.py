@@ -20,7 +20,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -30,7 +30,6 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import METHOD_ACTIONS, Action, KeyRecord
 from fluxmq.core.errors import FluxError
 from fluxmq.core.limits import FETCH_BYTES_DEFAULT, FETCH_BYTES_MAX
-from fluxmq.core.queue_config import validate_name
 from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.core.text import printable
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_grpc_status
@@ -42,6 +41,7 @@ from fluxmq.server.guard import (
     current_identity,
     queues_of,
 )
+from fluxmq.server.scoping import Scope, caller_error, caller_response, scope_request
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("fluxmq.access")
@@ -71,6 +71,7 @@ class _Call:
         self.token = request_id_var.set(self.request_id)
         self.started = time.perf_counter()
         self.code = "OK"
+        self.scope: Scope = None  # the caller's namespace, once known
 
     async def handle(self, exc: BaseException) -> None:
         """Turn ``exc`` into the call's status: an abort raised by the servicer passes through,
@@ -87,6 +88,7 @@ class _Call:
         if err is None:
             log.exception("unexpected error in %s (request id %s)", self.method, self.request_id)
             err = internal_error(self.request_id)
+        caller_error(err, self.scope)
         self.code = status_code(err).name
         await self.context.abort_with_status(to_grpc_status(err, self.request_id))
 
@@ -247,49 +249,6 @@ async def _key_holder(guard: Guard | None, md: tuple[tuple[str, Any], ...]) -> I
     return None if guard is None else _identity(await _authenticate(guard, md))
 
 
-def _queue_names(request: Any) -> Iterator[tuple[str, str]]:
-    """(field path, name) of every queue name a QueueService request carries."""
-    if isinstance(request, pb.TransactRequest):
-        for i, ack in enumerate(request.acks):
-            yield f"acks[{i}].queue", ack.queue
-        for i, publish in enumerate(request.publishes):
-            yield f"publishes[{i}].queue", publish.queue
-    elif isinstance(request, pb.CreateQueueRequest | pb.UpdateQueueRequest):
-        yield "config.name", request.config.name
-        yield "config.dead_letter_queue", request.config.dead_letter_queue
-    elif isinstance(request, pb.PublishStreamRequest):
-        yield "publish.queue", request.publish.queue
-    else:
-        field_name = _name_field(type(request))
-        if field_name:
-            yield field_name, getattr(request, field_name)
-
-
-_NAME_FIELDS: dict[type, str] = {}  # message type -> its field naming a queue ("" for none)
-
-
-def _name_field(kind: type) -> str:
-    field_name = _NAME_FIELDS.get(kind)
-    if field_name is None:
-        fields = kind.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
-        strings = [f for f in ("queue", "name") if f in fields]
-        strings = [f for f in strings if fields[f].type == fields[f].TYPE_STRING]
-        field_name = _NAME_FIELDS[kind] = strings[0] if strings else ""
-    return field_name
-
-
-def check_queue_names(request: Any) -> None:
-    """INVALID_ARGUMENT naming the field, for a queue name that is not a name, before anything
-    looks it up: in a cluster a lookup goes to the metadata store, whose keys are built from
-    names (``"../x"``, ``"a\\0b"``). An empty name is left to the method, which says what it
-    needs (some fields are optional)."""
-    if getattr(request, "DESCRIPTOR", None) is None or request.DESCRIPTOR.file is not pb.DESCRIPTOR:
-        return
-    for field_path, name in _queue_names(request):
-        if name:
-            validate_name(name, field_path)
-
-
 def _unary(
     method: str,
     behavior: Callable[..., Awaitable[Any]],
@@ -309,7 +268,9 @@ def _unary(
             if guard is not None:
                 identity = await _admit(guard, method, request, _metadata(context))
                 current_identity.set(identity)
-            check_queue_names(request)
+                call.scope = guard.scope_of(identity)
+            else:
+                scope_request(request, None)
             if inflight is not None:
                 held.take(inflight, identity.key_id if identity is not None else None, request)
             try:
@@ -323,6 +284,7 @@ def _unary(
                 response = await behavior(request, context)
             if guard is not None and identity is not None:
                 response = guard.filter_response(identity, method, response)
+                response = caller_response(response, call.scope)
             call.ok(leader() if leader is not None else None)
             return response
         except BaseException as exc:
@@ -396,8 +358,10 @@ def _audit(
     """The audit line of an admin call. A call the guard refused has no identity: the key is
     named when it was valid (a role or environment violation, a rate limit), looked up in the
     guard's cache of verified keys, so the refusal costs no second verification."""
-    refused = guard is not None and identity is None
-    if refused and call.code != "UNAUTHENTICATED":
+    # The guard also checks queue names (to put them in the caller's namespace): a bad name is
+    # the caller's mistake, not a refusal of the caller.
+    refused = guard is not None and identity is None and call.code != "INVALID_ARGUMENT"
+    if guard is not None and identity is None and call.code != "UNAUTHENTICATED":
         assert guard is not None
         with contextlib.suppress(FluxError):
             identity = _identity(guard.authenticate(_metadata(call.context)))
@@ -433,17 +397,20 @@ def _streaming(
                 if per_message:
                     # A client stream: every request is checked as it arrives (rate limits
                     # count messages, environments are checked per queue).
-                    await _authenticate(guard, md)
+                    identity = _identity(await _authenticate(guard, md))
                     request = _checked(guard, method, request, md)
                 else:
-                    current_identity.set(await _admit(guard, method, request, md))
-            if not per_message:
-                check_queue_names(request)
+                    identity = await _admit(guard, method, request, md)
+                    current_identity.set(identity)
+                call.scope = guard.scope_of(identity)
+            elif not per_message:
+                scope_request(request, None)
             async for response in behavior(request, context):
                 if guard is not None:
                     # A stream can outlive its key: a revoked key ends it at the next message
                     # (a remembered verdict makes this a dictionary lookup).
                     guard.authenticate(md)
+                    response = caller_response(response, call.scope)
                 yield response
             call.ok()
         except BaseException as exc:

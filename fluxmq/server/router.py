@@ -18,6 +18,7 @@ import grpc
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.errors import FluxError
+from fluxmq.core.namespaces import scope_of_name
 from fluxmq.core.ratelimit import INFLIGHT_BYTES_MAX_DEFAULT, InflightBudget
 from fluxmq.server.errors import node_shutting_down
 from fluxmq.server.forwarding import Forwarder, is_remote_shutting_down, was_forwarded
@@ -147,6 +148,18 @@ class Router:
             if entry is not None:
                 return str(entry.queue.config.environment)
         return None
+
+    def unscoped_queues_of_other_environments(self, operators: str) -> list[str]:
+        """Queues of another environment than the operators' stored under a name of the
+        operators' namespace: created before environments were namespaces. Their environment
+        no longer reaches them by name (see the README, Security)."""
+        out = []
+        for broker in self.brokers.values():
+            for name, entry in broker.state.catalog.items():
+                env = str(entry.queue.config.environment)
+                if env not in ("", operators) and not scope_of_name(name):
+                    out.append(name)
+        return sorted(out)
 
     def add_group(self, group_id: str, broker: Broker) -> None:
         self.brokers[group_id] = broker

@@ -168,8 +168,11 @@ def test_a_key_never_sees_or_touches_another_environments_queues(
         (api.q.Fetch, pb.FetchRequest(queue="prod-q", partition=0)),
         (api.q.DeleteQueue, pb.DeleteQueueRequest(name="prod-q")),
     ]:
+        # Production's queue is not in staging's namespace: staging has no such queue.
         err = refused(call, request, metadata=md(staging_admin))
-        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, call
+        assert err.code() == grpc.StatusCode.NOT_FOUND, call
+        assert rich_error(err).metadata["queue"] == "prod-q"
+    assert stored(api, admin, "prod-q") == 0
     # Nor can a staging admin mint production keys, or see them.
     err = refused(
         api.a.CreateApiKey,
@@ -240,7 +243,7 @@ def test_a_publish_stream_is_checked_like_publish_for_environment_and_rate(
     staging = api.key(admin, "producer", "staging")
     evil = pb.PublishRequest(queue="prod-q", messages=[pb.PublishMessage(value=b"evil")])
     assert stream_outcome(api, staging, [pb.PublishStreamRequest(sequence=1, publish=evil)]) == (
-        "PERMISSION_DENIED"
+        "NOT_FOUND"  # staging's own "prod-q", which does not exist
     )
     assert stored(api, admin, "prod-q") == 0
 
@@ -298,26 +301,25 @@ def test_a_dead_letter_queue_never_pairs_queues_of_two_environments(
     _node, admin, api = live
     dev = api.key(admin, "admin", "development")
 
-    def create(key: str, name: str, dlq: str = "") -> grpc.RpcError | None:
+    def create(key: str, name: str, dlq: str = "") -> pb.Queue:
         config = pb.QueueConfig(name=name, type=pb.QUEUE_TYPE_WORK, dead_letter_queue=dlq)
-        try:
-            api.q.CreateQueue(pb.CreateQueueRequest(config=config), metadata=md(key), timeout=10)
-        except grpc.RpcError as err:
-            return err
-        return None
+        api.q.CreateQueue(pb.CreateQueueRequest(config=config), metadata=md(key), timeout=10)
+        return api.q.GetQueue(pb.GetQueueRequest(name=name), metadata=md(key), timeout=10)
 
-    # A name a development queue reserved as its DLQ cannot become a production queue...
-    assert create(dev, "dev-q", dlq="billing") is None
-    err = create(admin, "billing")
-    assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "dead-letter queue of a queue in another environment" in str(err.details())
-    # ...nor can a queue take another environment's queue as its DLQ, named or by default.
-    assert create(admin, "ledger") is None
-    err = create(dev, "dev-2", dlq="ledger")
-    assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert create(admin, "orders.dlq") is None
-    err = create(dev, "orders")  # its DLQ would be orders.dlq, a production queue
-    assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED
+    # A DLQ is named in its queue's namespace: a development queue's "billing" DLQ reserves no
+    # production name, and production's "billing" is another queue.
+    assert create(dev, "dev-q", dlq="billing").config.dead_letter_queue == "billing"
+    assert create(admin, "billing").config.environment == "production"
+    assert create(admin, "ledger").config.environment == "production"
+    assert create(dev, "dev-2", dlq="ledger").config.dead_letter_queue == "ledger"
+    create(admin, "orders.dlq")
+    create(dev, "orders")  # its default DLQ is development's orders.dlq, not production's
+    dev_names = api.q.ListQueues(pb.ListQueuesRequest(), metadata=md(dev), timeout=10)
+    # (a DLQ is made by its first dead letter)
+    assert sorted(q.config.name for q in dev_names.queues) == ["dev-2", "dev-q", "orders"]
+    assert {q.config.environment for q in dev_names.queues} == {"development"}
+    prod_names = api.q.ListQueues(pb.ListQueuesRequest(), metadata=md(admin), timeout=10)
+    assert sorted(q.config.name for q in prod_names.queues) == ["billing", "ledger", "orders.dlq"]
     # The dead-letter calls of dev-q therefore never reach a production queue.
     listed = api.q.ListDeadLetters(pb.ListDeadLettersRequest(queue="dev-q"), metadata=md(dev))
     assert list(listed.dead_letters) == []
@@ -571,14 +573,31 @@ def test_a_staging_key_never_sees_or_touches_production_queues_through_any_node(
                 ("CreateGroup", api.q.CreateGroup, pb.CreateGroupRequest(queue=queue, group="g")),
                 ("DeleteQueue", api.q.DeleteQueue, pb.DeleteQueueRequest(name=queue)),
             ]:
+                # Not staging's queue: staging has none of that name (the same answer as
+                # for a name no environment has), shown in the caller's words.
                 err = refused(call, request, metadata=md(staging))
                 info = rich_error(err)
-                assert err.code() == grpc.StatusCode.PERMISSION_DENIED, (where, queue, method)
-                assert info.reason == "PERMISSION_DENIED", (where, queue, method)
+                assert err.code() == grpc.StatusCode.NOT_FOUND, (where, queue, method)
+                assert info.reason == "QUEUE_NOT_FOUND", (where, queue, method)
                 assert info.metadata["queue"] == queue and info.request_id, (where, method)
+                assert "staging" not in str(err.details()), (where, method, err.details())
         sneak = pb.QueueConfig(name=f"env-sneak-{i}", environment="production")
         err = refused(api.q.CreateQueue, pb.CreateQueueRequest(config=sneak), metadata=md(staging))
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED, where
+    # Staging may have a queue of production's name: another queue, forwarded or not.
+    owner_of_stage_twin = solo_queue(apis, "env-prod-solo", staging)
+    for api in apis:
+        api.q.Publish(
+            pb.PublishRequest(queue="env-prod-solo", messages=[pb.PublishMessage(value=b"s")]),
+            metadata=md(staging),
+            timeout=10,
+        )
+    twin = apis[owner_of_stage_twin].q.Fetch(
+        pb.FetchRequest(queue="env-prod-solo", partition=0, max_messages=100),
+        metadata=md(staging),
+        timeout=10,
+    )
+    assert [r.value for r in twin.records] == [b"s"] * 3
     # Nothing the staging key tried landed: env-prod-solo holds the production key's 3 messages.
     fetched = apis[owner].q.Fetch(
         pb.FetchRequest(queue="env-prod-solo", partition=0, max_messages=100), timeout=10

@@ -14,7 +14,7 @@ from fluxmq._pb.v1 import admin_pb2 as apb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import METHOD_ACTIONS, new_key
 from fluxmq.core.errors import FluxError
-from fluxmq.server.guard import Guard, KeyCache
+from fluxmq.server.guard import Guard, KeyCache, queues_of
 from fluxmq.server.key_admin import make_record
 
 ADMIN = new_key("production")
@@ -125,7 +125,12 @@ def test_malformed_input_never_crashes_and_never_bypasses_auth(
     try:
         identity = G.admit(method, request, md)
     except FluxError as err:
-        assert err.reason in ("INVALID_API_KEY", "PERMISSION_DENIED", "RATE_LIMITED"), err
+        assert err.reason in (
+            "INVALID_API_KEY",
+            "PERMISSION_DENIED",
+            "RATE_LIMITED",
+            "INVALID_ARGUMENT",
+        ), err
         return
     # Admitted: exactly one authorization header carrying a known, active key, whose role
     # allows the method and whose environment holds every queue named.
@@ -139,10 +144,16 @@ def test_malformed_input_never_crashes_and_never_bypasses_auth(
         )
     if METHOD_ACTIONS[method].value == "cluster":  # shared shards: the operators' keys only
         assert identity.environment == "production"
-    for q in ("prod-q", "stage-q", "old-q"):
-        named = q in str(request)
-        if named and (q != "old-q"):
-            assert {"prod-q": "production", "stage-q": "staging"}[q] == identity.environment
+    for name in queues_of(request):  # stored names: a queue of another environment is refused
+        if name in ("prod-q", "stage-q"):
+            assert {"prod-q": "production", "stage-q": "staging"}[name] == identity.environment
+    # Every queue name is in the caller's namespace once admitted: a staging key's names are
+    # all under "staging:", an operators' key's under none.
+    for name in filter(None, queues_of(request)):
+        if identity.environment == "staging":
+            assert name.startswith("staging:"), name
+        else:
+            assert ":" not in name, name
 
 
 def test_admit_is_synchronous_so_the_hot_path_never_awaits() -> None:
@@ -199,13 +210,22 @@ def test_stream_requests_and_shard_operations_are_held_to_the_environment() -> N
     g = guard()
     stage = [("authorization", f"Bearer {STAGE_ADMIN}")]
     prod = [("authorization", f"Bearer {ADMIN}")]
-    into_prod = pb.PublishStreamRequest(publish=pb.PublishRequest(queue="prod-q"))
+
+    def into_prod() -> pb.PublishStreamRequest:
+        return pb.PublishStreamRequest(publish=pb.PublishRequest(queue="prod-q"))
+
+    # A staging key naming production's queue names its own namespace's queue of that name.
+    request = into_prod()
+    assert g.admit("PublishStream", request, stage).environment == "staging"
+    assert request.publish.queue == "staging:prod-q"
+    request = into_prod()
+    assert g.admit("PublishStream", request, prod).environment == "production"
+    assert request.publish.queue == "prod-q"
     shard_op = apb.TransferLeadershipRequest(shard_id="g1")
-    for method, request in (("PublishStream", into_prod), ("TransferLeadership", shard_op)):
-        try:
-            g.admit(method, request, stage)
-        except FluxError as err:
-            assert err.reason == "PERMISSION_DENIED", err
-        else:
-            raise AssertionError(f"a staging admin was admitted to {method} {request}")
-        assert g.admit(method, request, prod).environment == "production"
+    try:
+        g.admit("TransferLeadership", shard_op, stage)
+    except FluxError as err:
+        assert err.reason == "PERMISSION_DENIED", err
+    else:
+        raise AssertionError("a staging admin was admitted to TransferLeadership")
+    assert g.admit("TransferLeadership", shard_op, prod).environment == "production"

@@ -42,7 +42,36 @@ def test_the_queue_collector_exports_only_named_hosted_queues() -> None:
     assert exported == {"a", "b"}
     assert "deleted" not in counter.values()  # forgotten, not merely hidden
     folded = {s.labels["kind"]: s.value for s in families["fluxmq_metrics_series_folded"].samples}
-    assert folded == {"queue": 1, "partition": 1}
+    assert folded == {"queue": 1, "partition": 1, "environment": 0}
+
+
+def test_metrics_name_no_queue_of_another_environment_unless_it_is_opted_in() -> None:
+    counter = metrics.QueueCounter("fluxmq_test_env_messages", "test")
+    hosted = [("orders", 1), ("staging:orders", 2), ("development:payroll", 1)]
+    collector = metrics.QueueCollector(lambda: hosted, counters=[counter])
+    for queue, _partitions in hosted:
+        counter.labels(queue).inc()
+    limits = metrics.LIMITS
+    saved = (limits.partitions_max, limits.queues_max, limits.named_environments)
+
+    def scrape(*named: str) -> tuple[set[str], dict[str, float]]:
+        metrics.set_series_limits(100, 100, named)
+        try:
+            families = {f.name: f for f in collector.collect()}
+        finally:
+            metrics.set_series_limits(*saved)
+        samples = families["fluxmq_metrics_series_folded"].samples
+        return (
+            {s.labels["queue"] for s in families["fluxmq_test_env_messages"].samples},
+            {s.labels["kind"]: s.value for s in samples},
+        )
+
+    exported, folded = scrape()
+    assert exported == {"orders"}  # the operators' queue only: no other environment's name
+    assert folded == {"queue": 0, "partition": 3, "environment": 2}
+    exported, folded = scrape("staging")
+    assert exported == {"orders", "staging:orders"}
+    assert folded["environment"] == 1
 
 
 def test_a_huge_queue_does_not_push_small_queues_out_of_partition_series() -> None:
