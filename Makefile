@@ -37,6 +37,9 @@ sysdeps:
 	@command -v etcd >/dev/null 2>&1 && command -v etcdctl >/dev/null 2>&1 || { \
 	  echo "installing Debian packages etcd-server and etcd-client (for etcd, etcdctl)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server etcd-client >/dev/null; }
+	@command -v iptables >/dev/null 2>&1 || { \
+	  echo "installing Debian package iptables (network partitions of the fault schedules in tests/chaos)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables >/dev/null; }
 	@command -v docker-compose >/dev/null 2>&1 || { \
 	  echo "installing Debian package docker-compose (checks deploy/compose offline; no engine needed)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null; }
