@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -63,22 +61,8 @@ class ChaosNode(Node):
     def address(self) -> str:
         return f"{self.endpoint.host}:{self.port}"
 
-    def spawn(self) -> None:
-        """Start the process without waiting for it to serve (a restart storm kills it early)."""
-        cmd = [
-            *exec_prefix(self.endpoint),
-            sys.executable, "-m", "fluxmq", "serve",
-            "--data-dir", str(self.data_dir),
-            "--listen", self.address,
-            "--metrics-listen", "",
-            *self.extra,
-        ]  # fmt: skip
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child process owns it
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-
-    def start(self) -> None:
-        self.spawn()
-        self.wait_serving()
+    def command(self) -> list[str]:
+        return [*exec_prefix(self.endpoint), *super().command()]
 
     @property
     def running(self) -> bool:

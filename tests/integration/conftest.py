@@ -84,16 +84,24 @@ class Node:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> None:
-        cmd = [
+    def command(self) -> list[str]:
+        return [
             sys.executable, "-m", "fluxmq", "serve",
             "--data-dir", str(self.data_dir),
             "--listen", self.address,
             "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             *self.extra,
         ]  # fmt: skip
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it to serve."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child process owns it
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env
+        )
+
+    def start(self) -> None:
+        self.spawn()
         self.wait_serving()
 
     def wait_serving(self) -> None:
