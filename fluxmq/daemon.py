@@ -54,7 +54,7 @@ READINESS_INTERVAL_S = 0.2
 AUTH_START_TIMEOUT_S = 30.0
 
 
-def _register_collectors(router: Router, health: HealthState) -> None:
+def _register_collectors(router: Router, health: HealthState, operators: str) -> None:
     """Every metric covers every replication group the node hosts (queue names are unique
     across groups, so their series never collide)."""
 
@@ -72,8 +72,8 @@ def _register_collectors(router: Router, health: HealthState) -> None:
             sum(getattr(s, "entries_applied", 0) for s in shards),
         )
 
-    def hosted() -> list[tuple[str, int]]:
-        return _hosted_queues(brokers())
+    def hosted() -> list[tuple[str, int, str]]:
+        return _hosted_queues(brokers(), operators)
 
     metrics.REGISTRY.register(
         metrics.StateCollector(
@@ -557,7 +557,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
             cfg.metrics_queue_series_max,
             cfg.named_environment_list(),
         )
-        _register_collectors(router, health)
+        _register_collectors(router, health, cfg.auth_bootstrap_environment)
         host, _, mport = cfg.metrics_listen.rpartition(":")
         try:
             http = HttpEndpoint(host, int(mport), metrics.REGISTRY, health)

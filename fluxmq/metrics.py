@@ -54,6 +54,10 @@ def set_series_limits(
     LIMITS.named_environments = frozenset(named_environments)
 
 
+# (stored name, partitions) or (stored name, partitions, environment: "" for the operators').
+HostedQueue = tuple[str, int] | tuple[str, int, str]
+
+
 @dataclass(frozen=True, slots=True)
 class SeriesPlan:
     """Which queues one scrape names, and what it folds.
@@ -69,9 +73,10 @@ class SeriesPlan:
     unnamed_queues: int = 0  # queues of environments whose names /metrics does not show
 
 
-def plan_series(queues: Iterable[tuple[str, int]], limits: SeriesLimits = LIMITS) -> SeriesPlan:
-    """``queues``: (stored name, partitions) of every queue the node hosts. Queues of an
-    environment not in ``named_environments`` are named in no series.
+def plan_series(queues: Iterable[HostedQueue], limits: SeriesLimits = LIMITS) -> SeriesPlan:
+    """``queues``: (stored name, partitions[, environment]) of every queue the node hosts, the
+    environment "" for the operators' (default: the name's scope). Queues of an environment not
+    in ``named_environments`` are named in no series.
 
     >>> limits = SeriesLimits(partitions_max=3, queues_max=2)
     >>> p = plan_series([("a", 4), ("b", 2), ("c", 1), ("staging:s", 1)], limits)
@@ -80,8 +85,9 @@ def plan_series(queues: Iterable[tuple[str, int]], limits: SeriesLimits = LIMITS
     >>> p.unnamed_queues
     1
     """
-    every = sorted(queues)
-    ordered = [q for q in every if _named_environment(q[0], limits)]
+    every = sorted((q[0], q[1]) for q in queues)
+    scopes = {q[0]: (q[2] if len(q) > 2 else scope_of_name(q[0])) for q in queues}  # type: ignore[misc]
+    ordered = [q for q in every if not scopes[q[0]] or scopes[q[0]] in limits.named_environments]
     named = ordered[: limits.queues_max]
     budget = limits.partitions_max
     with_partitions: list[str] = []
@@ -99,11 +105,6 @@ def plan_series(queues: Iterable[tuple[str, int]], limits: SeriesLimits = LIMITS
         folded_partitions=total - exported,
         unnamed_queues=len(every) - len(ordered),
     )
-
-
-def _named_environment(stored_name: str, limits: SeriesLimits) -> bool:
-    scope = scope_of_name(stored_name)
-    return not scope or scope in limits.named_environments
 
 
 class _QueueCounterChild:
@@ -299,7 +300,7 @@ QUEUE_COUNTERS: tuple[QueueCounter, ...] = (
 )
 
 # (name, partitions) of every queue the node hosts: what a SeriesPlan is made from.
-HostedQueues = Callable[[], Iterable[tuple[str, int]]]
+HostedQueues = Callable[[], Iterable[HostedQueue]]
 
 
 class QueueCollector(Collector):  # type: ignore[misc]
@@ -312,12 +313,12 @@ class QueueCollector(Collector):  # type: ignore[misc]
         self._hosted = hosted
         self._counters = tuple(counters)
         for counter in self._counters:
-            counter.hosted = lambda: {name for name, _p in hosted()}
+            counter.hosted = lambda: {q[0] for q in hosted()}
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         queues = list(self._hosted())
         plan = plan_series(queues)
-        names = {name for name, _p in queues}
+        names = {q[0] for q in queues}
         out: list[GaugeMetricFamily | CounterMetricFamily] = []
         for counter in self._counters:
             counter.forget_except(names)

@@ -15,19 +15,25 @@ from dataclasses import dataclass, field
 from fluxmq import metrics
 from fluxmq.core import keys
 from fluxmq.core.errors import FluxError
+from fluxmq.core.namespaces import scope_of_name
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.broker import Broker
 
 # -- state rows (the metrics collectors' and the status's) ---------------------------------------
 
 
-def hosted_queues(brokers: Iterable[Broker]) -> list[tuple[str, int]]:
-    """-> (name, partitions) of every queue of ``brokers`` (the catalogs only: no LMDB read)."""
-    return [
-        (entry.name, entry.policy.partitions)
-        for broker in brokers
-        for entry in list(broker.state.catalog.values())
-    ]
+def hosted_queues(
+    brokers: Iterable[Broker], operators: str = "production"
+) -> list[tuple[str, int, str]]:
+    """-> (name, partitions, environment) of every queue of ``brokers`` (the catalogs only: no
+    LMDB read); the environment "" for the operators' (``operators``), else the name's scope,
+    or for a queue made before namespaces its config's."""
+    out = []
+    for broker in brokers:
+        for entry in list(broker.state.catalog.values()):
+            env = scope_of_name(entry.name) or str(entry.queue.config.environment)
+            out.append((entry.name, entry.policy.partitions, "" if env == operators else env))
+    return out
 
 
 def partition_rows(

@@ -23,6 +23,7 @@ from fluxmq.server.forwarding import was_forwarded
 from fluxmq.server.guard import current_identity
 from fluxmq.server.interceptors import request_id_var
 from fluxmq.server.router import Router, current_broker, group_unreachable
+from fluxmq.server.scoping import Scope, caller_error, stored_queue
 from storage import Record
 
 PUBLISH_STREAM_IN_FLIGHT_MAX = 64  # requests of one PublishStream being processed at once
@@ -134,6 +135,10 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def GetQueue(self, request: pb.GetQueueRequest, context: Any) -> pb.Queue:
         return self._broker.reader.entry(request.name, "name").queue
 
+    def _caller_scope(self) -> Scope:
+        guard, identity = self._router.guard, current_identity.get()
+        return guard.scope_of(identity) if guard is not None and identity is not None else None
+
     async def ListQueues(
         self, request: pb.ListQueuesRequest, context: Any
     ) -> pb.ListQueuesResponse:
@@ -158,7 +163,11 @@ class QueueService(pb_grpc.QueueServiceServicer):
             }
             for address in sorted(addresses):
                 resp = await self._forwarder.forward(address, "ListQueues", request, context)
-                pages.append((list(resp.queues), resp.next_page_token))
+                # That node's edge showed them in the caller's words: back to stored names,
+                # which this node's pages use, before merging and cutting the page.
+                scope = self._caller_scope()
+                queues = [stored_queue(q, scope) for q in resp.queues]
+                pages.append((queues, resp.next_page_token))
         merged = {q.config.name: q for queues, _ in pages for q in queues}
         names = sorted(merged)
         more = len(names) > limit or any(token for _, token in pages)
@@ -235,6 +244,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
                 # The fields are the Publish's (forwarded or not): name them in the stream's
                 # request, as ``publish.messages[0].value``.
                 err = internal_error(rid) if err is None else nested("publish", err)
+                # The serialized status is out of the edge's reach: in the caller's words now.
+                caller_error(err, self._caller_scope())
                 status = to_rpc_status(err, rid)
                 return pb.PublishStreamResponse(
                     sequence=req.sequence,

@@ -93,7 +93,7 @@ def _name_field(kind: type) -> str:
 
 # String fields of responses that hold queue names (or text quoting them). Other names that
 # share a field name (a group's, a key's) cannot hold the separator, so they pass unchanged.
-_NAME_FIELD_NAMES = frozenset({"queue", "name", "dead_letter_queue", "queues"})
+_NAME_FIELD_NAMES = frozenset({"queue", "name", "dead_letter_queue", "queues", "dead_letter_of"})
 _TEXT_FIELD_NAMES = frozenset({"message"})
 
 
@@ -150,6 +150,21 @@ def _unscope_record(record: pb.Record, scope: str, *, dry_run: bool) -> bool:
     if not dry_run:
         record.headers[ORIGIN_HEADER] = origin[len(prefix) :]
     return True
+
+
+def stored_queue(queue: pb.Queue, scope: Scope) -> pb.Queue:
+    """A Queue another node answered in the caller's words, back under stored names (in place),
+    to be merged and paged with this node's (a listing merges and cuts by stored name)."""
+    if scope:
+        for owner, field_name in (
+            (queue.config, "name"),
+            (queue.config, "dead_letter_queue"),
+            (queue, "dead_letter_of"),
+        ):
+            name = getattr(owner, field_name)
+            if name and not name.startswith(scope + SCOPE_SEPARATOR):
+                setattr(owner, field_name, f"{scope}{SCOPE_SEPARATOR}{name}")
+    return queue
 
 
 def caller_error(err: FluxError, scope: Scope) -> None:

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.rpc import status_pb2
 
 from fluxmq._pb.v1 import admin_pb2 as apb
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq._pb.v1 import queue_pb2_grpc
 from fluxmq.core import namespaces
 from fluxmq.core.errors import FluxError
 from fluxmq.core.namespaces import STORED_QUEUE_NAME_RE, caller_text, check_caller_name
@@ -144,6 +146,51 @@ def test_dead_letters_name_their_source_as_its_environment_does(
     assert queue.config.dead_letter_queue == "jobs.dlq"
     dlq = api.q.Fetch(pb.FetchRequest(queue="jobs.dlq", partition=0), metadata=md(dev))
     assert [r.headers["fluxmq-original-queue"] for r in dlq.records] == [b"jobs"]
+    described = api.q.GetQueue(pb.GetQueueRequest(name="jobs.dlq"), metadata=md(dev))
+    assert (described.config.name, described.dead_letter_of) == ("jobs.dlq", "jobs")
+
+
+def test_a_publish_stream_error_names_the_queue_in_the_callers_words(
+    live: tuple[Node, str, Api],
+) -> None:
+    _node, admin, api = live
+    dev = api.key(admin, "producer", "development")
+    request = pb.PublishStreamRequest(
+        sequence=1, publish=pb.PublishRequest(queue="nowhere", messages=one(b"x"))
+    )
+    (reply,) = list(api.q.PublishStream(iter([request]), metadata=md(dev), timeout=10))
+    assert reply.error.reason == "QUEUE_NOT_FOUND"
+    status = status_pb2.Status.FromString(reply.error.status_details)
+    details = str(status) + reply.error.message
+    assert "nowhere" in details and "development" not in details, details
+
+
+def test_a_queue_made_before_namespaces_is_reached_by_the_operators_admins_only(
+    tmp_path: Path,
+) -> None:
+    # Before namespaces, a development queue held a name of the one shared namespace. It is no
+    # longer its environment's by name, so the operators' admins may move and delete it; no
+    # other key reaches it, and /metrics does not name it.
+    legacy = Node(tmp_path / "node", "--auth", "off")
+    legacy.start()
+    with legacy.channel() as ch:
+        config = pb.QueueConfig(name="old-dev", environment="development")
+        queue_pb2_grpc.QueueServiceStub(ch).CreateQueue(
+            pb.CreateQueueRequest(config=config), timeout=10
+        )
+    legacy.stop()
+    with serving_secured(tmp_path) as (node, admin, api):
+        assert "keep names of the production namespace (e.g. old-dev)" in node.log_path.read_text()
+        dev = api.key(admin, "admin", "development")
+        producer = api.key(admin, "producer")
+        err = refused(api.q.GetQueue, pb.GetQueueRequest(name="old-dev"), metadata=md(dev))
+        assert err.code() == grpc.StatusCode.NOT_FOUND
+        err = refused(api.q.GetQueue, pb.GetQueueRequest(name="old-dev"), metadata=md(producer))
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert 'queue="old-dev"' not in scrape(node)
+        queue = api.q.GetQueue(pb.GetQueueRequest(name="old-dev"), metadata=md(admin))
+        assert queue.config.environment == "development"
+        api.q.DeleteQueue(pb.DeleteQueueRequest(name="old-dev"), metadata=md(admin), timeout=10)
 
 
 def scrape(node: Node) -> str:

@@ -598,6 +598,21 @@ def test_a_staging_key_never_sees_or_touches_production_queues_through_any_node(
         timeout=10,
     )
     assert [r.value for r in twin.records] == [b"s"] * 3
+    # Staging's listing, one queue a page, merges every group's page in the caller's names
+    # through every node (each solo queue is on its own group, listed by another node).
+    for i, api in enumerate(apis):
+        seen, token = [], ""
+        for _ in range(10):
+            page = api.q.ListQueues(
+                pb.ListQueuesRequest(prefix="env-", limit=1, page_token=token),
+                metadata=md(staging),
+                timeout=10,
+            )
+            seen += [q.config.name for q in page.queues]
+            token = page.next_page_token
+            if not token:
+                break
+        assert seen == ["env-prod-solo", "env-stage-solo"], (i, seen)
     # Nothing the staging key tried landed: env-prod-solo holds the production key's 3 messages.
     fetched = apis[owner].q.Fetch(
         pb.FetchRequest(queue="env-prod-solo", partition=0, max_messages=100), timeout=10
