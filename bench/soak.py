@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from bench.results_md import RESULTS, write_section
 from tests.chaos.harness import Report, run_schedule
 from tests.chaos.schedule import plan
 
-BEGIN = "<!-- soak:begin -->"
-END = "<!-- soak:end -->"
+SECTION = "soak"  # its section of bench/RESULTS.md (bench/results_md.py)
 
 
 def row(report: Report) -> dict[str, object]:
@@ -46,7 +45,8 @@ def table(rows: list[dict[str, object]], started: str, elapsed_s: float) -> str:
     bad = [r for r in rows if not r["ok"]]
     totals = {k: sum(int(r[k] or 0) for r in rows) for k in ("acked", "lost", "duplicated")}
     lines = [
-        BEGIN,
+        "## Fault schedules soak (`python -m bench.soak --schedules 100`)",
+        "",
         f"{len(rows)} schedules, started {started}, {elapsed_s / 60:.0f} min; "
         f"{totals['acked']} messages acknowledged in all, {totals['lost']} lost, "
         f"{totals['duplicated']} duplicated; {len(bad)} schedules with a violation or a failed "
@@ -79,29 +79,14 @@ def table(rows: list[dict[str, object]], started: str, elapsed_s: float) -> str:
             f"{int(r['outage_ms']) / 1000:.1f}",  # type: ignore[call-overload]
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append(END)
     return "\n".join(lines)
-
-
-def write_results_md(path: Path, section: str) -> None:
-    text = path.read_text()
-    if BEGIN in text and END in text:
-        pattern = re.escape(BEGIN) + ".*?" + re.escape(END)
-        text = re.sub(pattern, lambda _m: section, text, count=1, flags=re.S)
-    else:
-        text += (
-            "\n## Fault schedules soak (`python -m bench.soak --schedules 100`)\n\n"
-            + section
-            + "\n"
-        )
-    path.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
     ap.add_argument("--schedules", type=int, default=100, help="how many seeds (default 100)")
     ap.add_argument("--first-seed", type=int, default=1000, help="seeds first..first+n-1")
-    ap.add_argument("--results-md", type=Path, default=Path("bench/RESULTS.md"))
+    ap.add_argument("--results-md", type=Path, default=RESULTS)
     ap.add_argument("--out", type=Path, default=Path("bench/results/soak.json"))
     args = ap.parse_args(argv)
     if not 1 <= args.schedules <= 1000:
@@ -126,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             failure.write_text(report.text())
             print(f"  report: {failure}", flush=True)
         args.out.write_text(json.dumps(rows, indent=1))
-    write_results_md(args.results_md, table(rows, started, time.monotonic() - t0))
+    write_section(SECTION, table(rows, started, time.monotonic() - t0), args.results_md)
     return 0 if all(r["ok"] for r in rows) else 1
 
 
