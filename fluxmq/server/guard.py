@@ -36,7 +36,7 @@ from fluxmq.core.errors import FluxError
 from fluxmq.core.namespaces import scope_of, scope_of_name
 from fluxmq.core.ratelimit import Bucket, Limit, RateLimiter
 from fluxmq.core.text import printable
-from fluxmq.server.scoping import scope_request
+from fluxmq.server.scoping import queue_field, scope_request
 
 log = logging.getLogger("fluxmq.auth")
 audit_log = logging.getLogger("fluxmq.audit")
@@ -198,25 +198,11 @@ def queues_of(request: Any) -> list[str]:
         if request.config.dead_letter_queue:
             names.append(request.config.dead_letter_queue)
         return names
-    kind = type(request)
-    field_name = _QUEUE_FIELD.get(kind, "?")
-    if field_name == "?":
-        field_name = _QUEUE_FIELD[kind] = _queue_field(request)
+    field_name = queue_field(type(request))
     if not field_name:
         return []
     value = str(getattr(request, field_name))
     return [value] if value else []
-
-
-_QUEUE_FIELD: dict[type, str] = {}  # message type -> its field naming a queue ("" for none)
-
-
-def _queue_field(request: Any) -> str:
-    fields = request.DESCRIPTOR.fields_by_name
-    for name in ("queue", "name"):
-        if name in fields and fields[name].type == fields[name].TYPE_STRING:
-            return name
-    return ""
 
 
 def _cost(method: str, request: Any) -> int:

@@ -53,7 +53,7 @@ def scope_request(request: Any, scope: Scope) -> None:
         if scope:
             request.prefix = scoped_prefix(scope, request.prefix)
     else:
-        field_name = _name_field(type(request))
+        field_name = queue_field(type(request))
         if field_name:
             name = getattr(request, field_name)
             if name:
@@ -81,7 +81,8 @@ def _stored_or_unusable(name: str, scope: Scope) -> str:
 _NAME_FIELDS: dict[type, str] = {}  # message type -> its field naming a queue ("" for none)
 
 
-def _name_field(kind: type) -> str:
+def queue_field(kind: type) -> str:
+    """The field of a QueueService request type that names its queue ("" for none)."""
     field_name = _NAME_FIELDS.get(kind)
     if field_name is None:
         fields = kind.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
