@@ -164,8 +164,8 @@ def parse_address(value: str, what: str) -> tuple[str, int]:
 def check_config(cfg: ShardConfig) -> None:
     if not cfg.secret:
         raise ShardStartError(
-            "a cluster secret is required: raft messages are pickled, so only peers that hold "
-            "the secret may talk to this node (set FLUXMQ_CLUSTER_SECRET)"
+            "a cluster secret is required: raft peers authenticate with it, and only an "
+            "authenticated peer's messages are decoded (set FLUXMQ_CLUSTER_SECRET)"
         )
     parse_address(cfg.self_address, "raft address")
     parse_address(cfg.bind, "raft bind address")
@@ -417,7 +417,7 @@ class PySyncObjShard:
         journal.on_flush = self.on_journal_flush
         t = cfg.timings
         conf = SyncObjConf(
-            password=cfg.secret,
+            password=None,  # peers authenticate through raft/wire.py, not Fernet
             autoTick=False,
             appendEntriesUseBatch=False,
             appendEntriesPeriod=t.heartbeat_ms / 1000,
@@ -455,7 +455,8 @@ class PySyncObjShard:
                 self._driver.poller,
                 self._on_apply,
                 self._load_snapshot,
-                cfg.wire_limits,
+                wire_secret=cfg.secret,
+                wire_limits=cfg.wire_limits,
             )
         except Exception as e:
             journal.close()

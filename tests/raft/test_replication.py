@@ -556,7 +556,7 @@ async def test_the_leader_cannot_remove_itself(tmp_path: Path) -> None:
 async def test_replica_with_another_secret_is_ignored_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="raft.pysyncobj")
+    caplog.set_level(logging.WARNING, logger="raft.wire")
     c = LocalCluster(str(tmp_path))
     try:
         stranger = c.addresses[2]
@@ -571,7 +571,7 @@ async def test_replica_with_another_secret_is_ignored_and_logged(
         await wait_until(
             "a cluster-secret warning",
             lambda: any(
-                r.name == "raft.pysyncobj" and "secret" in r.getMessage() for r in caplog.records
+                r.name == "raft.wire" and "secret" in r.getMessage() for r in caplog.records
             ),
         )
         await wait_until(
