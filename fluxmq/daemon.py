@@ -108,6 +108,7 @@ def observe_disk(shard_id: str, store: LmdbStore, shard: Shard) -> None:
     store.on_commit = metrics.APPLY_COMMIT.labels(shard_id).observe
     if isinstance(shard, PySyncObjShard):
         shard.on_journal_flush = metrics.JOURNAL_FLUSH.labels(shard_id).observe
+        shard.on_stage = metrics.observe_raft_stage
         shard.on_snapshot = lambda kind, size, seconds: metrics.observe_snapshot(
             shard_id, kind, size, seconds
         )

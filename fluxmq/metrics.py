@@ -225,6 +225,30 @@ JOURNAL_FLUSH = Histogram(
     buckets=FSYNC_BUCKETS_S,
     registry=REGISTRY,
 )
+RAFT_STAGE = Histogram(
+    "fluxmq_raft_stage_seconds",
+    "The latency budget of replicated writes on the leader: seconds from the previous stage to "
+    "this one, for sampled proposals (raft/stages.py lists the stages in order).",
+    ["stage"],
+    buckets=(
+        0.00005,
+        0.0001,
+        0.00025,
+        0.0005,
+        0.001,
+        0.002,
+        0.004,
+        0.008,
+        0.016,
+        0.032,
+        0.064,
+        0.128,
+        0.256,
+        0.512,
+        1.024,
+    ),
+    registry=REGISTRY,
+)
 APPLY_COMMIT = Histogram(
     "fluxmq_apply_commit_seconds",
     "Commits (with fsync) of the state store's write transactions that apply commands.",
@@ -246,6 +270,10 @@ SNAPSHOT_BYTES = Gauge(
     ["shard"],
     registry=REGISTRY,
 )
+
+
+def observe_raft_stage(stage: str, seconds: float) -> None:
+    RAFT_STAGE.labels(stage).observe(seconds)
 
 
 def observe_deliveries(queue: str, deliveries: Sequence[Delivery]) -> None:

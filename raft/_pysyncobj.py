@@ -142,6 +142,8 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         # it campaigns (Raft thesis 3.10). Afterwards they go to the new leader, or followers'
         # ones are refused NOT_LEADER (never applied) and retried by their senders.
         self.fx_holding = False
+        # Observer of every message received, before it is handled (the latency budget).
+        self.fx_on_message: Callable[[Any, Any], None] | None = None
         self._fx_apply_frame = apply
         self._fx_load_snapshot = load_snapshot
         with _CONSTRUCT_LOCK:
@@ -190,6 +192,8 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
     # -- hook 3: append-entries without a term conflict --------------------------------------
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if self.fx_on_message is not None:
+            self.fx_on_message(node, message)
         hide: int | None = None
         if (
             isinstance(message, dict)

@@ -67,6 +67,13 @@ class LmdbJournal:
         # Observer of flush durations in seconds (one transaction + fsync each): metrics.
         self.on_flush: Callable[[float], None] | None = None
         self.durable_index = 0  # last log index known to be on disk
+        # Observers for the latency budget (raft/stages.py), set by the shard: an entry
+        # appended, the durable index after a flush, the log truncated from an index on, the
+        # commit index moved. Called on the driver thread.
+        self.on_append: Callable[[int], None] | None = None
+        self.on_durable: Callable[[int], None] | None = None
+        self.on_truncate: Callable[[int], None] | None = None
+        self.on_commit: Callable[[int], None] | None = None
         self._load()
 
     # -- loading ----------------------------------------------------------------------------
@@ -101,6 +108,8 @@ class LmdbJournal:
         item = (bytes(command), idx, term)
         self._entries.append(item)
         self._ops.append(("put", item))
+        if self.on_append is not None:
+            self.on_append(idx)
 
     def clear(self) -> None:
         assert self._view_end is None
@@ -116,6 +125,8 @@ class LmdbJournal:
         del self._entries[entryFrom:]
         self._ops.append(("del_from", first_gone))
         self.durable_index = min(self.durable_index, first_gone - 1)
+        if self.on_truncate is not None:
+            self.on_truncate(first_gone)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         assert self._view_end is None
@@ -163,6 +174,8 @@ class LmdbJournal:
         self._meta_dirty = True
         if self._ops:
             self.flush()
+        if self.on_commit is not None:
+            self.on_commit(raftCommitIndex)
 
     def getRaftCommitIndex(self) -> int:
         # Never past the end of the log (RAFT.md problem 2: 3073 stored vs a log ending at 2944).
@@ -229,6 +242,8 @@ class LmdbJournal:
         if self.on_flush is not None:
             self.on_flush(time.perf_counter() - started)
         self.durable_index = self._entries[-1][1] if self._entries else 0
+        if self.on_durable is not None:
+            self.on_durable(self.durable_index)
 
     # -- the suffix view (used by the append-entries fix) -------------------------------------
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from raft import frames, snapshot_file
+from raft import frames, snapshot_file, stages
 from raft._pysyncobj import FAIL_REASON, HardenedSyncObj, SyncObjConf, fail_reason_name
 from raft.api import (
     Appended,
@@ -209,6 +209,8 @@ class _Proposal:
     state: _State = _State.WAITING
     timer: asyncio.TimerHandle | None = None
     on_append: bool = False
+    queued_s: float = 0.0  # time.perf_counter() at propose (the latency budget)
+    call: stages.CallTrace | None = None
 
 
 class PySyncObjShard:
@@ -255,6 +257,14 @@ class PySyncObjShard:
         # (kind "write" | "install", snapshot file bytes, seconds) per snapshot.
         self.on_journal_flush: Callable[[float], None] | None = None
         self.on_snapshot: Callable[[str, int, float], None] | None = None
+        # The latency budget (raft/stages.py): observer of (stage, seconds) for sampled frames;
+        # None turns tracing off. Entries are stamped on the driver thread while leading.
+        self.on_stage: stages.StageObserver | None = None
+        self._leading = False
+        self._timeline = stages.EntryTimeline()
+        self._sampler = stages.Sampler()
+        self._frame_traces: dict[int, stages.FrameTrace] = {}  # frame id -> trace
+        self._index_traces: dict[int, stages.FrameTrace] = {}  # log index -> trace
 
     # -- Shard -----------------------------------------------------------------------------
 
@@ -321,7 +331,13 @@ class PySyncObjShard:
                 f"{self._cfg.entry_limit} bytes (the largest replicated entry)"
             )
         loop = asyncio.get_running_loop()
-        p = _Proposal(payload, loop.create_future(), on_append=on_append)
+        p = _Proposal(
+            payload,
+            loop.create_future(),
+            on_append=on_append,
+            queued_s=time.perf_counter(),
+            call=stages.CURRENT_CALL.get(),
+        )
         ack_deadline = loop.time() + self._cfg.ack_timeout_ms / 1000
         when = ack_deadline if deadline is None else min(deadline, ack_deadline)
         p.timer = loop.call_at(when, self._expire, p)
@@ -462,6 +478,13 @@ class PySyncObjShard:
             journal.close()
             raise ShardStartError(f"raft shard {cfg.shard_id} cannot start: {e}") from e
         self._journal = journal
+        if self.on_stage is not None:
+            journal.on_append = self._stamp_appended
+            journal.on_durable = functools.partial(self._stamp, "durable")
+            journal.on_commit = functools.partial(self._stamp, "committed")
+            journal.on_truncate = self._timeline.truncated
+            self._so.transport.on_send = self._stamp_sent
+            self._so.fx_on_message = self._stamp_acked
         self._apply_thread.start()
         self._driver.attach(self)
 
@@ -479,7 +502,11 @@ class PySyncObjShard:
     def step(self) -> bool:
         so = self._so
         assert so is not None and self._journal is not None
-        leading_term = so.raftCurrentTerm if so._isLeader() else None
+        leading = so._isLeader()
+        if leading != self._leading:
+            self._leading = leading
+            self._timeline.reset()
+        leading_term = so.raftCurrentTerm if leading else None
         handed = self._hand_over(so)
         so.doTick(0.0)
         self._flush_applies()
@@ -536,6 +563,8 @@ class PySyncObjShard:
             frame_id = next(self._frame_ids)
             handed.append(frame_id)
             self._frames[frame_id] = taken
+            if self.on_stage is not None:
+                self._maybe_trace(frame_id, taken)
             self.frames_proposed += 1
             so.fx_apply(
                 frames.encode([p.payload for p in taken]),
@@ -551,10 +580,14 @@ class PySyncObjShard:
 
     def _on_frame_result(self, frame_id: int, result: Any, error: int) -> None:
         taken = self._frames.pop(frame_id, None)
+        trace = self._frame_traces.pop(frame_id, None)
         if taken is None:
             return
         if error == FAIL_REASON.SUCCESS:
             self._awaiting[int(result)] = taken
+            if trace is not None:
+                trace.entry = self._timeline.take(int(result))
+                self._index_traces[int(result)] = trace
             return
         exc: Exception
         if error in (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME):
@@ -599,9 +632,11 @@ class PySyncObjShard:
                 self.acked_before_durable += 1
             waiting.append((taken, first))
         self.entries_applied += len(spans)
+        traces = [t for li, _, _ in spans if (t := self._index_traces.pop(li, None)) is not None]
+        self._timeline.forget_upto(spans[-1][0])
         # Applying (a state transaction and its fsync) runs on its own thread, so the next
         # round's journal fsync and messages overlap with it; batches stay in log order.
-        self._apply_queue.put((entries, slots, waiting))
+        self._apply_queue.put((entries, slots, waiting, traces))
 
     def _apply_routine(self) -> None:
         while True:
@@ -609,7 +644,7 @@ class PySyncObjShard:
             try:
                 if item is None:
                     return
-                entries, slots, waiting = item
+                entries, slots, waiting, traces = item
                 while True:
                     try:
                         applied = self._sm.apply_batch(entries)
@@ -620,6 +655,9 @@ class PySyncObjShard:
                         log.exception("shard %s: applying committed entries failed", self.shard_id)
                         time.sleep(APPLY_RETRY_S)
                 assert len(applied) == len(entries)
+                applied_s = time.perf_counter()
+                for trace in traces:
+                    trace.applied_s = applied_s
                 results = [None if k is None else applied[k] for k in slots]
                 self.batches_applied += 1
                 done: list[tuple[_Proposal, object]] = []
@@ -628,6 +666,8 @@ class PySyncObjShard:
                 self.proposals_applied += len(done)
                 if done and self._loop is not None:
                     self._loop.call_soon_threadsafe(self._resolve_all, done)
+                if traces and self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._observe_traces, traces)
             finally:
                 self._apply_queue.task_done()
 
@@ -781,6 +821,59 @@ class PySyncObjShard:
                 "leader must have committed an entry of its term, and the address must "
                 f"{'not ' if op == 'add' else ''}be a member"
             )
+
+    # -- the latency budget (raft/stages.py) ------------------------------------------------
+
+    def _maybe_trace(self, frame_id: int, taken: list[_Proposal]) -> None:
+        now_s = time.perf_counter()
+        if not self._sampler.take(now_s):
+            return
+        if len(self._frame_traces) >= stages.ENTRIES_TRACKED_MAX:
+            self._frame_traces.clear()  # frames whose outcome never came (closed shards)
+        first = taken[0]
+        self._frame_traces[frame_id] = stages.FrameTrace(
+            queued_s=first.queued_s,
+            received_s=None if first.call is None else first.call.received_s,
+            handed_s=now_s,
+            calls=[p.call for p in taken if p.call is not None],
+        )
+
+    def _stamp_appended(self, index: int) -> None:
+        if self._leading:
+            self._timeline.appended(index, time.perf_counter())
+
+    def _stamp(self, kind: str, upto: int) -> None:
+        if self._leading:
+            self._timeline.stamp(kind, upto, time.perf_counter())
+
+    def _stamp_sent(self, _node: Any, message: Any) -> None:
+        if self._leading and type(message) is dict and message.get("type") == "append_entries":
+            entries = message.get("entries")
+            if entries:
+                self._timeline.stamp("sent", entries[-1][1], time.perf_counter())
+
+    def _stamp_acked(self, _node: Any, message: Any) -> None:
+        if (
+            self._leading
+            and type(message) is dict
+            and message.get("type") == "next_node_idx"
+            and message.get("success")
+        ):
+            self._timeline.stamp("acked", message["next_node_idx"] - 1, time.perf_counter())
+
+    def _observe_traces(self, traces: list[stages.FrameTrace]) -> None:
+        """Event loop, right after the frames' results were resolved."""
+        observe = self.on_stage
+        if observe is None:
+            return
+        resolved_s = time.perf_counter()
+        for trace in traces:
+            spent = stages.durations(trace, resolved_s)
+            for call in trace.calls:
+                call.resolved_s = resolved_s
+                call.stages = spent
+            for stage, seconds in spent.items():
+                observe(stage, seconds)
 
     # -- completion ------------------------------------------------------------------------
 

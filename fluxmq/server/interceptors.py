@@ -42,6 +42,7 @@ from fluxmq.server.guard import (
     queues_of,
 )
 from fluxmq.server.scoping import Scope, caller_error, caller_response, scope_request
+from raft.stages import CURRENT_CALL, CallTrace
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("fluxmq.access")
@@ -70,6 +71,9 @@ class _Call:
         self.request_id = _request_id(context)
         self.token = request_id_var.set(self.request_id)
         self.started = time.perf_counter()
+        # The latency budget: proposals this call makes note when they were resolved.
+        self.trace = CallTrace(received_s=self.started)
+        self.trace_token = CURRENT_CALL.set(self.trace)
         self.code = "OK"
         self.scope: Scope = None  # the caller's namespace, once known
 
@@ -99,12 +103,17 @@ class _Call:
         self.context.set_trailing_metadata(tuple(trailers))
 
     def finish(self) -> None:
-        elapsed_s = time.perf_counter() - self.started
+        now_s = time.perf_counter()
+        elapsed_s = now_s - self.started
         metrics.RPC_DURATION.labels(self.method, self.code).observe(elapsed_s)
+        if self.trace.resolved_s is not None and self.code == "OK":
+            metrics.observe_raft_stage("answered", now_s - self.trace.resolved_s)
         if access_log.isEnabledFor(logging.DEBUG):  # one line per call: debug level only
             access_log.debug("%s %s %.1f ms", self.method, self.code, elapsed_s * 1000)
         with contextlib.suppress(ValueError):  # a stream closed from another context
             request_id_var.reset(self.token)
+        with contextlib.suppress(ValueError):
+            CURRENT_CALL.reset(self.trace_token)
 
 
 def _is_abort(exc: BaseException) -> bool:
