@@ -114,6 +114,9 @@ def observe_disk(shard_id: str, store: LmdbStore, shard: Shard) -> None:
         )
 
 
+GIL_SWITCH_INTERVAL_S = float(os.environ.get("FLUXMQ_GIL_SWITCH_INTERVAL_S", "0.0005"))
+
+
 class StartupError(Exception):
     """The node cannot start: one line naming what failed, the setting that decides it and what
     to do (``main`` prints it, exit code 1, no traceback)."""
@@ -334,7 +337,11 @@ class GroupHost:
     async def _start(self, spec: dict[str, Any]) -> bool:
         group_id = str(spec["group_id"])
         try:
-            store = LmdbStore(self._dir(group_id), map_size_bytes=self._cfg.storage_map_size_bytes)
+            store = LmdbStore(
+                self._dir(group_id),
+                map_size_bytes=self._cfg.storage_map_size_bytes,
+                last_commit_replayable=True,  # a Raft shard's state: its journal replays it
+            )
         except StorageError as err:
             log.error("cannot open the store of replication group %s: %s", group_id, err)
             return False
@@ -506,7 +513,13 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     check_listen_addresses(cfg)
     try:
         check_mode(cfg)
-        store = LmdbStore(cfg.data_dir, map_size_bytes=cfg.storage_map_size_bytes)
+        store = LmdbStore(
+            cfg.data_dir,
+            map_size_bytes=cfg.storage_map_size_bytes,
+            # In cluster mode the Raft journal replays the state's last commit after a crash;
+            # alone, the store is the only copy.
+            last_commit_replayable=cfg.cluster_mode,
+        )
     except (OSError, StorageError) as err:
         detail = (err.strerror or str(err)).lower() if isinstance(err, OSError) else str(err)
         raise StartupError(
@@ -686,6 +699,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fluxmq: configuration error: {err}", file=sys.stderr)
         return 1
     logging_setup.setup(cfg.log_level, cfg.log_json)
+    # A write crosses three threads (event loop, Raft driver, apply). A thread woken while
+    # another runs Python waits for the GIL up to the switch interval (5 ms by default): the
+    # latency budget (bench.stages) showed those waits in every hand-off.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         try:
             import uvloop

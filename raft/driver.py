@@ -29,7 +29,7 @@ class Driven(Protocol):
 
 
 class RaftDriver:
-    def __init__(self, *, idle_wait_ms: int = 5, name: str = "raft-driver") -> None:
+    def __init__(self, *, idle_wait_ms: int = 25, name: str = "raft-driver") -> None:
         assert idle_wait_ms >= 1
         self._idle_wait_s = idle_wait_ms / 1000
         self.poller: Any = create_poller()

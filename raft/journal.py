@@ -60,7 +60,8 @@ class LmdbJournal:
         self._commit_index = 1
         # Pending changes, in order: ("put", item) | ("del_from", index) | ("del_to", index)
         self._ops: list[tuple[str, Any]] = []
-        self._meta_dirty = False
+        self._meta_dirty = False  # term or vote changed: durable before anything leaves
+        self._commit_dirty = False  # the commit index moved: written with the next flush
         self._view_end: int | None = None  # see hide_after()
         self.before_trim: Callable[[], None] | None = None
         self.fsyncs = 0
@@ -171,7 +172,7 @@ class LmdbJournal:
         # Called just before apply: whatever the log holds must be durable first. The commit
         # index itself need not be (Raft keeps it volatile); it is written with the next flush.
         self._commit_index = raftCommitIndex
-        self._meta_dirty = True
+        self._commit_dirty = True
         if self._ops:
             self.flush()
         if self.on_commit is not None:
@@ -226,7 +227,10 @@ class LmdbJournal:
                                 break
                 else:  # pragma: no cover - a bug
                     raise AssertionError(kind)
-            if self._meta_dirty:  # most flushes only append entries: leave the meta page be
+            # Most flushes only append entries: leave the meta page be. A moved commit index
+            # alone never costs a flush of its own (Raft keeps it volatile; a stale one read at
+            # restart is only lower, and the leader tells the rest), it rides with this one.
+            if self._meta_dirty or self._commit_dirty:
                 meta = {
                     "term": self._term,
                     "voted_for": self._voted_for,
@@ -238,6 +242,7 @@ class LmdbJournal:
             mem_last = self._entries[-1][1] if self._entries else 0
             assert last_key == mem_last, (last_key, mem_last)
         self._meta_dirty = False
+        self._commit_dirty = False
         self.fsyncs += 1
         if self.on_flush is not None:
             self.on_flush(time.perf_counter() - started)

@@ -6,8 +6,9 @@ A proposal on the leader passes, in order::
     queued     the broker called ``propose``
     handed     the driver thread handed its frame to pysyncobj
     appended   pysyncobj appended the frame's entry to the log
-    durable    the journal flush that holds the entry finished (its fsync)
-    sent       the entry left for a follower for the first time
+    sent       the entry left for a follower for the first time (before the leader's fsync:
+               raft/wire_transport.py lets the leader's disk write overlap its followers')
+    durable    the leader's journal flush that holds the entry finished (its fsync)
     acked      a follower first acknowledged holding it (it fsync'd first: flush before send)
     committed  the commit index reached it
     applied    the state machine applied it (one state transaction and its fsync)
@@ -33,8 +34,8 @@ STAGES = (
     "queued",
     "handed",
     "appended",
-    "durable",
     "sent",
+    "durable",
     "acked",
     "committed",
     "applied",
@@ -42,11 +43,11 @@ STAGES = (
     "answered",
 )
 # Log-index stamps, in the order entries reach them on the leader.
-ENTRY_STAMPS = ("appended", "durable", "sent", "acked", "committed")
+ENTRY_STAMPS = ("appended", "sent", "durable", "acked", "committed")
 SAMPLE_INTERVAL_S = 0.005
 ENTRIES_TRACKED_MAX = 1 << 16
 
-_APPENDED, _DURABLE, _SENT, _ACKED, _COMMITTED = range(len(ENTRY_STAMPS))
+_APPENDED = 0
 
 
 class EntryTimeline:
@@ -60,7 +61,7 @@ class EntryTimeline:
     >>> t.appended(5, 1.0); t.appended(6, 1.5)
     >>> t.stamp("durable", 6, 2.0); t.stamp("committed", 5, 3.0)
     >>> t.take(5)
-    [1.0, 2.0, None, None, 3.0]
+    [1.0, None, 2.0, None, 3.0]
     >>> t.take(5) is None
     True
     """
@@ -146,12 +147,16 @@ class FrameTrace:
 def durations(trace: FrameTrace, resolved_s: float) -> dict[str, float]:
     """Seconds spent in each stage, by the stage that ends it; a stage whose stamps are missing
     (an entry nobody sent, e.g. on a single replica) is left out, and its time counted in the
-    next stage that has both ends.
+    next stage that has both ends. Stages that overlap (a follower may acknowledge before the
+    leader's own fsync ends) count only the time past the latest earlier stamp.
 
     >>> t = FrameTrace(queued_s=1.0, received_s=0.5, handed_s=1.5,
-    ...                entry=[2.0, 2.5, 3.0, 4.0, 4.5], applied_s=5.0)
-    >>> durations(t, 5.5)["acked"], durations(t, 5.5)["resolved"]
-    (1.0, 0.5)
+    ...                entry=[2.0, 2.1, 3.0, 2.9, 3.5], applied_s=5.0)
+    >>> d = durations(t, 5.5)
+    >>> [round(d[k], 9) for k in ("durable", "acked", "committed", "resolved")]
+    [0.9, 0.0, 0.5, 0.5]
+    >>> round(sum(d.values()), 9)
+    5.0
     """
     points: list[tuple[str, float | None]] = [
         ("queued", trace.queued_s if trace.received_s is not None else None),
@@ -166,7 +171,7 @@ def durations(trace: FrameTrace, resolved_s: float) -> dict[str, float]:
         if when is None:
             continue
         out[name] = max(0.0, when - previous)
-        previous = when
+        previous = max(previous, when)
     return out
 
 

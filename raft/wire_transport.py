@@ -7,9 +7,10 @@ process's Raft driver thread already waits on (no thread of its own). Compared w
 - authenticates every peer with the cluster secret (challenge and proof both ways) and every
   frame with an HMAC, verified before anything is decoded; nothing from an unauthenticated peer
   is ever unpickled, and no zlib or Fernet runs per message;
-- makes the Raft journal durable before any message leaves (``send``), which with the flush
-  before the commit index moves means nothing is acknowledged, voted for or applied that is not
-  on this node's disk;
+- makes the Raft journal durable before any message that promises what this node holds leaves
+  (``send``: acknowledgements, votes), which with the flush before the commit index moves means
+  nothing is acknowledged, voted for or applied that is not on this node's disk; a leader's
+  append-entries go out first and its fsync overlaps its followers' (``_leader_append``);
 - bounds what a connection may cost (raft/wire_guard.py): the declared frame size is checked
   before the body is buffered, a connection not authenticated within ``connect_timeout_ms`` is
   closed, at most ``handshakes_pending_max`` are in the handshake, one readiness event reads at
@@ -103,6 +104,18 @@ class _Link:
         self.subscribed = 0
 
 
+def _leader_append(message: Any) -> bool:
+    """An append-entries message: only a leader sends them, and it need not flush first.
+
+    The leader's own disk write may overlap its followers' (Raft thesis 10.2.1): pysyncobj
+    counts the leader toward a majority when it moves the commit index, and the journal makes
+    the log durable before the commit index moves (``LmdbJournal.setRaftCommitIndex``), so
+    nothing is applied, acknowledged or announced as committed before the leader's fsync too.
+    Every other message (a follower's acknowledgement, a vote, a vote request) still leaves
+    only after the journal is durable: it promises what this node holds."""
+    return type(message) is dict and message.get("type") == "append_entries"
+
+
 def _is_closed(link: _Link) -> bool:
     return link.phase is _Phase.CLOSED
 
@@ -180,7 +193,7 @@ class WireTransport(Transport):  # type: ignore[misc]
         link = self._open.get(node)
         if link is None:
             return False
-        if self.flush_before_send:
+        if self.flush_before_send and not _leader_append(message):
             self._journal.flush()
         if self.on_send is not None:
             self.on_send(node, message)
@@ -351,7 +364,7 @@ class WireTransport(Transport):  # type: ignore[misc]
             self._poller.unsubscribe(descr)
             return
         if event & _ERROR:
-            self._close(link)
+            self._closed_by_peer(link)
             return
         if link.phase is _Phase.CONNECTING:
             if link.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
@@ -431,10 +444,10 @@ class WireTransport(Transport):  # type: ignore[misc]
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                self._close(link)
+                self._closed_by_peer(link)
                 return
             if not data:
-                self._close(link)
+                self._closed_by_peer(link)
                 return
             reader.feed(data)
             budget_bytes -= len(data)
@@ -529,6 +542,27 @@ class WireTransport(Transport):  # type: ignore[misc]
             del self._open[node]
             if was_open and not self._destroying:
                 self._onNodeDisconnected(node)
+
+    def _closed_by_peer(self, link: _Link) -> None:
+        """The peer closed (or reset) the connection. Mid-handshake that is what a failover
+        looks like (a peer stopped, paused or cut off), so it is an INFO line and never called a
+        secret mismatch; a failed dial (CONNECTING) is retried quietly on a later tick."""
+        if link.phase in (_Phase.AWAIT_HELLO, _Phase.AWAIT_CHALLENGE, _Phase.AWAIT_PROOF):
+            stage = "the end" if link.phase is _Phase.AWAIT_PROOF else "its first message"
+            if link.outgoing:
+                kind = "outgoing-closed"
+                text = (
+                    f"raft peer {link.peer} closed the connection before {stage} of the "
+                    "handshake (stopped, paused or unreachable mid-handshake)"
+                )
+            else:
+                kind = "incoming-closed"
+                text = (
+                    f"an incoming raft connection from {link.peer} closed before {stage} of "
+                    "the handshake (the peer stopped, was paused or cut off mid-handshake)"
+                )
+            self._log(kind, logging.INFO, text, peer=link.peer.rpartition(":")[0] or link.peer)
+        self._close(link)
 
     def _refuse(self, link: _Link, kind: str, text: str) -> None:
         host = link.peer.rpartition(":")[0] or link.peer

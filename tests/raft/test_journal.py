@@ -47,10 +47,11 @@ def fill(j: LmdbJournal, first: int, last: int, term: int = 1) -> None:
 def test_flushed_entries_term_vote_and_commit_index_survive_reopen(tmp_path: Path) -> None:
     path = str(tmp_path / "j")
     j = LmdbJournal(path, map_size_bytes=MAP)
-    fill(j, 1, 10, term=2)
+    fill(j, 1, 9, term=2)
     j.setCurrentTerm(3, "127.0.0.1:1")
     j.setRaftCommitIndex(7)
-    j.flush()
+    fill(j, 10, 10, term=2)
+    j.flush()  # the commit index rides with the entry
     expected = entries(j)
     j.close()
 
@@ -121,6 +122,30 @@ def test_set_raft_commit_index_makes_the_log_durable_before_apply(
         assert restarted.getRaftCommitIndex() == 4
     finally:
         restarted.close()
+
+
+def test_a_moved_commit_index_alone_costs_no_fsync_and_rides_with_the_next_entries(
+    tmp_path: Path, journal: LmdbJournal
+) -> None:
+    fill(journal, 1, 4)
+    journal.setRaftCommitIndex(2)
+    before = journal.fsyncs
+    journal.setRaftCommitIndex(4)  # a follower learning the commit index from a heartbeat
+    journal.flush()  # what a send does: nothing to make durable but the commit index
+    assert journal.fsyncs == before, "a commit index alone is not worth an fsync"
+    restarted = crash_copy(tmp_path / "j", tmp_path / "crashed")
+    try:
+        assert restarted.getRaftCommitIndex() == 2, "a stale commit index is only lower"
+    finally:
+        restarted.close()
+    fill(journal, 5, 5)
+    journal.flush()
+    assert journal.fsyncs == before + 1
+    again = crash_copy(tmp_path / "j", tmp_path / "crashed-again")
+    try:
+        assert again.getRaftCommitIndex() == 4
+    finally:
+        again.close()
 
 
 def test_one_flush_of_many_adds_is_one_fsync_and_advances_durable_index(
