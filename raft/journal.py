@@ -4,9 +4,9 @@ pysyncobj's own FileJournal is an mmap that is never fsync'd while running, and 
 file is not fsync'd either (shared/notes/RAFT.md). This journal keeps the log in memory (pysyncobj
 indexes it like a list) and mirrors every change into LMDB. Changes are buffered and made durable
 by ``flush()``: one write transaction and one fsync for everything pending, however many entries.
-The shard calls ``flush()`` before any message leaves the node (see ``SyncingTransport``) and
-before the commit index moves, so no node ever acknowledges, votes for or applies what is not on
-its disk.
+The transport calls ``flush()`` before any message that promises what this node holds leaves it
+(acknowledgements, votes: see ``raft/wire_transport.py``) and the journal flushes before the commit
+index moves, so no node ever acknowledges, votes for or applies what is not on its disk.
 
 Keys are log indexes (u64 big endian, so LMDB's order is log order); values are the term (u64)
 followed by the command bytes. Term, vote and commit index live in a second database.

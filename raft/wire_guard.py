@@ -9,9 +9,8 @@ Once authenticated, a peer's frames are capped by the largest message a legitima
 sends. Every connection reads at most ``read_bytes_per_event_max`` per readiness event, so one
 sender cannot hold the driver thread that serves every shard.
 
-Nothing here knows pysyncobj: raft/_pysyncobj.py applies it to today's transport, and FluxMQ's
-own wire (STRUCTURE.md's raft/wire.py) is meant to reuse the same reader and handshake table.
-Time is an input (``now_s``), so the rules are tested without sleeping.
+Nothing here knows pysyncobj or sockets: raft/wire_transport.py applies these rules to FluxMQ's
+own wire (raft/wire.py). Time is an input (``now_s``), so the rules are tested without sleeping.
 """
 
 from __future__ import annotations
@@ -20,22 +19,26 @@ import struct
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-# pysyncobj's length prefix: a native signed int, as ``struct.pack('i', ...)`` writes it.
-# Kept bit-compatible so a hardened node still talks to an unmodified one.
-_LENGTH = struct.Struct("i")
+# raft/wire.py's length prefix: a signed 32-bit little-endian int. Fixed byte order (not
+# native), so replicas on different architectures read each other's frames.
+_LENGTH = struct.Struct("<i")
 LENGTH_BYTES = _LENGTH.size
 FRAME_BYTES_LIMIT = 0x7FFFFFFF  # what the signed 32-bit prefix can declare
 
-# Every handshake message (a 32-byte random key, a node address, "readonly", a small utility
-# command) encrypts to a few hundred bytes; this leaves ample room and still costs little.
-HANDSHAKE_FRAME_BYTES_MAX = 64 << 10
+# Every handshake frame of raft/wire.py is under 600 bytes (a HELLO with the longest node id),
+# and the first frame of a node on pysyncobj's old wire (a Fernet token) a few hundred, which
+# must fit to be recognised and refused with a clear line; this leaves ample room and still
+# costs little.
+HANDSHAKE_FRAME_BYTES_MAX = 4 << 10
 HANDSHAKES_PENDING_MAX = 64
 READ_BYTES_PER_EVENT_MAX = 2 << 20
 
-# From a message's payload to its bytes on the wire, worst case. Pickling adds up to ~25 bytes
-# per entry, so a batch of 8-byte entries more than triples (measured: x3.6); one large entry or
-# a snapshot chunk only grows by Fernet's base64 (a third) and zlib's few bytes on random data.
-# tests/raft/test_wire_guard.py encodes the worst legitimate messages and checks they fit.
+# From a message's payload to its bytes on the wire (raft/wire.py: pickled, then a 6-byte
+# header and a 32-byte MAC; nothing compressed or base64'd), worst case. Pickling adds up to
+# ~25 bytes per entry, so a batch of 8-byte entries (the smallest raft/frames.py writes) more
+# than triples (measured: x3.6); one large entry or a snapshot chunk grows by a few bytes only
+# (measured: +301 bytes on 4 MiB), so BLOB_EXPANSION_MAX is headroom, not a measurement.
+# tests/raft/test_wire_guard.py seals the worst legitimate messages and checks they fit.
 BATCH_EXPANSION_MAX = 8
 BLOB_EXPANSION_MAX = 2
 WIRE_OVERHEAD_BYTES = 64 << 10

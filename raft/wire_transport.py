@@ -512,7 +512,9 @@ class WireTransport(Transport):  # type: ignore[misc]
         self._opened(link, node)
 
     def _opened(self, link: _Link, node: Any) -> None:
-        self._dialing.pop(node, None)
+        dialing = self._dialing.pop(node, None)
+        if dialing is not None and dialing is not link:
+            self._close(dialing)  # both ends dialed (a peer list out of step): keep one link
         link.node = node
         link.phase = _Phase.OPEN
         link.reader.frame_bytes_max = self._limits.frame_bytes_max

@@ -14,6 +14,7 @@ from pysyncobj import SyncObj
 from raft import _pysyncobj, snapshot_file
 from raft._pysyncobj import HardenedSyncObj, SyncObjConf
 from raft.journal import LmdbJournal
+from raft.wire_transport import WireTransport
 from tests.raft.helpers import free_ports
 
 NOOP = b"\x01"
@@ -41,7 +42,7 @@ class Harness:
         me, peer1, peer2 = (f"127.0.0.1:{p}" for p in free_ports(3))
         self.snapshots: list[int] = []
         conf = SyncObjConf(
-            password="s",
+            password=None,
             autoTick=False,
             appendEntriesUseBatch=False,
             fullDumpFile=os.path.join(root, "snapshot"),
@@ -60,6 +61,7 @@ class Harness:
             _pysyncobj.create_poller(),
             lambda index, frame: index,
             lambda path, info: self.snapshots.append(info.index),
+            wire_secret="s",
         )
         self.leader = next(n for n in self.so.otherNodes if n.id == peer1)
 
@@ -108,6 +110,31 @@ def harness(tmp_path: Any) -> Iterator[Any]:
 
 def test_pysyncobj_internals_we_rely_on_are_present() -> None:
     assert _pysyncobj.check_assumptions() == []
+
+
+def test_replicas_talk_over_fluxmqs_wire_by_default(harness: Any) -> None:
+    h = harness([1])
+    assert isinstance(h.so.transport, WireTransport)
+    assert h.so.encryptor is None  # no Fernet under the wire
+
+
+def test_pysyncobjs_fernet_password_cannot_be_turned_on(tmp_path: Any) -> None:
+    """Peers are authenticated by raft/wire.py; a Fernet password would put pysyncobj's
+    per-message encryption back (and its handshake under ours)."""
+    journal = LmdbJournal(str(tmp_path / "journal"))
+    conf = SyncObjConf(password="s", autoTick=False, useFork=False)
+    with pytest.raises(ValueError, match="leave password unset"):
+        HardenedSyncObj(
+            "127.0.0.1:1",
+            [],
+            conf,
+            journal,
+            _pysyncobj.create_poller(),
+            lambda index, frame: index,
+            lambda path, info: None,
+            wire_secret="s",
+        )
+    journal.close()
 
 
 def test_a_stale_append_of_matching_entries_does_not_delete_later_entries(harness: Any) -> None:

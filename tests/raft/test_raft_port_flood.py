@@ -44,7 +44,7 @@ def flood(address: tuple[str, int], out: Flood, deadline: float) -> None:
     start = time.monotonic()
     with socket.create_connection(address, timeout=5.0) as sock:
         try:
-            sock.sendall(struct.pack("i", 0x7FFFFFFF))
+            sock.sendall(struct.pack("<i", 0x7FFFFFFF))
             while out.sent_bytes < FLOOD_BYTES_MAX and time.monotonic() < deadline:
                 out.sent_bytes += sock.send(chunk)
             # Everything sent: does the node still hold the connection?
@@ -140,7 +140,8 @@ async def test_a_flooded_leader_keeps_committing_and_closes_every_attacker_conne
         assert idled.closed == idled.opened, idled
         timeout_s = leader._cfg.timings.connect_timeout_ms / 1000
         assert max(idled.close_after_s) < timeout_s + 5.0
-        assert leader._so is not None and leader._so.transport.fx_handshakes_pending == 0
+        assert leader._so is not None and leader._so.transport.handshakes_pending == 0
+        assert leader._so.transport.peers_open == 2  # the replicas were never cut off
 
         await leader.propose(b"after")
         await cluster.converged()

@@ -8,25 +8,26 @@ import os
 import random
 import struct
 import time
-import zlib
 
-import pysyncobj.pickle as pysyncobj_pickle
 import pytest
-from pysyncobj.encryptor import getEncryptor
 
+from raft import wire
 from raft.pysyncobj_shard import ShardConfig
 from raft.wire_guard import (
+    HANDSHAKE_FRAME_BYTES_MAX,
+    LENGTH_BYTES,
     FrameReader,
     FrameTooLargeError,
     PendingHandshakes,
     WireLimits,
     encode_frame,
 )
+from tests.raft.ticked_node import old_wire_frame
 
 
 def test_a_declared_size_over_the_cap_is_refused_from_the_length_prefix_alone() -> None:
     reader = FrameReader(frame_bytes_max=1 << 20)
-    reader.feed(struct.pack("i", 0x7FFFFFFF))
+    reader.feed(struct.pack("<i", 0x7FFFFFFF))
     with pytest.raises(FrameTooLargeError) as caught:
         reader.bytes_wanted()
     assert caught.value.declared_bytes == 0x7FFFFFFF and caught.value.limit_bytes == 1 << 20
@@ -37,7 +38,7 @@ def test_a_declared_size_over_the_cap_is_refused_from_the_length_prefix_alone() 
 
 def test_a_negative_declared_size_is_refused() -> None:
     reader = FrameReader(frame_bytes_max=1 << 20)
-    reader.feed(struct.pack("i", -1) + b"x")
+    reader.feed(struct.pack("<i", -1) + b"x")
     with pytest.raises(FrameTooLargeError):
         reader.next_frame()
 
@@ -80,7 +81,7 @@ def test_buffering_a_large_frame_in_small_reads_is_linear() -> None:
     and take minutes. A bytearray takes milliseconds; the bound leaves room for a busy box."""
     reader = FrameReader(frame_bytes_max=64 << 20)
     body_bytes = 32 << 20
-    reader.feed(struct.pack("i", body_bytes))
+    reader.feed(struct.pack("<i", body_bytes))
     chunk = os.urandom(4096)
     start = time.monotonic()
     for _ in range(body_bytes // len(chunk)):
@@ -125,10 +126,34 @@ def test_limits_reject_a_handshake_cap_above_the_frame_cap() -> None:
 
 
 def _wire_bytes(message: object) -> int:
-    """Bytes of ``message`` on the wire, as pysyncobj's TcpConnection sends it after the
-    handshake: (session key, message), pickled, zlib level 3, Fernet."""
-    data = zlib.compress(pysyncobj_pickle.dumps((os.urandom(32), message)), 3)
-    return len(getEncryptor("a-secret").encrypt_at_time(data, int(time.time())))
+    """The size ``message`` declares on the wire (what follows the length prefix, as the
+    frame cap counts it), sealed as raft/wire.py sends it after the handshake."""
+    session = wire.Session(send_key=os.urandom(32), recv_key=os.urandom(32))
+    return len(session.seal(message)) - LENGTH_BYTES
+
+
+def test_the_frame_reader_reads_the_wires_length_prefix() -> None:
+    """raft/wire.py writes the prefix; the reader that enforces the caps must read it the same
+    way (little-endian, on every architecture)."""
+    sealed = wire.Session(send_key=b"k" * 32, recv_key=b"k" * 32).seal({"term": 1})
+    reader = FrameReader(frame_bytes_max=1 << 10)
+    reader.feed(sealed + wire.frame(wire.KIND_PROOF, b"p" * 32))
+    first = reader.next_frame()
+    assert first is not None and len(first) == len(sealed) - LENGTH_BYTES
+    assert wire.split(first)[0] == wire.KIND_MESSAGE
+    second = reader.next_frame()
+    assert second is not None and wire.split(second) == (wire.KIND_PROOF, b"p" * 32)
+    assert encode_frame(b"xy") == struct.pack("<i", 2) + b"xy"
+
+
+def test_every_handshake_frame_fits_under_the_handshake_cap() -> None:
+    """The longest HELLO of the wire, and the first frame of a node on pysyncobj's old wire
+    (which must be read whole to be recognised and refused with a clear line)."""
+    longest = wire.hello(os.urandom(wire.NONCE_BYTES), "n" * wire.NODE_ID_BYTES_MAX)
+    assert len(longest) - LENGTH_BYTES <= wire.HANDSHAKE_FRAME_BYTES_MAX
+    assert wire.HANDSHAKE_FRAME_BYTES_MAX <= HANDSHAKE_FRAME_BYTES_MAX
+    old_first = old_wire_frame(os.urandom(32))
+    assert len(old_first) - LENGTH_BYTES <= HANDSHAKE_FRAME_BYTES_MAX
 
 
 def _append_entries(entries: list[tuple[bytes, int, int]]) -> dict[str, object]:
@@ -158,8 +183,8 @@ def _batch(cfg: ShardConfig, entry_bytes: int) -> list[tuple[bytes, int, int]]:
 def test_the_largest_legitimate_append_entries_fits_under_the_derived_frame_cap(
     entry_bytes: int, entry_bytes_max: int
 ) -> None:
-    """Tiny incompressible entries are the worst case (pickling costs more than their bytes),
-    then the largest entry allowed, which pysyncobj appends after them."""
+    """Tiny entries are the worst case (pickling costs more than their bytes), then the largest
+    entry allowed, which pysyncobj appends after them."""
     cfg = ShardConfig(
         "s",
         "127.0.0.1:1",
