@@ -14,11 +14,13 @@ followed by the command bytes. Term, vote and commit index live in a second data
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, overload
 
 import lmdb
@@ -31,6 +33,17 @@ Item = tuple[bytes, int, int]  # (command, index, term): pysyncobj's entry shape
 
 class JournalError(Exception):
     pass
+
+
+@dataclass(slots=True)
+class _FlushJob:
+    """Changes taken for one write transaction: ops in order, the meta record (None: left
+    alone), and the last log index they leave on disk."""
+
+    ops: list[tuple[str, Any]]
+    meta: dict[str, Any] | None
+    last_index: int
+    seconds: float = 0.0
 
 
 class LmdbJournal:
@@ -62,6 +75,7 @@ class LmdbJournal:
         self._ops: list[tuple[str, Any]] = []
         self._meta_dirty = False  # term or vote changed: durable before anything leaves
         self._commit_dirty = False  # the commit index moved: written with the next flush
+        self._inflight: tuple[_FlushJob, concurrent.futures.Future[float]] | None = None
         self._view_end: int | None = None  # see hide_after()
         self.before_trim: Callable[[], None] | None = None
         self.fsyncs = 0
@@ -114,6 +128,7 @@ class LmdbJournal:
 
     def clear(self) -> None:
         assert self._view_end is None
+        self._finish_inflight()  # its durable index must not be taken for later entries
         self._entries = []
         self._ops.append(("del_from", 0))
         self.durable_index = 0
@@ -122,6 +137,7 @@ class LmdbJournal:
         assert self._view_end is None
         if entryFrom >= len(self._entries):
             return
+        self._finish_inflight()  # its durable index must not be taken for later entries
         first_gone = self._entries[entryFrom][1]
         del self._entries[entryFrom:]
         self._ops.append(("del_from", first_gone))
@@ -169,12 +185,11 @@ class LmdbJournal:
         self.close()
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
-        # Called just before apply: whatever the log holds must be durable first. The commit
-        # index itself need not be (Raft keeps it volatile); it is written with the next flush.
+        # Called just before apply: the log up to the commit index must be durable first. The
+        # commit index itself need not be (Raft keeps it volatile); it rides with a later flush.
         self._commit_index = raftCommitIndex
         self._commit_dirty = True
-        if self._ops:
-            self.flush()
+        self.flush_upto(raftCommitIndex)
         if self.on_commit is not None:
             self.on_commit(raftCommitIndex)
 
@@ -205,14 +220,74 @@ class LmdbJournal:
         return bool(self._ops) or self._meta_dirty
 
     def flush(self) -> None:
-        """Make every pending change durable: one transaction, one fsync."""
+        """Make every pending change durable: one transaction, one fsync (after the flush in
+        flight, if any, finished)."""
+        self._finish_inflight()
         if not self._ops and not self._meta_dirty:
             return
+        job = self._take_job()
+        self._write(job)
+        self._flushed(job)
+
+    def flush_upto(self, index: int) -> None:
+        """Make the log durable at least up to ``index``: waits for the flush in flight, and
+        flushes the rest only if that one did not cover ``index``."""
+        self._finish_inflight()
+        if self.durable_index < index or self._meta_dirty:
+            self.flush()
+
+    def flush_async(self, writer: concurrent.futures.Executor, wake: Callable[[], None]) -> None:
+        """Start making the pending changes durable on ``writer`` (one thread) and return;
+        ``wake`` is called (on the writer) when the write is done. At most one flush is in
+        flight; ``poll_flushed`` (or any synchronous flush) completes it on the caller's thread,
+        so ``durable_index`` and the observers move there only."""
+        if self._inflight is not None or not self._ops:
+            return
+        job = self._take_job()
+        future = writer.submit(self._write, job)
+        self._inflight = (job, future)
+        future.add_done_callback(lambda _done: wake())
+
+    def poll_flushed(self) -> bool:
+        """Complete the flush in flight if it finished. -> whether one is still in flight."""
+        if self._inflight is not None and self._inflight[1].done():
+            self._finish_inflight()
+        return self._inflight is not None
+
+    @property
+    def flush_inflight(self) -> bool:
+        return self._inflight is not None
+
+    def _finish_inflight(self) -> None:
+        if self._inflight is None:
+            return
+        job, future = self._inflight
+        self._inflight = None
+        future.result()  # a failed write raises here, on the journal's own thread
+        self._flushed(job)
+
+    def _take_job(self) -> _FlushJob:
         ops, self._ops = self._ops, []
+        meta = None
+        # Most flushes only append entries: leave the meta page be. A moved commit index alone
+        # never costs a flush of its own (Raft keeps it volatile; a stale one read at restart is
+        # only lower, and the leader tells the rest): it rides with this one.
+        if self._meta_dirty or self._commit_dirty:
+            meta = {
+                "term": self._term,
+                "voted_for": self._voted_for,
+                "commit_index": self._commit_index,
+            }
+        self._meta_dirty = False
+        self._commit_dirty = False
+        return _FlushJob(ops, meta, self._entries[-1][1] if self._entries else 0)
+
+    def _write(self, job: _FlushJob) -> float:
+        """One write transaction and its fsync (any thread; one at a time). -> seconds."""
         started = time.perf_counter()
         with self._env.begin(write=True) as txn:
             cur = txn.cursor(db=self._entries_db)
-            for kind, arg in ops:
+            for kind, arg in job.ops:
                 if kind == "put":
                     command, index, term = arg
                     txn.put(_U64.pack(index), _U64.pack(term) + command, db=self._entries_db)
@@ -227,26 +302,21 @@ class LmdbJournal:
                                 break
                 else:  # pragma: no cover - a bug
                     raise AssertionError(kind)
-            # Most flushes only append entries: leave the meta page be. A moved commit index
-            # alone never costs a flush of its own (Raft keeps it volatile; a stale one read at
-            # restart is only lower, and the leader tells the rest), it rides with this one.
-            if self._meta_dirty or self._commit_dirty:
-                meta = {
-                    "term": self._term,
-                    "voted_for": self._voted_for,
-                    "commit_index": self._commit_index,
-                }
-                txn.put(_META_KEY, json.dumps(meta).encode(), db=self._meta_db)
-            # Assert right before committing: disk and memory agree on where the log ends.
+            if job.meta is not None:
+                txn.put(_META_KEY, json.dumps(job.meta).encode(), db=self._meta_db)
+            # Assert right before committing: disk and memory (when the job was taken) agree on
+            # where the log ends.
             last_key = _U64.unpack(cur.key())[0] if cur.last() else 0
-            mem_last = self._entries[-1][1] if self._entries else 0
-            assert last_key == mem_last, (last_key, mem_last)
-        self._meta_dirty = False
-        self._commit_dirty = False
+            assert last_key == job.last_index, (last_key, job.last_index)
+        job.seconds = time.perf_counter() - started
+        return job.seconds
+
+    def _flushed(self, job: _FlushJob) -> None:
         self.fsyncs += 1
         if self.on_flush is not None:
-            self.on_flush(time.perf_counter() - started)
-        self.durable_index = self._entries[-1][1] if self._entries else 0
+            self.on_flush(job.seconds)
+        # Entries truncated since the job was taken are not durable for being in it.
+        self.durable_index = min(job.last_index, self._entries[-1][1] if self._entries else 0)
         if self.on_durable is not None:
             self.on_durable(self.durable_index)
 

@@ -17,6 +17,7 @@ thread; results come back through ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import enum
 import functools
@@ -55,6 +56,7 @@ from raft.wire_guard import HANDSHAKES_PENDING_MAX, WireLimits, wire_frame_bytes
 log = logging.getLogger("raft.shard")
 APPLY_BATCHES_QUEUED_MAX = 64  # the driver waits when the apply thread is this far behind
 APPLY_RETRY_S = 0.5
+APPLY_BATCHES_COALESCED_MAX = 16  # queued batches applied in one state transaction, at most
 
 
 class ShardStartError(ShardError):
@@ -231,6 +233,11 @@ class PySyncObjShard:
         self._frames: dict[int, list[_Proposal]] = {}
         self._awaiting: dict[int, list[_Proposal]] = {}  # log index -> proposals of its frame
         self._pending_applies: list[tuple[int, bytes]] = []
+        # (last log index, term, frame ids) of on_append frames waiting for the leader's fsync.
+        self._appends_to_ack: deque[tuple[int, int, list[int]]] = deque()
+        self._journal_writer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"journal-{config.shard_id}"
+        )
         self._apply_queue: queue.Queue[Any] = queue.Queue(maxsize=APPLY_BATCHES_QUEUED_MAX)
         self._apply_thread = threading.Thread(
             target=self._apply_routine, name=f"apply-{config.shard_id}", daemon=True
@@ -496,12 +503,15 @@ class PySyncObjShard:
         self._apply_queue.put(None)
         self._apply_thread.join(timeout=30)
         self._so.destroy()  # closes sockets and the journal (flushed first)
+        self._journal_writer.shutdown(wait=True)
 
     # -- driver thread: one round ----------------------------------------------------------
 
     def step(self) -> bool:
         so = self._so
-        assert so is not None and self._journal is not None
+        journal = self._journal
+        assert so is not None and journal is not None
+        journal.poll_flushed()
         leading = so._isLeader()
         if leading != self._leading:
             self._leading = leading
@@ -510,7 +520,12 @@ class PySyncObjShard:
         handed = self._hand_over(so)
         so.doTick(0.0)
         self._flush_applies()
-        self._journal.flush()
+        if leading and so._isLeader():
+            # The leader's fsync runs on the journal writer while this thread goes on (acks,
+            # the next frames): the commit index waits for it (LmdbJournal.setRaftCommitIndex).
+            journal.flush_async(self._journal_writer, self._driver.wake)
+        else:
+            journal.flush()
         if (
             handed
             and leading_term is not None
@@ -519,13 +534,28 @@ class PySyncObjShard:
             and so.queued_commands() == 0
         ):
             # Still the leader of the same term and pysyncobj's command queue is drained: the
-            # frames handed this round are in our log, and the flush above made them durable.
-            self._ack_appended(handed)
+            # frames handed this round are in our log, up to its last index.
+            self._appends_to_ack.append((journal.last_index, leading_term, handed))
+        self._maybe_ack_appended(so, journal)
         now = time.monotonic()
         if now - self._status_at >= 0.02:
             self._status_at = now
             self._publish_status(so, now)
         return bool(self._incoming) and self._can_hand_over(so)
+
+    def _maybe_ack_appended(self, so: HardenedSyncObj, journal: LmdbJournal) -> None:
+        """Acknowledge ``on_append`` proposals whose entries are durable in our log. A leader
+        never truncates its own log within its term, so entries of the term we still lead are
+        the ones we appended."""
+        while self._appends_to_ack:
+            last_index, term, frame_ids = self._appends_to_ack[0]
+            if not so._isLeader() or so.raftCurrentTerm != term:
+                self._appends_to_ack.clear()  # pysyncobj reports their outcome instead
+                return
+            if journal.durable_index < last_index:
+                return
+            self._appends_to_ack.popleft()
+            self._ack_appended(frame_ids)
 
     def _can_hand_over(self, so: HardenedSyncObj) -> bool:
         if self._transferring and so._isLeader():
@@ -640,36 +670,59 @@ class PySyncObjShard:
 
     def _apply_routine(self) -> None:
         while True:
-            item = self._apply_queue.get()
+            items = [self._apply_queue.get()]
+            # Whatever else is queued goes into the same state transaction: under load the
+            # batches committed while the last one was being fsync'd cost one fsync, not many.
+            while len(items) < APPLY_BATCHES_COALESCED_MAX:
+                try:
+                    items.append(self._apply_queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                if item is None:
+                stop = items[-1] is None
+                batches = [item for item in items if item is not None]
+                if batches:
+                    self._apply_batches(batches)
+                if stop:
                     return
-                entries, slots, waiting, traces = item
-                while True:
-                    try:
-                        applied = self._sm.apply_batch(entries)
-                        break
-                    except Exception:
-                        # Committed entries cannot be skipped: stall (and say so) until the
-                        # state machine can apply them, e.g. once disk space is freed.
-                        log.exception("shard %s: applying committed entries failed", self.shard_id)
-                        time.sleep(APPLY_RETRY_S)
-                assert len(applied) == len(entries)
-                applied_s = time.perf_counter()
-                for trace in traces:
-                    trace.applied_s = applied_s
-                results = [None if k is None else applied[k] for k in slots]
-                self.batches_applied += 1
-                done: list[tuple[_Proposal, object]] = []
-                for taken, first in waiting:
-                    done.extend(zip(taken, results[first : first + len(taken)], strict=True))
-                self.proposals_applied += len(done)
-                if done and self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._resolve_all, done)
-                if traces and self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._observe_traces, traces)
             finally:
-                self._apply_queue.task_done()
+                for _ in items:
+                    self._apply_queue.task_done()
+
+    def _apply_batches(self, batches: list[Any]) -> None:
+        """Apply the entries of ``batches`` (as ``_flush_applies`` queued them, in log order) in
+        one state transaction, then resolve their proposals."""
+        entries: list[Entry] = []
+        for batch_entries, _slots, _waiting, _traces in batches:
+            entries.extend(batch_entries)
+        while True:
+            try:
+                applied = self._sm.apply_batch(entries)
+                break
+            except Exception:
+                # Committed entries cannot be skipped: stall (and say so) until the state
+                # machine can apply them, e.g. once disk space is freed.
+                log.exception("shard %s: applying committed entries failed", self.shard_id)
+                time.sleep(APPLY_RETRY_S)
+        assert len(applied) == len(entries)
+        applied_s = time.perf_counter()
+        done: list[tuple[_Proposal, object]] = []
+        traces: list[stages.FrameTrace] = []
+        offset = 0
+        for batch_entries, slots, waiting, batch_traces in batches:
+            results = [None if k is None else applied[offset + k] for k in slots]
+            offset += len(batch_entries)
+            for taken, first in waiting:
+                done.extend(zip(taken, results[first : first + len(taken)], strict=True))
+            traces.extend(batch_traces)
+        for trace in traces:
+            trace.applied_s = applied_s
+        self.batches_applied += 1
+        self.proposals_applied += len(done)
+        if done and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._resolve_all, done)
+        if traces and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._observe_traces, traces)
 
     def _drain_applies(self) -> None:
         """Driver thread: wait until every committed entry handed out so far is applied."""

@@ -10,7 +10,7 @@ process's Raft driver thread already waits on (no thread of its own). Compared w
 - makes the Raft journal durable before any message that promises what this node holds leaves
   (``send``: acknowledgements, votes), which with the flush before the commit index moves means
   nothing is acknowledged, voted for or applied that is not on this node's disk; a leader's
-  append-entries go out first and its fsync overlaps its followers' (``_leader_append``);
+  append-entries go out first and its fsync overlaps its followers' (``_promises_nothing``);
 - bounds what a connection may cost (raft/wire_guard.py): the declared frame size is checked
   before the body is buffered, a connection not authenticated within ``connect_timeout_ms`` is
   closed, at most ``handshakes_pending_max`` are in the handshake, one readiness event reads at
@@ -104,16 +104,22 @@ class _Link:
         self.subscribed = 0
 
 
-def _leader_append(message: Any) -> bool:
-    """An append-entries message: only a leader sends them, and it need not flush first.
+# Messages that promise nothing about this node's disk, so they need not wait for a flush:
+# - "append_entries": only a leader sends them. Its own disk write may overlap its followers'
+#   (Raft thesis 10.2.1): pysyncobj counts the leader toward a majority when it moves the commit
+#   index, and the journal makes the log durable up to the commit index before it moves
+#   (``LmdbJournal.setRaftCommitIndex``), so nothing is applied, acknowledged or announced as
+#   committed before the leader's fsync too.
+# - "apply_command" / "apply_command_response": a follower forwarding a command, and the leader
+#   saying where it put it (the follower waits for the commit like any other).
+# Every other message (a follower's acknowledgement, a vote, a vote request) leaves only after
+# the journal is durable: it promises what this node holds.
+_NO_FLUSH_TYPES = frozenset({"append_entries", "apply_command", "apply_command_response"})
 
-    The leader's own disk write may overlap its followers' (Raft thesis 10.2.1): pysyncobj
-    counts the leader toward a majority when it moves the commit index, and the journal makes
-    the log durable before the commit index moves (``LmdbJournal.setRaftCommitIndex``), so
-    nothing is applied, acknowledged or announced as committed before the leader's fsync too.
-    Every other message (a follower's acknowledgement, a vote, a vote request) still leaves
-    only after the journal is durable: it promises what this node holds."""
-    return type(message) is dict and message.get("type") == "append_entries"
+
+def _promises_nothing(message: Any) -> bool:
+    """True for a message that need not wait for the journal (see _NO_FLUSH_TYPES)."""
+    return type(message) is dict and message.get("type") in _NO_FLUSH_TYPES
 
 
 def _is_closed(link: _Link) -> bool:
@@ -193,7 +199,7 @@ class WireTransport(Transport):  # type: ignore[misc]
         link = self._open.get(node)
         if link is None:
             return False
-        if self.flush_before_send and not _leader_append(message):
+        if self.flush_before_send and not _promises_nothing(message):
             self._journal.flush()
         if self.on_send is not None:
             self.on_send(node, message)

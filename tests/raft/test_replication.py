@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -210,7 +211,7 @@ async def test_majority_fsync_check_detects_missing_fsyncs(
                 assert s.syncobj is not None
                 s.syncobj.transport.flush_before_send = False
         else:
-            real_flush = LmdbJournal.flush
+            real_flush, real_flush_async = LmdbJournal.flush, LmdbJournal.flush_async
             silent = {
                 id(s.journal)
                 for s in c.shards.values()
@@ -221,7 +222,12 @@ async def test_majority_fsync_check_detects_missing_fsyncs(
                 if id(self) not in silent:
                     real_flush(self)
 
+            def flush_async(self: LmdbJournal, *args: Any) -> None:
+                if id(self) not in silent:
+                    real_flush_async(self, *args)
+
             monkeypatch.setattr(raft.journal.LmdbJournal, "flush", flush)
+            monkeypatch.setattr(raft.journal.LmdbJournal, "flush_async", flush_async)
         # One entry at a time: without flush-before-send about a third of the entries are
         # applied by the leader before any follower's fsync (measured: 16 to 44 of 100).
         await propose_each(leader, payloads("m", 100))
