@@ -164,6 +164,7 @@ class WireTransport(Transport):  # type: ignore[misc]
         self._last_logged: dict[str, float] = {}
         self._destroying = False
         self.flush_before_send = True  # tests turn it off to prove the fsync check can fail
+        self._held: list[tuple[Any, Any]] | None = None  # sends held while frames are read
         # Observers (the latency budget): called with (node, message) as a message leaves.
         self.on_send: Callable[[Any, Any], None] | None = None
         syncObj.addOnTickCallback(self._on_tick)
@@ -199,13 +200,31 @@ class WireTransport(Transport):  # type: ignore[misc]
         link = self._open.get(node)
         if link is None:
             return False
+        if self._held is not None:
+            # Answers to the frames of one read go out together after one flush: a follower
+            # that reads ten append-entries at once fsyncs once, not ten times.
+            self._held.append((node, message))
+            return True
         if self.flush_before_send and not _promises_nothing(message):
             self._journal.flush()
+        return self._send_now(link, node, message)
+
+    def _send_now(self, link: _Link, node: Any, message: Any) -> bool:
         if self.on_send is not None:
             self.on_send(node, message)
         assert link.session is not None
         self._write(link, link.session.seal(message))
         return link.phase is _Phase.OPEN
+
+    def _release_held(self, held: list[tuple[Any, Any]]) -> None:
+        if not held:
+            return
+        if self.flush_before_send and not all(_promises_nothing(m) for _, m in held):
+            self._journal.flush()
+        for node, message in held:  # in the order pysyncobj sent them
+            link = self._open.get(node)
+            if link is not None:
+                self._send_now(link, node, message)
 
     def destroy(self) -> None:
         self._destroying = True
@@ -424,6 +443,17 @@ class WireTransport(Transport):  # type: ignore[misc]
         self._subscribe(link, _READ | _ERROR)
 
     def _read(self, link: _Link) -> None:
+        outermost = self._held is None
+        if outermost:
+            self._held = []
+        try:
+            self._read_frames(link)
+        finally:
+            if outermost:
+                held, self._held = self._held or [], None
+                self._release_held(held)
+
+    def _read_frames(self, link: _Link) -> None:
         budget_bytes = self._limits.read_bytes_per_event_max
         reader = link.reader
         while link.phase is not _Phase.CLOSED:

@@ -354,3 +354,37 @@ def test_two_replicas_handshake_one_dialing_one_accepting_and_replicate(
     assert leader.applied == follower.applied == [(index, b"over the wire")]
     assert {sender for sender, _ in a.received} == {b_address}
     assert {sender for sender, _ in b.received} == {a_address}
+
+
+def test_a_follower_answers_the_appends_of_one_read_after_a_single_fsync(
+    node: TickedNode,
+) -> None:
+    """Each answer promises what the follower holds, so it leaves only after a flush; answers
+    to frames read together share that flush (one fsync for the lot, not one per frame)."""
+    leader = WirePeer(node, node.peers[0])
+    leader.authenticate()
+    heartbeat = {"type": "append_entries", "term": 1, "commit_index": 1}
+    leader.send({**heartbeat, "prevLogIdx": 1, "prevLogTerm": 0, "entries": []})
+    assert leader.recv()["success"]  # the new term is on disk (its own fsync, as it must)
+    appends = 8
+    burst = b"".join(
+        leader.seal(
+            {
+                "type": "append_entries",
+                "term": 1,
+                "commit_index": 1,
+                "prevLogIdx": 1 + k,
+                "prevLogTerm": 0 if k == 0 else 1,
+                "entries": [(b"entry-%d" % k, 2 + k, 1)],
+            }
+        )
+        for k in range(appends)
+    )
+    fsyncs_before = node.journal.fsyncs
+    leader.sock.sendall(burst)  # one write: the node reads the frames in one event
+    answers = [leader.recv() for _ in range(appends)]
+    assert [a["type"] for a in answers] == ["next_node_idx"] * appends
+    assert all(a["success"] for a in answers)
+    assert answers[-1]["next_node_idx"] == 2 + appends
+    assert node.journal.durable_index == 1 + appends, "every acknowledged entry is on disk"
+    assert node.journal.fsyncs - fsyncs_before == 1
