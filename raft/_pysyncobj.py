@@ -185,6 +185,18 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
 
     # -- read-only views of internal state ---------------------------------------------------
 
+    def fx_next_timer_s(self) -> float:
+        """Seconds until pysyncobj's next timed action: a leader's heartbeat, or a follower's
+        (or candidate's) election deadline. Commits, applies and answers are driven by
+        messages, which wake the poller themselves. (pysyncobj's clock is its own: RAW
+        monotonic, not ``time.monotonic``.)"""
+        now_s = _so.monotonicTime()
+        if self._isLeader():
+            due = float(getattr(self, "_SyncObj__newAppendEntriesTime"))  # noqa: B009
+        else:
+            due = float(getattr(self, "_SyncObj__raftElectionDeadline"))  # noqa: B009
+        return max(0.0, due - now_s)
+
     @property
     def transport(self) -> Any:
         """The transport pysyncobj built from ``transport_class`` (a WireTransport unless a

@@ -3,8 +3,9 @@
 pysyncobj with ``autoTick`` runs one thread per SyncObj; a node hosting many shards would run many
 threads fighting over the GIL. Instead all shards share one poller (sockets of every shard) and
 this thread loops: let each shard hand over new proposals, tick it, flush what it applied, then
-wait on the shared poller until a socket, a wake-up or the next timer. Results cross into asyncio
-only through ``loop.call_soon_threadsafe`` (in the shard).
+wait on the shared poller until a socket, a wake-up or the next timer (each shard names its own:
+``next_wake_s``; at most ``idle_wait_ms``), so an idle node wakes a few times a second.
+Results cross into asyncio only through ``loop.call_soon_threadsafe`` (in the shard).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from raft._pysyncobj import PipeNotifier, create_poller
 
 log = logging.getLogger("raft.driver")
 T = TypeVar("T")
+# Never a busy loop: a timer that is already due is served after at most this pause.
+WAIT_MIN_S = 0.0005
 
 
 class Driven(Protocol):
@@ -27,9 +30,15 @@ class Driven(Protocol):
         """One round on the driver thread; True when it has more work right away."""
         ...
 
+    def next_wake_s(self) -> float:
+        """Seconds until the shard's next timed action (a heartbeat, an election deadline, a
+        handshake deadline): the driver sleeps no longer, unless a socket or a wake-up comes
+        first."""
+        ...
+
 
 class RaftDriver:
-    def __init__(self, *, idle_wait_ms: int = 25, name: str = "raft-driver") -> None:
+    def __init__(self, *, idle_wait_ms: int = 200, name: str = "raft-driver") -> None:
         assert idle_wait_ms >= 1
         self._idle_wait_s = idle_wait_ms / 1000
         self.poller: Any = create_poller()
@@ -100,5 +109,12 @@ class RaftDriver:
                     # A shard's bug must not stop the others; it is logged and retried.
                     log.exception("raft shard step failed")
             self.rounds += 1
-            self.poller.poll(0 if busy or self._calls else self._idle_wait_s)
+            if busy or self._calls:
+                wait_s = 0.0
+            else:
+                wait_s = self._idle_wait_s
+                for shard in self._shards:
+                    wait_s = min(wait_s, shard.next_wake_s())
+                wait_s = max(WAIT_MIN_S, wait_s)
+            self.poller.poll(wait_s)
         self._run_calls()

@@ -56,6 +56,7 @@ from raft.wire_guard import HANDSHAKES_PENDING_MAX, WireLimits, wire_frame_bytes
 log = logging.getLogger("raft.shard")
 APPLY_BATCHES_QUEUED_MAX = 64  # the driver waits when the apply thread is this far behind
 APPLY_RETRY_S = 0.5
+STATUS_INTERVAL_S = 0.02  # indexes and in-sync counts; role, term and leader at once
 APPLY_BATCHES_COALESCED_MAX = 16  # queued batches applied in one state transaction, at most
 
 
@@ -74,7 +75,7 @@ class _NotCaughtUpError(ShardRequestDeniedError):
 
 @dataclass(frozen=True, slots=True)
 class RaftTimings:
-    heartbeat_ms: int = 50
+    heartbeat_ms: int = 100  # etcd's default; a sixth of the shortest election timeout
     election_min_ms: int = 600
     election_max_ms: int = 1200
     leader_fallback_ms: int = 3000  # a leader that hears from no majority this long steps down
@@ -538,7 +539,7 @@ class PySyncObjShard:
             self._appends_to_ack.append((journal.last_index, leading_term, handed))
         self._maybe_ack_appended(so, journal)
         now = time.monotonic()
-        if now - self._status_at >= 0.02:
+        if now - self._status_at >= STATUS_INTERVAL_S or self._status_changed(so):
             self._status_at = now
             self._publish_status(so, now)
         return bool(self._incoming) and self._can_hand_over(so)
@@ -556,6 +557,15 @@ class PySyncObjShard:
                 return
             self._appends_to_ack.popleft()
             self._ack_appended(frame_ids)
+
+    def next_wake_s(self) -> float:
+        """Driver thread: seconds until pysyncobj's next timer (the leader's heartbeat, a
+        follower's election deadline) or the transport's."""
+        so = self._so
+        if so is None:
+            return 0.0
+        transport_s = float(so.transport.next_timer_s(time.monotonic()))
+        return min(so.fx_next_timer_s(), transport_s)
 
     def _can_hand_over(self, so: HardenedSyncObj) -> bool:
         if self._transferring and so._isLeader():
@@ -728,6 +738,17 @@ class PySyncObjShard:
         """Driver thread: wait until every committed entry handed out so far is applied."""
         self._flush_applies()
         self._apply_queue.join()
+
+    def _status_changed(self, so: HardenedSyncObj) -> bool:
+        """Role, term or leader moved since the last status: published at once, whatever the
+        interval (the event loop routes by them)."""
+        leader = so._getLeader()
+        st = self._status
+        return (
+            so.raftCurrentTerm != st.term
+            or so._isLeader() != (st.role == "leader")
+            or (None if leader is None else leader.id) != st.leader
+        )
 
     def _publish_status(self, so: HardenedSyncObj, now: float) -> None:
         leader = so._getLeader()

@@ -169,6 +169,12 @@ class PendingHandshakes(Generic[C]):
     def done(self, conn: C) -> None:
         self._deadlines.pop(conn, None)
 
+    def next_deadline_s(self) -> float:
+        """The earliest deadline (inf when none is pending)."""
+        for deadline in self._deadlines.values():
+            return deadline  # insertion order is deadline order
+        return float("inf")
+
     def expired(self, now_s: float) -> list[C]:
         out: list[C] = []
         for conn, deadline in self._deadlines.items():

@@ -261,6 +261,19 @@ class WireTransport(Transport):  # type: ignore[misc]
             )
         return len(expired)
 
+    def next_timer_s(self, now_s: float) -> float:
+        """Seconds until this transport's next timed action (a handshake deadline, a dial or
+        its retry); inf when none is due."""
+        due = self._pending.next_deadline_s()
+        for link in self._dialing.values():
+            due = min(due, link.deadline_s)
+        if self._ready:
+            for node in self._nodes:
+                if self._should_dial(node) and node not in self._open and node not in self._dialing:
+                    last = self._last_dial_s.get(node, float("-inf"))
+                    due = min(due, last + self._conf.connectionRetryTime)
+        return max(0.0, due - now_s)
+
     # -- listening -------------------------------------------------------------------------
 
     def _bind_address(self) -> tuple[str, int]:
