@@ -142,6 +142,8 @@ def free_port_dialling(peer_address: str, attempts: int = 64) -> int:
 class LocalCluster:
     """N replicas of one shard in this process, each with its own directory and driver."""
 
+    idle_wait_ms = 2  # the drivers' longest sleep: short, so tests react fast
+
     def __init__(self, root: str, n: int = 3, **overrides: object) -> None:
         self.root = root
         self.addresses = [f"127.0.0.1:{p}" for p in free_ports(n)]
@@ -180,7 +182,7 @@ class LocalCluster:
         cfg = self.config(address, **extra)
         os.makedirs(cfg.data_dir, exist_ok=True)
         sm = FileStateMachine(os.path.join(cfg.data_dir, "applied.bin"))
-        driver = RaftDriver(idle_wait_ms=2, name=f"driver-{address}")
+        driver = RaftDriver(idle_wait_ms=self.idle_wait_ms, name=f"driver-{address}")
         shard = PySyncObjShard(sm, cfg, driver)
         try:
             await shard.start()
