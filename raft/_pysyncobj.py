@@ -154,6 +154,7 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         # it campaigns (Raft thesis 3.10). Afterwards they go to the new leader, or followers'
         # ones are refused NOT_LEADER (never applied) and retried by their senders.
         self.fx_holding = False
+        self._fx_installing = False  # a snapshot chunk's handler is running (hooks 3 and 4)
         # Observer of every message received, before it is handled (the latency budget).
         self.fx_on_message: Callable[[Any, Any], None] | None = None
         self._fx_apply_frame = apply
@@ -190,7 +191,7 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         (or candidate's) election deadline. Commits, applies and answers are driven by
         messages, which wake the poller themselves. (pysyncobj's clock is its own: RAW
         monotonic, not ``time.monotonic``.)"""
-        now_s = _so.monotonicTime()
+        now_s = float(_so.monotonicTime())
         if self._isLeader():
             due = float(getattr(self, "_SyncObj__newAppendEntriesTime"))  # noqa: B009
         else:
@@ -239,13 +240,38 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             and message["term"] >= self.raftCurrentTerm
         ):
             message, hide = self._fx_reconcile(message)
+        elif self._fx_is_snapshot_chunk(message):
+            hide = self._fx_proven_index()
+            self._fx_installing = True
         if hide is not None:
             self._fx_journal.hide_after(hide)
         try:
             SyncObj._SyncObj__onMessageReceived(self, node, message)
         finally:
+            self._fx_installing = False
             if hide is not None:
                 self._fx_journal.hide_after(None)
+
+    def _fx_is_snapshot_chunk(self, message: Any) -> bool:
+        return (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "serialized" in message
+            and "prevLogIdx" not in message
+            and message["term"] >= self.raftCurrentTerm
+        )
+
+    def _fx_proven_index(self) -> int | None:
+        """The end of the log known to match the leader's: the commit index. A snapshot chunk
+        proves nothing about the entries after it, yet the stock handler takes the leader's
+        commit index up to our log end on every chunk (applying entries that may never have
+        been committed) and, once the snapshot is installed, answers with our log end (the
+        leader then counts entries we may not share). The log is shown to it up to here only;
+        hook 4 moves that to the snapshot's last entry when the snapshot is installed."""
+        journal = self._fx_journal
+        if len(journal) == 0:
+            return None
+        return max(int(self.raftCommitIndex), int(journal[0][1]))
 
     def _fx_reconcile(self, message: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         """Rewrite an append-entries message so that the stock handler skips entries we already
@@ -291,6 +317,8 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             return
         self._fx_load_snapshot(path, info)
         journal = self._fx_journal
+        if self._fx_installing:
+            journal.hide_after(None)  # hidden by the chunk's handler: see _fx_proven_index
         first = journal[0][1] if len(journal) else None
         pos = None if first is None else info.index - first
         keep = (
@@ -313,6 +341,10 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
                 [m for m in info.members if m != self.selfNode.id]
             )
         self._SyncObj__onSetCodeVersion(0)
+        if self._fx_installing:
+            # The reply and the commit index that follow cover the snapshot, not entries kept
+            # after it (unproven until an append-entries matches them).
+            journal.hide_after(info.index)
 
 
 def fail_reason_name(code: int) -> str:

@@ -7,10 +7,11 @@ process's Raft driver thread already waits on (no thread of its own). Compared w
 - authenticates every peer with the cluster secret (challenge and proof both ways) and every
   frame with an HMAC, verified before anything is decoded; nothing from an unauthenticated peer
   is ever unpickled, and no zlib or Fernet runs per message;
-- makes the Raft journal durable before any message that promises what this node holds leaves
-  (``send``: acknowledgements, votes), which with the flush before the commit index moves means
-  nothing is acknowledged, voted for or applied that is not on this node's disk; a leader's
-  append-entries go out first and its fsync overlaps its followers' (``_promises_nothing``);
+- sends through an ``Outbox`` (raft/outbox.py): the journal is durable before any message that
+  promises what this node holds leaves (acknowledgements, votes), which with the flush before
+  the commit index moves means nothing is acknowledged, voted for or applied that is not on this
+  node's disk; a leader's append-entries go out first and its fsync overlaps its followers';
+  answers to frames read together leave after one flush;
 - bounds what a connection may cost (raft/wire_guard.py): the declared frame size is checked
   before the body is buffered, a connection not authenticated within ``connect_timeout_ms`` is
   closed, at most ``handshakes_pending_max`` are in the handshake, one readiness event reads at
@@ -41,6 +42,7 @@ from pysyncobj.tcp_connection import set_keepalive
 from pysyncobj.transport import Transport, TransportNotReadyError
 
 from raft import wire
+from raft.outbox import Outbox
 from raft.wire_guard import FrameReader, FrameTooLargeError, PendingHandshakes, WireLimits
 
 log = logging.getLogger("raft.wire")
@@ -104,24 +106,6 @@ class _Link:
         self.subscribed = 0
 
 
-# Messages that promise nothing about this node's disk, so they need not wait for a flush:
-# - "append_entries": only a leader sends them. Its own disk write may overlap its followers'
-#   (Raft thesis 10.2.1): pysyncobj counts the leader toward a majority when it moves the commit
-#   index, and the journal makes the log durable up to the commit index before it moves
-#   (``LmdbJournal.setRaftCommitIndex``), so nothing is applied, acknowledged or announced as
-#   committed before the leader's fsync too.
-# - "apply_command" / "apply_command_response": a follower forwarding a command, and the leader
-#   saying where it put it (the follower waits for the commit like any other).
-# Every other message (a follower's acknowledgement, a vote, a vote request) leaves only after
-# the journal is durable: it promises what this node holds.
-_NO_FLUSH_TYPES = frozenset({"append_entries", "apply_command", "apply_command_response"})
-
-
-def _promises_nothing(message: Any) -> bool:
-    """True for a message that need not wait for the journal (see _NO_FLUSH_TYPES)."""
-    return type(message) is dict and message.get("type") in _NO_FLUSH_TYPES
-
-
 def _is_closed(link: _Link) -> bool:
     return link.phase is _Phase.CLOSED
 
@@ -163,8 +147,8 @@ class WireTransport(Transport):  # type: ignore[misc]
         self._last_bind_s = float("-inf")
         self._last_logged: dict[str, float] = {}
         self._destroying = False
-        self.flush_before_send = True  # tests turn it off to prove the fsync check can fail
-        self._held: list[tuple[Any, Any]] | None = None  # sends held while frames are read
+        # Looked up at each call (not bound once), so a journal's flush can be replaced later.
+        self._outbox = Outbox(lambda: self._journal.flush(), self._deliver)
         # Observers (the latency budget): called with (node, message) as a message leaves.
         self.on_send: Callable[[Any, Any], None] | None = None
         syncObj.addOnTickCallback(self._on_tick)
@@ -197,34 +181,27 @@ class WireTransport(Transport):  # type: ignore[misc]
                 self._close(link)
 
     def send(self, node: Any, message: Any) -> bool:
+        if node not in self._open:
+            return False
+        return self._outbox.send(node, message)
+
+    def _deliver(self, node: Any, message: Any) -> bool:
         link = self._open.get(node)
         if link is None:
             return False
-        if self._held is not None:
-            # Answers to the frames of one read go out together after one flush: a follower
-            # that reads ten append-entries at once fsyncs once, not ten times.
-            self._held.append((node, message))
-            return True
-        if self.flush_before_send and not _promises_nothing(message):
-            self._journal.flush()
-        return self._send_now(link, node, message)
-
-    def _send_now(self, link: _Link, node: Any, message: Any) -> bool:
         if self.on_send is not None:
             self.on_send(node, message)
         assert link.session is not None
         self._write(link, link.session.seal(message))
         return link.phase is _Phase.OPEN
 
-    def _release_held(self, held: list[tuple[Any, Any]]) -> None:
-        if not held:
-            return
-        if self.flush_before_send and not all(_promises_nothing(m) for _, m in held):
-            self._journal.flush()
-        for node, message in held:  # in the order pysyncobj sent them
-            link = self._open.get(node)
-            if link is not None:
-                self._send_now(link, node, message)
+    @property
+    def flush_before_send(self) -> bool:
+        return self._outbox.flush_before_send
+
+    @flush_before_send.setter
+    def flush_before_send(self, value: bool) -> None:  # tests prove the fsync checks can fail
+        self._outbox.flush_before_send = value
 
     def destroy(self) -> None:
         self._destroying = True
@@ -456,15 +433,13 @@ class WireTransport(Transport):  # type: ignore[misc]
         self._subscribe(link, _READ | _ERROR)
 
     def _read(self, link: _Link) -> None:
-        outermost = self._held is None
-        if outermost:
-            self._held = []
+        # Answers to the frames of one read leave together after one flush (raft/outbox.py).
+        outermost = self._outbox.hold()
         try:
             self._read_frames(link)
         finally:
             if outermost:
-                held, self._held = self._held or [], None
-                self._release_held(held)
+                self._outbox.release()
 
     def _read_frames(self, link: _Link) -> None:
         budget_bytes = self._limits.read_bytes_per_event_max
