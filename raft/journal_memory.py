@@ -12,12 +12,22 @@ tests/raft/test_journal_contract.py runs one behaviour suite against both journa
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
 from raft.journal import Item, JournalError
+
+
+@dataclass(slots=True)
+class _FlushJob:
+    """As LmdbJournal's: ops in order, the meta record (None: left alone), the last index."""
+
+    ops: list[tuple[str, Any]]
+    meta: tuple[int, str | None, int] | None
+    last_index: int
 
 
 @dataclass
@@ -51,13 +61,19 @@ class MemoryJournal:
         self._commit_index = self._disk.commit_index
         # Pending changes, in order: ("put", item) | ("del_from", index) | ("del_to", index)
         self._ops: list[tuple[str, Any]] = []
-        self._meta_dirty = False
+        self._meta_dirty = False  # term or vote changed: durable before anything leaves
+        self._commit_dirty = False  # the commit index moved: written with the next flush
+        self._inflight: tuple[_FlushJob, concurrent.futures.Future[None]] | None = None
         self._view_end: int | None = None  # see hide_after()
         self._closed = False
         self.before_trim: Callable[[], None] | None = None
         self.fsyncs = 0
         self.on_flush: Callable[[float], None] | None = None
         self.durable_index = self._entries[-1][1] if self._entries else 0
+        self.on_append: Callable[[int], None] | None = None
+        self.on_durable: Callable[[int], None] | None = None
+        self.on_truncate: Callable[[int], None] | None = None
+        self.on_commit: Callable[[int], None] | None = None
 
     # -- pysyncobj's Journal interface --------------------------------------------------------
 
@@ -68,9 +84,12 @@ class MemoryJournal:
         item = (bytes(command), idx, term)
         self._entries.append(item)
         self._ops.append(("put", item))
+        if self.on_append is not None:
+            self.on_append(idx)
 
     def clear(self) -> None:
         assert self._view_end is None
+        self._finish_inflight()
         self._entries = []
         self._ops.append(("del_from", 0))
         self.durable_index = 0
@@ -79,10 +98,13 @@ class MemoryJournal:
         assert self._view_end is None
         if entryFrom >= len(self._entries):
             return
+        self._finish_inflight()
         first_gone = self._entries[entryFrom][1]
         del self._entries[entryFrom:]
         self._ops.append(("del_from", first_gone))
         self.durable_index = min(self.durable_index, first_gone - 1)
+        if self.on_truncate is not None:
+            self.on_truncate(first_gone)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         assert self._view_end is None
@@ -123,11 +145,13 @@ class MemoryJournal:
         self.close()
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
-        # As LmdbJournal: the log must be durable before anything is applied.
+        # As LmdbJournal: the log up to the commit index is durable before anything is applied;
+        # the index itself rides with a later flush.
         self._commit_index = raftCommitIndex
-        self._meta_dirty = True
-        if self._ops:
-            self.flush()
+        self._commit_dirty = True
+        self.flush_upto(raftCommitIndex)
+        if self.on_commit is not None:
+            self.on_commit(raftCommitIndex)
 
     def getRaftCommitIndex(self) -> int:
         last = self._entries[-1][1] if self._entries else 1
@@ -155,13 +179,63 @@ class MemoryJournal:
         return bool(self._ops) or self._meta_dirty
 
     def flush(self) -> None:
-        """Make every pending change durable (replayed onto the durable copy, in order)."""
+        """Make every pending change durable (after the flush in flight, if any)."""
+        self._finish_inflight()
         if not self._ops and not self._meta_dirty:
             return
         assert not self._closed, "flush after close"
+        job = self._take_job()
+        self._write(job)
+        self._flushed(job)
+
+    def flush_upto(self, index: int) -> None:
+        """Make the log durable at least up to ``index`` (as LmdbJournal.flush_upto)."""
+        self._finish_inflight()
+        if self.durable_index < index or self._meta_dirty:
+            self.flush()
+
+    def flush_async(self, writer: concurrent.futures.Executor, wake: Callable[[], None]) -> None:
+        """Start the write of the pending changes on ``writer``; ``poll_flushed`` or any
+        synchronous flush completes it (as LmdbJournal.flush_async). A crash before the write
+        ran loses it."""
+        if self._inflight is not None or not self._ops:
+            return
+        job = self._take_job()
+        future = writer.submit(self._write, job)
+        self._inflight = (job, future)
+        future.add_done_callback(lambda _done: wake())
+
+    def poll_flushed(self) -> bool:
+        if self._inflight is not None and self._inflight[1].done():
+            self._finish_inflight()
+        return self._inflight is not None
+
+    @property
+    def flush_inflight(self) -> bool:
+        return self._inflight is not None
+
+    def _finish_inflight(self) -> None:
+        if self._inflight is None:
+            return
+        job, future = self._inflight
+        self._inflight = None
+        future.result()
+        self._flushed(job)
+
+    def _take_job(self) -> _FlushJob:
         ops, self._ops = self._ops, []
+        meta = None
+        if self._meta_dirty or self._commit_dirty:
+            meta = (self._term, self._voted_for, self._commit_index)
+        self._meta_dirty = False
+        self._commit_dirty = False
+        return _FlushJob(ops, meta, self._entries[-1][1] if self._entries else 0)
+
+    def _write(self, job: _FlushJob) -> None:
+        """Replay ``job`` onto the durable copy, as LmdbJournal replays it into one write
+        transaction."""
         disk = self._disk
-        for kind, arg in ops:
+        for kind, arg in job.ops:
             if kind == "put":
                 disk.entries.append(arg)
             elif kind == "del_from":
@@ -170,18 +244,19 @@ class MemoryJournal:
                 del disk.entries[: _position(disk.entries, arg)]
             else:  # pragma: no cover - a bug
                 raise AssertionError(kind)
-        if self._meta_dirty:
-            disk.term, disk.voted_for = self._term, self._voted_for
-            disk.commit_index = self._commit_index
-        # Same invariant LmdbJournal asserts before committing: disk and memory end alike.
+        if job.meta is not None:
+            disk.term, disk.voted_for, disk.commit_index = job.meta
+        # Same invariant LmdbJournal asserts before committing.
         disk_last = disk.entries[-1][1] if disk.entries else 0
-        mem_last = self._entries[-1][1] if self._entries else 0
-        assert disk_last == mem_last, (disk_last, mem_last)
-        self._meta_dirty = False
+        assert disk_last == job.last_index, (disk_last, job.last_index)
+
+    def _flushed(self, job: _FlushJob) -> None:
         self.fsyncs += 1
         if self.on_flush is not None:
             self.on_flush(0.0)
-        self.durable_index = mem_last
+        self.durable_index = min(job.last_index, self._entries[-1][1] if self._entries else 0)
+        if self.on_durable is not None:
+            self.on_durable(self.durable_index)
 
     def crash(self) -> MemoryJournal:
         """The journal a node restarted after a crash loads: only what was flushed. ``self``

@@ -10,5 +10,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--seed",
         type=int,
         default=None,
-        help="tests/chaos: run the fault schedule of this seed only (a failing schedule prints it)",
+        help=(
+            "tests/chaos and tests/sim: run the fault schedule (chaos) or simulated run (sim) "
+            "of this seed only (a failing one prints it)"
+        ),
     )

@@ -83,7 +83,14 @@ def test_metrics_expose_publish_fetch_rpc_and_watermarks(node: Node) -> None:
         stub.Fetch(pb.FetchRequest(queue="m", partition=1))
         with pytest.raises(grpc.RpcError):
             stub.GetQueue(pb.GetQueueRequest(name="nope"))
+    # A call's duration is observed as the server finishes it, which may be just after the
+    # client has its answer: wait (bounded) for the last call's series.
+    not_found = 'fluxmq_rpc_duration_seconds_count{code="NOT_FOUND",method="GetQueue"} 1.0'
+    deadline = time.monotonic() + 10
     text = scrape(node)
+    while not_found not in text and time.monotonic() < deadline:
+        time.sleep(0.05)
+        text = scrape(node)
     assert 'fluxmq_published_messages_total{queue="m"} 5.0' in text
     assert 'fluxmq_published_bytes_total{queue="m"} 15.0' in text
     assert 'fluxmq_fetched_messages_total{queue="m"} 5.0' in text

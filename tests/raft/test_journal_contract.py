@@ -8,7 +8,9 @@ opened as the restarted node's journal. A memory journal's ``crash()`` returns t
 
 from __future__ import annotations
 
+import concurrent.futures
 import shutil
+import threading
 from collections.abc import Iterator
 from itertools import count
 from pathlib import Path
@@ -77,14 +79,15 @@ def test_flushed_entries_term_vote_and_commit_index_survive_a_crash(kind: Kind) 
     j = kind.open()
     fill(j, 1, 10, term=2)
     j.setCurrentTerm(3, "n1")
-    j.setRaftCommitIndex(7)
-    j.flush()
+    j.setRaftCommitIndex(7)  # the log is durable past 7 already: no flush of its own
+    fill(j, 11, 11, term=3)
+    j.flush()  # the commit index rides with this one
     after = kind.crash(j)
     assert after[:] == j[:]
-    assert after[0] == (b"cmd-1", 1, 2) and after[-1] == (b"cmd-10", 10, 2)
+    assert after[0] == (b"cmd-1", 1, 2) and after[-1] == (b"cmd-11", 11, 3)
     assert (after.getCurrentTerm(), after.getVotedForNodeId()) == (3, "n1")
     assert after.getRaftCommitIndex() == 7
-    assert after.durable_index == 10
+    assert after.durable_index == 11
 
 
 def test_entries_added_after_the_last_flush_are_lost_in_a_crash(kind: Kind) -> None:
@@ -137,14 +140,66 @@ def test_setting_the_commit_index_makes_the_log_durable_first(kind: Kind) -> Non
     assert indexes(after) == [1, 2, 3, 4] and after.getRaftCommitIndex() == 4
 
 
-def test_a_commit_index_alone_waits_for_the_next_flush(kind: Kind) -> None:
+def test_a_commit_index_alone_never_costs_a_flush_and_rides_with_the_next(kind: Kind) -> None:
     j = kind.open()
     fill(j, 1, 4)
-    j.setRaftCommitIndex(2)
-    j.setRaftCommitIndex(4)  # nothing pending but the index itself: no flush of its own
-    assert kind.crash(j).getRaftCommitIndex() == 2
+    j.setRaftCommitIndex(2)  # entries pending: flushed, with the index
+    fsyncs = j.fsyncs
+    j.setRaftCommitIndex(4)  # the log is durable up to 4 already
+    j.flush()  # nothing but the index is pending: no write
+    assert j.fsyncs == fsyncs and not j.dirty
+    assert kind.crash(j).getRaftCommitIndex() == 2  # only lower after a crash: Raft allows it
+    fill(j, 5, 5)
     j.flush()
     assert kind.crash(j).getRaftCommitIndex() == 4
+
+
+def test_flush_upto_writes_only_when_the_log_is_not_durable_that_far(kind: Kind) -> None:
+    j = kind.open()
+    fill(j, 1, 5)
+    j.flush()
+    fill(j, 6, 8)
+    fsyncs = j.fsyncs
+    j.flush_upto(5)
+    assert j.fsyncs == fsyncs and j.durable_index == 5
+    j.flush_upto(7)
+    assert j.fsyncs == fsyncs + 1 and j.durable_index == 8
+    assert indexes(kind.crash(j)) == list(range(1, 9))
+
+
+def test_an_asynchronous_flush_is_durable_once_written_and_completed_by_a_poll(
+    kind: Kind,
+) -> None:
+    j = kind.open()
+    fill(j, 1, 3)
+    written = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as writer:
+        j.flush_async(writer, written.set)
+        assert written.wait(10.0)
+        assert j.flush_inflight and j.durable_index == 0  # not completed on our thread yet
+        assert indexes(kind.crash(j)) == [1, 2, 3]  # but on disk
+        assert j.poll_flushed() is False
+    assert not j.flush_inflight and j.durable_index == 3 and j.fsyncs >= 1
+
+
+def test_the_observers_see_appends_truncations_commits_and_durability(kind: Kind) -> None:
+    j = kind.open()
+    seen: list[tuple[str, int]] = []
+    j.on_append = lambda i: seen.append(("append", i))
+    j.on_truncate = lambda i: seen.append(("truncate", i))
+    j.on_commit = lambda i: seen.append(("commit", i))
+    j.on_durable = lambda i: seen.append(("durable", i))
+    fill(j, 1, 3)
+    j.deleteEntriesFrom(2)  # positions: entry 3 goes
+    j.setRaftCommitIndex(2)
+    assert seen == [
+        ("append", 1),
+        ("append", 2),
+        ("append", 3),
+        ("truncate", 3),
+        ("durable", 2),
+        ("commit", 2),
+    ]
 
 
 def test_the_commit_index_read_after_a_crash_is_clamped_to_the_log_end(kind: Kind) -> None:

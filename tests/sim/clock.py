@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import random
+import zlib
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pysyncobj.dns_resolver
+import pysyncobj.node
 import pysyncobj.syncobj
 import pysyncobj.tcp_connection
 import pysyncobj.transport
 
 import raft._pysyncobj
 
-# Those of them that bind a name are rebound (raft/ binds none of them today).
+# Those of them that bind the name are rebound.
 _CLOCK_MODULES = (
     pysyncobj.syncobj,
     pysyncobj.transport,
@@ -27,21 +29,56 @@ _CLOCK_MODULES = (
     pysyncobj.dns_resolver,
     raft._pysyncobj,
 )
-_RANDOM_MODULES = (pysyncobj.syncobj, pysyncobj.transport, pysyncobj.dns_resolver)
+_RANDOM_MODULES = (
+    pysyncobj.syncobj,
+    pysyncobj.transport,
+    pysyncobj.dns_resolver,
+    raft._pysyncobj,  # hook 5 draws the fast election after the leader's connection closes
+)
+
+
+# Reads of the clock within one tick after which time starts to pass (see SimClock).
+RUNAWAY_READS = 2000
+RUNAWAY_STEP_S = 0.001
 
 
 class SimClock:
-    """Seconds since the start of a run; moves only when the driver advances it."""
+    """Seconds since the start of a run; moves when the driver advances it, and on its own
+    only in a runaway loop.
+
+    pysyncobj bounds some loops by time, not by work: ``__sendAppendEntries`` keeps sending
+    ``serialized: None`` to a follower that needs a snapshot while a snapshot is being written
+    (until ``appendEntriesPeriod`` has passed). With time frozen inside a tick such a loop would
+    never end, so after RUNAWAY_READS reads within one tick each read costs RUNAWAY_STEP_S: the
+    loop ends after about as many rounds as the period allows. Normal ticks read the clock a
+    few dozen times and never get there."""
 
     def __init__(self, start_s: float = 1000.0) -> None:
         self.now_s = start_s
+        self.reads_in_tick = 0
+        self.runaway_ticks = 0
 
     def __call__(self) -> float:
+        self.reads_in_tick += 1
+        if self.reads_in_tick > RUNAWAY_READS:
+            if self.reads_in_tick == RUNAWAY_READS + 1:
+                self.runaway_ticks += 1
+            self.now_s += RUNAWAY_STEP_S
         return self.now_s
+
+    def new_tick(self) -> None:
+        self.reads_in_tick = 0
 
     def advance(self, seconds: float) -> None:
         assert seconds >= 0
         self.now_s += seconds
+
+
+def _stable_node_hash(node: pysyncobj.node.Node) -> int:
+    # pysyncobj iterates sets of nodes (who is sent to first, who is served before a time
+    # budget runs out); hashing the id with hash() would make that order, and the whole run,
+    # depend on PYTHONHASHSEED.
+    return zlib.crc32(str(node.id).encode())
 
 
 def _no_sleep(seconds: float) -> None:
@@ -67,6 +104,7 @@ def simulated(clock: SimClock, rng: random.Random) -> Iterator[None]:
             rebind(module, "monotonicTime", clock)
         for module in _RANDOM_MODULES:
             rebind(module, "random", rng)
+        rebind(pysyncobj.node.Node, "__hash__", _stable_node_hash)
         rebind(pysyncobj.syncobj, "time", fake_time)
         # The pipe only wakes a sleeping poller; simulated nodes never sleep in one, and each
         # pipe would hold two file descriptors for as long as a crashed node's object lives.
