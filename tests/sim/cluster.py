@@ -143,6 +143,8 @@ class Cluster:
         for node in order:
             self.clock.new_tick()
             self.replicas[node].tick()
+        for node in order:  # the leaders' journal writers catch up, or not yet
+            self.replicas[node].writer.run_some(self.raft_rng)
         self.observe()
         if faulty:
             self.act()

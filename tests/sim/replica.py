@@ -24,6 +24,7 @@ from raft._pysyncobj import HardenedSyncObj, SyncObjConf
 from raft.journal import Item
 from raft.journal_memory import DurableJournalState, MemoryJournal
 from tests.sim.checker import SafetyChecker
+from tests.sim.writer import SimWriter
 
 _U64 = struct.Struct(">Q")
 
@@ -175,13 +176,25 @@ class Replica:
             **extra,
         )
         self.commit_seen = 0
+        self.writer = SimWriter()
 
     @property
     def transport(self) -> Any:
         return self.so.transport
 
     def tick(self) -> None:
+        """One round, with the journal handled as PySyncObjShard.step handles it: the leader's
+        flush goes to its writer (run later, or at once when waited for), anyone else's is
+        synchronous."""
+        self.journal.poll_flushed()
         self.so.doTick(0.0)
+        if self.so._isLeader():
+            self.journal.flush_async(self.writer, lambda: None)
+        elif self.transport.flush_before_send:
+            self.journal.flush()
+        # else: the negative control. Messages here reach their peer only at a later step, after
+        # this end-of-round flush; in a real node they may arrive first. Without it, the answers
+        # sent unflushed stay undurable until a flush the protocol forces (commit, term).
 
     def propose(self, command: bytes) -> None:
         self.so.fx_apply(command, callback=lambda res, err: self._on_result(command, res, err))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from raft.journal_memory import MemoryJournal
 from tests.sim.cluster import RunResult, SimSettings, run_seed
 
 SEEDS = {
@@ -118,3 +119,15 @@ def test_without_the_flush_before_acknowledging_the_checker_finds_commits_not_on
         run_seed(0, SimSettings(flush_before_send=False))
     assert "seed 0, step" in str(caught.value)
     run_seed(0)  # the same schedule with the flush
+
+
+def test_without_the_leaders_flush_before_commit_the_checker_finds_commits_not_on_disk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A leader's own fsync runs on its writer while it goes on (LmdbJournal.flush_async); the
+    # commit index waits for it (flush_upto). Without that wait a leader counts itself toward a
+    # majority with entries still only in memory.
+    monkeypatch.setattr(MemoryJournal, "flush_upto", lambda self, index: None)
+    with pytest.raises(AssertionError, match="committed means durable on a majority"):
+        for seed in range(40):
+            run_seed(seed)
