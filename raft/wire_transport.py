@@ -148,6 +148,7 @@ class WireTransport(Transport):  # type: ignore[misc]
         self._last_logged: dict[str, float] = {}
         self._destroying = False
         # Looked up at each call (not bound once), so a journal's flush can be replaced later.
+        self.messages_received = 0  # authenticated messages handed to pysyncobj, ever
         self._outbox = Outbox(lambda: self._journal.flush(), self._deliver)
         # Observers (the latency budget): called with (node, message) as a message leaves.
         self.on_send: Callable[[Any, Any], None] | None = None
@@ -483,6 +484,7 @@ class WireTransport(Transport):  # type: ignore[misc]
         if link.phase is _Phase.OPEN:
             assert link.session is not None
             message = link.session.open(kind, body)
+            self.messages_received += 1
             self._onMessageReceived(link.node, message)
             return
         if kind == wire.KIND_REFUSED:

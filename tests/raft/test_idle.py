@@ -51,3 +51,27 @@ async def test_the_next_timer_is_the_heartbeat_on_a_leader_and_the_election_on_a
         assert 0 <= follow_s <= TIMINGS.election_max_ms / 1000
     finally:
         await c.stop_all()
+
+
+async def test_a_message_handled_after_the_tick_decided_asks_for_another_round_at_once(
+    tmp_path: Path,
+) -> None:
+    """pysyncobj's tick ends by polling the sockets itself; an acknowledgement handled there
+    arrived after the tick computed the commit index, so the driver must not sleep until the
+    next heartbeat before ticking again (the stage table showed commits held ~100 ms)."""
+    c = LocalCluster(str(tmp_path), timings=TIMINGS)
+    c.idle_wait_ms = 200
+    try:
+        await c.start_all()
+        leader = await c.leader(timeout_s=15)
+        assert leader.syncobj is not None
+        transport = leader.syncobj.transport
+
+        def late_message() -> float:
+            leader.step()
+            transport.messages_received += 1  # as if the tick's own poll handled one
+            return leader.next_wake_s()
+
+        assert await asyncio.wrap_future(leader.driver.call(late_message)) == 0.0
+    finally:
+        await c.stop_all()
