@@ -75,7 +75,7 @@ class _NotCaughtUpError(ShardRequestDeniedError):
 
 @dataclass(frozen=True, slots=True)
 class RaftTimings:
-    heartbeat_ms: int = 100  # etcd's default; a sixth of the shortest election timeout
+    heartbeat_ms: int = 150  # a quarter of the shortest election timeout
     election_min_ms: int = 600
     election_max_ms: int = 1200
     leader_fallback_ms: int = 3000  # a leader that hears from no majority this long steps down

@@ -9,7 +9,7 @@ from pathlib import Path
 from raft.pysyncobj_shard import RaftTimings
 from tests.raft.helpers import LocalCluster
 
-TIMINGS = RaftTimings()  # production timings: heartbeats every 100 ms
+TIMINGS = RaftTimings(heartbeat_ms=100)  # production timings, heartbeats every 100 ms
 
 
 async def test_an_idle_shard_wakes_for_its_timers_and_messages_only(tmp_path: Path) -> None:
