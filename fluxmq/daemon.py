@@ -114,7 +114,7 @@ def observe_disk(shard_id: str, store: LmdbStore, shard: Shard) -> None:
         )
 
 
-GIL_SWITCH_INTERVAL_S = float(os.environ.get("FLUXMQ_GIL_SWITCH_INTERVAL_S", "0.0005"))
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class StartupError(Exception):

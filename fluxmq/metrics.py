@@ -27,6 +27,10 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 FSYNC_BUCKETS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 )  # fmt: skip
+STAGE_BUCKETS_S = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128,
+    0.256, 0.512, 1.024,
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -230,23 +234,7 @@ RAFT_STAGE = Histogram(
     "The latency budget of replicated writes on the leader: seconds from the previous stage to "
     "this one, for sampled proposals (raft/stages.py lists the stages in order).",
     ["stage"],
-    buckets=(
-        0.00005,
-        0.0001,
-        0.00025,
-        0.0005,
-        0.001,
-        0.002,
-        0.004,
-        0.008,
-        0.016,
-        0.032,
-        0.064,
-        0.128,
-        0.256,
-        0.512,
-        1.024,
-    ),
+    buckets=STAGE_BUCKETS_S,
     registry=REGISTRY,
 )
 APPLY_COMMIT = Histogram(

@@ -19,6 +19,7 @@ Durability rules:
 
 from __future__ import annotations
 
+import abc
 import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ class FlushJob:
     seconds: float = 0.0
 
 
-class JournalCore:
+class JournalCore(abc.ABC):
     def __init__(self, entries: list[Item], meta: Meta) -> None:
         self._entries = entries
         self._term, self._voted_for, self._commit_index = meta
@@ -67,10 +68,10 @@ class JournalCore:
 
     # -- what a storage supplies --------------------------------------------------------------
 
+    @abc.abstractmethod
     def _write(self, job: FlushJob) -> float:
         """Put ``job`` on disk, durably, in one write (any thread; one at a time). ->
         seconds."""
-        raise NotImplementedError
 
     # -- pysyncobj's Journal interface --------------------------------------------------------
 

@@ -48,6 +48,7 @@ SAMPLE_INTERVAL_S = 0.005
 ENTRIES_TRACKED_MAX = 1 << 16
 
 _APPENDED = 0
+_STAMP_POSITION = {kind: k for k, kind in enumerate(ENTRY_STAMPS)}
 
 
 class EntryTimeline:
@@ -83,7 +84,7 @@ class EntryTimeline:
         self._stamps[index] = stamps
 
     def stamp(self, kind: str, upto: int, now_s: float) -> None:
-        k = ENTRY_STAMPS.index(kind)
+        k = _STAMP_POSITION[kind]
         first = self._next[k]
         if upto < first:
             return

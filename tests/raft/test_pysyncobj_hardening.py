@@ -5,7 +5,6 @@ internals (this file fails first if an upgrade moves them)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -92,20 +91,6 @@ class Harness:
 
     def close(self) -> None:
         self.so.destroy()
-
-
-@pytest.fixture
-def harness(tmp_path: Any) -> Iterator[Any]:
-    made: list[Harness] = []
-
-    def make(terms: list[int], current_term: int = 1) -> Harness:
-        h = Harness(str(tmp_path / f"h{len(made)}"), terms, current_term)
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        h.close()
 
 
 def test_pysyncobj_internals_we_rely_on_are_present() -> None:

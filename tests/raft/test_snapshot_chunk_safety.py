@@ -9,27 +9,12 @@ Each test shows pysyncobj's stock handler doing it, then the hardened one not do
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pysyncobj import SyncObj
 
 from tests.raft.test_pysyncobj_hardening import Harness, _snapshot
-
-
-@pytest.fixture
-def follower(tmp_path: Any) -> Iterator[Any]:
-    made: list[Harness] = []
-
-    def make(terms: list[int], current_term: int) -> Harness:
-        h = Harness(str(tmp_path / f"h{len(made)}"), terms, current_term)
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        h.close()
 
 
 def _chunks(h: Harness, index: int, term: int) -> list[tuple[bytes, bool, bool]]:
@@ -57,11 +42,11 @@ def _deliver(h: Harness, message: dict[str, Any], stock: bool) -> list[dict[str,
 
 @pytest.mark.parametrize("stock", [True, False], ids=["stock", "hardened"])
 def test_a_snapshot_chunk_does_not_commit_entries_it_does_not_prove(
-    follower: Any, stock: bool
+    harness: Any, stock: bool
 ) -> None:
     # Entries 4-6 are an old leader's (term 2), never committed; the term-3 leader's commit
     # index is 10 and it is streaming a snapshot.
-    h = follower([1, 1, 1, 2, 2, 2], current_term=3)
+    h = harness([1, 1, 1, 2, 2, 2], current_term=3)
     first_chunk = _chunks(h, 8, 3)[0]
     _deliver(h, _chunk_message(3, 10, first_chunk), stock)
     if stock:
@@ -73,11 +58,11 @@ def test_a_snapshot_chunk_does_not_commit_entries_it_does_not_prove(
 
 @pytest.mark.parametrize("stock", [True, False], ids=["stock", "hardened"])
 def test_an_installed_snapshot_answers_for_itself_not_for_the_entries_kept_after_it(
-    follower: Any, stock: bool
+    harness: Any, stock: bool
 ) -> None:
     # The snapshot ends at entry 4 (term 1), which we hold: hook 4 keeps entries 5-6, from a
     # term-2 leader, that the term-3 leader may not have.
-    h = follower([1, 1, 1, 1, 2, 2], current_term=3)
+    h = harness([1, 1, 1, 1, 2, 2], current_term=3)
     replies: list[dict[str, Any]] = []
     for chunk in _chunks(h, 4, 1):
         replies += _deliver(h, _chunk_message(3, 10, chunk), stock)
