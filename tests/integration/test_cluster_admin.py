@@ -3,6 +3,7 @@ be handed over on demand while writes continue."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import grpc
@@ -20,9 +21,16 @@ def test_status_agrees_and_leadership_moves_on_request(tmp_path: Path) -> None:
     cluster.start()
     try:
         leader = cluster.wait_leader()
+        expected = cluster.raft[cluster.nodes.index(leader)]
+        # A follower names the leader once its first append arrives (its link may still be in
+        # the handshake when the leader is elected): wait, bounded, for every node to agree.
+        deadline = time.monotonic() + 10
         infos = [cluster.status(n) for n in cluster.nodes]
+        while {i.leader for i in infos if i} != {expected} and time.monotonic() < deadline:
+            time.sleep(0.05)
+            infos = [cluster.status(n) for n in cluster.nodes]
         assert all(i is not None for i in infos)
-        assert {i.leader for i in infos if i} == {cluster.raft[cluster.nodes.index(leader)]}
+        assert {i.leader for i in infos if i} == {expected}
         assert all(sorted(i.members) == sorted(cluster.raft) for i in infos if i)
         assert sorted(i.role for i in infos if i) == ["follower", "follower", "leader"]
 
