@@ -234,6 +234,12 @@ class EtcdServer:
         """SIGSTOP: connections stay open but nothing answers (a hung etcd, not a dead one)."""
         assert self._proc is not None and self.running, "etcd is not running"
         self._proc.send_signal(signal.SIGSTOP)
+        # kill() returns before the signal has stopped every thread: a thread running on the
+        # other core can still answer a request, so wait until all of them are stopped.
+        deadline_s = time.monotonic() + 5.0
+        while not _all_threads_stopped(self._proc.pid):
+            assert time.monotonic() < deadline_s, "etcd did not stop within 5 s of SIGSTOP"
+            time.sleep(0.005)
 
     def resume(self) -> None:
         assert self._proc is not None and self.running, "etcd is not running"
@@ -265,3 +271,17 @@ class EtcdServer:
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` in state T (stopped), from /proc/<pid>/task/*/stat."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for tid in tasks:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                # The state follows the command name, which is in parentheses.
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return bool(states) and all(state in ("T", "t") for state in states)

@@ -32,6 +32,7 @@ from fluxmq.core.errors import FluxError
 from fluxmq.core.limits import FETCH_BYTES_DEFAULT, FETCH_BYTES_MAX
 from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.core.text import printable
+from fluxmq.server.client_streams import let_client_finish_writing
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_grpc_status
 from fluxmq.server.guard import (
     Guard,
@@ -423,6 +424,8 @@ def _streaming(
                 yield response
             call.ok()
         except BaseException as exc:
+            if per_message and isinstance(exc, Exception) and not _is_abort(exc):
+                await let_client_finish_writing(context)
             await call.handle(exc)
             raise
         finally:

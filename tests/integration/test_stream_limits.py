@@ -131,6 +131,41 @@ def test_streams_beyond_streams_max_are_refused_and_the_open_ones_keep_working(
     asyncio.run(run())
 
 
+ATTEMPTS = 20
+
+
+def test_a_refused_publish_stream_reports_its_status_while_the_client_is_still_writing(
+    small_node: Node,
+) -> None:
+    """grpc.aio's client turns the server's status into INTERNAL when one of its writes
+    reaches a stream already ended (grpc/grpc#36066): three requests per stream did so in
+    most calls before the edge let the client finish writing."""
+
+    async def three_requests() -> AsyncIterator[pb.PublishStreamRequest]:
+        for sequence in (1, 2, 3):
+            publish_req = pb.PublishRequest(queue="events", messages=[pb.PublishMessage()])
+            yield pb.PublishStreamRequest(sequence=sequence, publish=publish_req)
+
+    async def drain(call: grpc.aio.StreamStreamCall) -> None:
+        async with asyncio.timeout(WAIT_S):
+            async for _ in call:
+                pass
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(small_node.address) as ch:
+            stub = queue_pb2_grpc.QueueServiceStub(ch)  # type: ignore[no-untyped-call]
+            await create_stream_queue(stub, "events")
+            await publish(stub, "events", b"m0")
+            open_calls = [tail(stub, "events") for _ in range(STREAMS_MAX)]
+            assert [await first_values(c, 1) for c in open_calls] == [[b"m0"]] * STREAMS_MAX
+            for _ in range(ATTEMPTS):
+                await expect_too_many_streams(drain(stub.PublishStream(three_requests())))
+            for call in open_calls:
+                call.cancel()
+
+    asyncio.run(run())
+
+
 def test_more_tail_streams_than_lmdb_reader_slots_all_read_without_internal(
     tmp_path: Path,
 ) -> None:
