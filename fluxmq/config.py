@@ -98,6 +98,8 @@ class NodeConfig:
     tls_key_file: str = ""
     tls_ca_file: str = ""  # verifies other nodes' certificates (and clients' with mTLS)
     tls_client_auth: bool = False  # mTLS: require a client certificate signed by tls_ca_file
+    # Mutual TLS on the Raft links too, with the same certificate and CA bundle.
+    raft_tls: bool = False
 
     @property
     def cluster_mode(self) -> bool:
@@ -214,6 +216,9 @@ HELP = {
     "tls_ca_file": "PEM CA bundle that signs the other nodes' certificates (and clients' with "
     "tls_client_auth)",
     "tls_client_auth": "mutual TLS: require a client certificate signed by tls_ca_file",
+    "raft_tls": "cluster mode: mutual TLS on the Raft links too, with tls_cert_file, "
+    "tls_key_file and tls_ca_file (every node must turn it on; the cluster secret still "
+    "authenticates peers inside TLS)",
     "shutdown_grace_ms": "on SIGTERM: how long to hand leadership over and finish in-flight "
     "calls before stopping",
 }
@@ -445,6 +450,22 @@ def _check_etcd_security(config: NodeConfig) -> None:
             raise ConfigError(f"{name}: cannot read {path!r}")
 
 
+def _check_raft_tls(config: NodeConfig) -> None:
+    if not config.raft_tls:
+        return
+    missing = [
+        n for n in ("tls_cert_file", "tls_key_file", "tls_ca_file") if not getattr(config, n)
+    ]
+    if missing:
+        raise ConfigError(
+            f"raft_tls: needs tls_cert_file, tls_key_file and tls_ca_file (missing: "
+            f"{', '.join(missing)}): each node presents its certificate to the others and "
+            "verifies theirs with the CA bundle"
+        )
+    if not config.cluster_mode:
+        raise ConfigError("raft_tls: needs raft_listen (cluster mode)")
+
+
 def validate(config: NodeConfig) -> None:
     _host_port(config.listen, "listen")
     if not 1 <= config.streams_max <= 100_000:
@@ -499,6 +520,7 @@ def validate(config: NodeConfig) -> None:
         path = getattr(config, name)
         if path and not os.access(path, os.R_OK):
             raise ConfigError(f"{name}: cannot read {path!r}")
+    _check_raft_tls(config)
     if not 0 <= config.shutdown_grace_ms <= 600_000:
         raise ConfigError("shutdown_grace_ms: must be 0..600000")
     if config.cluster_mode:

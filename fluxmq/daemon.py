@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import json
 import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
@@ -47,6 +49,7 @@ from fluxmq.server.tls import from_config as load_tls
 from raft import LocalShard, Shard, ShardError
 from raft.driver import RaftDriver
 from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError
+from raft.wire_transport import WireTls
 from storage import LmdbStore, StorageError
 
 log = logging.getLogger("fluxmq")
@@ -201,6 +204,26 @@ def check_mode(cfg: config_mod.NodeConfig) -> None:
         )
 
 
+@functools.lru_cache(maxsize=1)
+def _wire_tls(cert_file: str, key_file: str, ca_file: str) -> WireTls:
+    # Loaded once, as the gRPC port's material is: every group of the node shares the contexts,
+    # and a group started later cannot fail on files the home shard already loaded.
+    return WireTls.from_files(cert_file, key_file, ca_file)
+
+
+def raft_tls_of(cfg: config_mod.NodeConfig) -> WireTls | None:
+    """The Raft links' TLS contexts (raft_tls), from the files the gRPC port uses."""
+    if not cfg.raft_tls:
+        return None
+    try:
+        return _wire_tls(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_ca_file)
+    except (OSError, ssl.SSLError) as err:
+        raise config_mod.ConfigError(
+            f"raft_tls: cannot load tls_cert_file {cfg.tls_cert_file!r}, tls_key_file "
+            f"{cfg.tls_key_file!r} or tls_ca_file {cfg.tls_ca_file!r}: {err}"
+        ) from None
+
+
 def build_shard(
     cfg: config_mod.NodeConfig, state: QueueStateMachine
 ) -> LocalShard | PySyncObjShard:
@@ -216,6 +239,7 @@ def build_shard(
         ack_timeout_ms=cfg.ack_timeout_ms,
         compaction_entries_min=cfg.raft_compaction_entries,
         bind_address=cfg.raft_bind,
+        tls=raft_tls_of(cfg),
     )
     return PySyncObjShard(state, shard_cfg, RaftDriver())
 
@@ -340,11 +364,12 @@ class GroupHost:
             store = LmdbStore(
                 self._dir(group_id),
                 map_size_bytes=self._cfg.storage_map_size_bytes,
-                last_commit_replayable=True,  # a Raft shard's state: its journal replays it
+                cache_of_log=True,  # a Raft shard's state: its snapshot and journal rebuild it
             )
         except StorageError as err:
             log.error("cannot open the store of replication group %s: %s", group_id, err)
             return False
+        warn_if_discarded(store, f"replication group {group_id}")
         state = QueueStateMachine(store)
         shard_cfg = ShardConfig(
             shard_id=group_id,
@@ -356,6 +381,7 @@ class GroupHost:
             ack_timeout_ms=self._cfg.ack_timeout_ms,
             compaction_entries_min=self._cfg.raft_compaction_entries,
             bind_address=_bind_for(self._cfg, str(spec["self"])),
+            tls=raft_tls_of(self._cfg),
         )
         try:
             shard = PySyncObjShard(state, shard_cfg, self._driver)
@@ -508,6 +534,15 @@ async def start_auth(
     return owned
 
 
+def warn_if_discarded(store: LmdbStore, what: str) -> None:
+    if store.discarded_after_machine_crash:
+        log.warning(
+            "the state of %s was written without fsync before the machine restarted, so it may "
+            "be torn: it starts empty and is rebuilt from the Raft snapshot and journal",
+            what,
+        )
+
+
 async def serve(cfg: config_mod.NodeConfig) -> None:
     tls = load_tls(cfg)  # checked before anything starts: a bad file stops the node here
     check_listen_addresses(cfg)
@@ -516,9 +551,9 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         store = LmdbStore(
             cfg.data_dir,
             map_size_bytes=cfg.storage_map_size_bytes,
-            # In cluster mode the Raft journal replays the state's last commit after a crash;
-            # alone, the store is the only copy.
-            last_commit_replayable=cfg.cluster_mode,
+            # In cluster mode the Raft snapshot and journal rebuild the state after a machine
+            # crash; alone, the store is the only copy.
+            cache_of_log=cfg.cluster_mode,
         )
     except (OSError, StorageError) as err:
         detail = (err.strerror or str(err)).lower() if isinstance(err, OSError) else str(err)
@@ -526,6 +561,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
             f"cannot use the data directory {cfg.data_dir!r} ({config_mod.where_set('data_dir')}): "
             f"{detail}; choose a directory this user can create and write"
         ) from None
+    warn_if_discarded(store, "this node's replication group")
     state = QueueStateMachine(store)
     shard = build_shard(cfg, state)
     observe_disk(shard.shard_id, store, shard)

@@ -35,6 +35,13 @@ pysyncobj upgrade that moves them fails loudly instead of silently losing data.
    earlier (never later).
 6. Asynchronous replication needs to know that a command handed to ``_applyCommand`` is in the
    leader's log: ``queued_commands`` reads the length of pysyncobj's command queue.
+7. A leader's own fsync is off the commit path. pysyncobj's leader counts its whole log toward
+   a majority, and its fsync runs on the journal writer meanwhile (``flush_async``). The journal
+   asks ``_fx_bound_commit`` before the commit index moves: the leader counts itself only up to
+   its durable index, followers by their match index (they acknowledge only what they fsync'd),
+   so an entry on the disks of a majority commits without waiting for the leader's disk, and
+   nothing commits that a majority does not hold durably. pysyncobj's
+   ``_SyncObj__raftCommitIndex`` is set to the bounded index; the next tick proposes again.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from pysyncobj.version import VERSION
 from raft import snapshot_file
 from raft.journal import LmdbJournal
 from raft.wire_guard import WireLimits, wire_frame_bytes_max
-from raft.wire_transport import WireTransport
+from raft.wire_transport import WireTls, WireTransport
 
 log = logging.getLogger("raft.pysyncobj")
 
@@ -142,6 +149,7 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         wire_secret: str,
         wire_limits: WireLimits | None = None,
         transport_class: type | None = None,
+        wire_tls: WireTls | None = None,
     ) -> None:
         if conf.password is not None:
             raise ValueError("raft peers authenticate through raft/wire.py: leave password unset")
@@ -149,6 +157,7 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         # Read by the transport while super() builds it.
         self._fx_wire_secret = wire_secret
         self._fx_wire_limits = wire_limits or default_wire_limits(conf)
+        self._fx_wire_tls = wire_tls  # None: the links stay plaintext (raft_tls off)
         # While set on a leader, commands (local or forwarded by followers) stay queued instead
         # of growing the log: a leadership transfer needs the target's log to match ours when
         # it campaigns (Raft thesis 3.10). Afterwards they go to the new leader, or followers'
@@ -172,6 +181,37 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
                 )
             finally:
                 _so.createJournal, _so.createPoller = saved
+        journal.commit_bound = self._fx_bound_commit  # hook 7
+
+    # -- hook 7: a leader counts itself toward a commit as far as its log is durable -----------
+
+    def _fx_bound_commit(self, previous: int, proposed: int) -> int | None:
+        """On a leader, the commit index to take instead of ``proposed`` (pysyncobj's, which
+        counted the leader's whole log), the commit index being ``previous``; None elsewhere."""
+        journal = self._fx_journal
+        if not self._isLeader():
+            return None
+        if journal.durable_index >= proposed:
+            return proposed
+        others = list(self._SyncObj__otherNodes)
+        match = self._SyncObj__raftMatchIndex
+        durable = sorted([journal.durable_index, *(match.get(n, 0) for n in others)], reverse=True)
+        majority = (len(others) + 1) // 2 + 1  # pysyncobj's "count > (others + 1) / 2"
+        candidate = min(proposed, durable[majority - 1])
+        bounded = previous
+        # Raft commits by counting replicas only entries of the leader's term (thesis 3.6.2);
+        # terms never decrease along the log, so below the first such entry none is.
+        if candidate > previous and self._fx_term_at(candidate) == self.raftCurrentTerm:
+            bounded = candidate
+        self._SyncObj__raftCommitIndex = bounded
+        return bounded
+
+    def _fx_term_at(self, index: int) -> int | None:
+        journal = self._fx_journal
+        if len(journal) == 0:
+            return None
+        pos = index - journal[0][1]
+        return int(journal[pos][2]) if 0 <= pos < len(journal) else None
 
     def _checkCommandsToApply(self) -> None:
         if self.fx_holding and self._isLeader():

@@ -55,6 +55,9 @@ class JournalCore(abc.ABC):
         self._inflight: tuple[FlushJob, concurrent.futures.Future[float]] | None = None
         self._view_end: int | None = None  # see hide_after()
         self.before_trim: Callable[[], None] | None = None
+        # (commit index so far, the one proposed) -> on a leader, the one to take; None
+        # elsewhere: see setRaftCommitIndex.
+        self.commit_bound: Callable[[int, int], int | None] | None = None
         self.fsyncs = 0
         self.durable_index = entries[-1][1] if entries else 0  # last index known on disk
         # Observers: flush durations in seconds (metrics); and for the latency budget
@@ -147,11 +150,20 @@ class JournalCore(abc.ABC):
         self.flush()
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
-        # Called just before apply: the log up to the commit index must be durable first. The
-        # commit index itself need not be (Raft keeps it volatile); it rides with a later flush.
-        self._commit_index = raftCommitIndex
-        self._commit_dirty = True
-        self.flush_upto(raftCommitIndex)
+        # Called just before apply. The commit index itself need not be durable (Raft keeps it
+        # volatile); it rides with a later flush. A leader's is bounded by what a majority holds
+        # durably, itself counted only up to its durable index (``commit_bound``): its own fsync
+        # stays off the path. Anyone else's log up to the commit index is made durable first.
+        bounded = None
+        if self.commit_bound is not None:
+            bounded = self.commit_bound(self._commit_index, raftCommitIndex)
+        if bounded is not None:
+            raftCommitIndex = bounded
+        if raftCommitIndex != self._commit_index:
+            self._commit_index = raftCommitIndex
+            self._commit_dirty = True
+        if bounded is None:
+            self.flush_upto(raftCommitIndex)
         if self.on_commit is not None:
             self.on_commit(raftCommitIndex)
 
@@ -194,6 +206,8 @@ class JournalCore(abc.ABC):
     def flush_upto(self, index: int) -> None:
         """Make the log durable at least up to ``index``: waits for the flush in flight, and
         flushes the rest only if that one did not cover ``index``."""
+        if self.durable_index >= index and not self._meta_dirty:
+            return  # durable already: a flush in flight covers later entries only
         self._finish_inflight()
         if self.durable_index < index or self._meta_dirty:
             self.flush()

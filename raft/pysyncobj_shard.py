@@ -52,6 +52,7 @@ from raft.api import (
 from raft.driver import RaftDriver
 from raft.journal import LmdbJournal
 from raft.wire_guard import HANDSHAKES_PENDING_MAX, WireLimits, wire_frame_bytes_max
+from raft.wire_transport import WireTls
 
 log = logging.getLogger("raft.shard")
 APPLY_BATCHES_QUEUED_MAX = 64  # the driver waits when the apply thread is this far behind
@@ -113,6 +114,9 @@ class ShardConfig:
     # be in the handshake at once (each has timings.connect_timeout_ms to complete it).
     wire_frame_bytes_max: int = 0
     handshakes_pending_max: int = HANDSHAKES_PENDING_MAX
+    # Mutual TLS on the links to the peers (raft_tls); None: plaintext, authenticated by the
+    # secret and a MAC per frame as always (they stay inside TLS too).
+    tls: WireTls | None = None
 
     @property
     def entry_limit(self) -> int:
@@ -261,7 +265,7 @@ class PySyncObjShard:
         self.proposals_applied = 0
         self.batches_applied = 0
         self.entries_applied = 0
-        self.acked_before_durable = 0  # must stay 0: see _complete_applied
+        self.acked_not_durable_on_majority = 0  # must stay 0: see _flush_applies
         # Observers for metrics, set before start(): journal flush (fsync) seconds, and
         # (kind "write" | "install", snapshot file bytes, seconds) per snapshot.
         self.on_journal_flush: Callable[[float], None] | None = None
@@ -482,6 +486,7 @@ class PySyncObjShard:
                 self._load_snapshot,
                 wire_secret=cfg.secret,
                 wire_limits=cfg.wire_limits,
+                wire_tls=cfg.tls,
             )
         except Exception as e:
             journal.close()
@@ -649,6 +654,20 @@ class PySyncObjShard:
         for p in taken:
             self._finish_threadsafe(p, error=exc)
 
+    def _durable_on_majority(self, index: int) -> bool:
+        """Whether ``index`` is on the disks of a majority as far as this node knows: a leader
+        counts its journal's durable index and its followers' match indexes (a follower
+        acknowledges only what it fsync'd, raft/outbox.py); anyone else its own journal, which
+        is durable up to the commit index before the index moves."""
+        so, journal = self._so, self._journal
+        assert so is not None and journal is not None
+        own = journal.durable_index >= index
+        if not so._isLeader():
+            return own
+        match = so.match_index
+        replicas = int(own) + sum(1 for i in match.values() if i >= index)
+        return replicas > (len(match) + 1) / 2
+
     def _flush_applies(self) -> None:
         """Hand the entries committed this round to the apply thread, as one batch."""
         if not self._pending_applies:
@@ -673,10 +692,10 @@ class PySyncObjShard:
             if taken is None:
                 continue
             assert len(taken) == count, (len(taken), count)
-            # The invariant of the product: nothing is acknowledged that is not on this node's
-            # disk (and, through flush-before-send, on a majority's).
-            if self._journal.durable_index < log_index:
-                self.acked_before_durable += 1
+            # The invariant of the product: nothing is acknowledged that is not on the disks of
+            # a majority (as far as this node can tell: see _durable_on_majority).
+            if not self._durable_on_majority(log_index):
+                self.acked_not_durable_on_majority += 1
             waiting.append((taken, first))
         self.entries_applied += len(spans)
         traces = [t for li, _, _ in spans if (t := self._index_traces.pop(li, None)) is not None]

@@ -18,8 +18,16 @@ process's Raft driver thread already waits on (no thread of its own). Compared w
   most ``read_bytes_per_event_max``, and a peer that stops reading cannot make us buffer more
   than ``send_buffer_bytes_max`` for it;
 - says in the log why a peer was refused: another wire version, another secret, not a peer of
-  this shard, an oversized frame, a handshake that did not finish in time; at most one line per
-  kind and peer host per ``SECURITY_LOG_INTERVAL_S``, so the log cannot amplify an attack.
+  this shard, an oversized frame, a handshake that did not finish in time, a TLS failure; at
+  most one line per kind and peer host per ``SECURITY_LOG_INTERVAL_S``, so the log cannot
+  amplify an attack;
+- optionally speaks mutual TLS (``WireTls``), layered inside: each link's bytes pass through an
+  ``ssl.SSLObject`` and two ``ssl.MemoryBIO``s, so the poller still waits on plain sockets and
+  every byte read from a socket is decrypted in the same event (nothing readable hides in an
+  SSL buffer the poller cannot see). The secret's handshake and the per-frame HMAC run inside
+  TLS unchanged: the secret still decides membership, TLS adds confidentiality and proves the
+  certificates. The connect timeout covers both handshakes; the send buffer cap counts TLS
+  bytes. Without ``WireTls`` no SSLObject exists and the plaintext path is as before.
 
 One connection per pair of replicas: the one with the greater address dials (pysyncobj's rule).
 """
@@ -28,11 +36,15 @@ from __future__ import annotations
 
 import enum
 import errno
+import ipaddress
 import logging
 import os
+import re
 import socket
+import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pysyncobj.dns_resolver import globalDnsResolver
@@ -54,6 +66,13 @@ ACCEPTS_PER_EVENT_MAX = 64
 RECV_CHUNK_BYTES = 1 << 20
 SEND_BUFFER_BYTES_MAX = 256 << 20
 SOCKET_BUFFER_BYTES = 1 << 20
+# The largest TLS record on the wire (TLS 1.2: 2^14 plaintext + 2048; 1.3 needs less). Before
+# authentication a TLS link reads at most this at once: a record decrypts only when whole.
+TLS_RECORD_BYTES_MAX = (1 << 14) + 2048
+# A TLS stream's first bytes: a handshake record (0x16) of TLS 1.x (0x03). No frame of this
+# wire starts so before authentication: its length prefix would declare more than allowed.
+_TLS_RECORD_HEAD = b"\x16\x03"
+_SSL_SOURCE = re.compile(r" \(_ssl\.c:\d+\)$")
 
 _READ = POLL_EVENT_TYPE.READ
 _WRITE = POLL_EVENT_TYPE.WRITE
@@ -67,6 +86,32 @@ class _Phase(enum.Enum):
     AWAIT_PROOF = 4  # incoming, challenge sent
     OPEN = 5  # authenticated both ways
     CLOSED = 6
+
+
+@dataclass(frozen=True, slots=True)
+class WireTls:
+    """Mutual TLS for the Raft links: ``server`` for accepted connections (requires and
+    verifies the peer's certificate), ``client`` for dialed ones (verifies the peer's
+    certificate and that it names the host of the peer's raft address; presents ours)."""
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+
+    @classmethod
+    def from_files(cls, cert_file: str, key_file: str, ca_file: str) -> WireTls:
+        """Both contexts from PEM files: this node's certificate (chain) and key, and the CA
+        bundle that signs every node's. Raises OSError or ssl.SSLError naming what failed."""
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
+        for ctx in (server, client):
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx.options |= ssl.OP_NO_RENEGOTIATION  # TLS 1.2: no handshakes mid-link
+            ctx.load_cert_chain(cert_file, key_file)
+            ctx.load_verify_locations(cafile=ca_file)
+        server.verify_mode = ssl.CERT_REQUIRED
+        # No resumption: every link proves its certificate afresh (and no ticket bytes).
+        server.num_tickets = 0
+        return cls(server, client)
 
 
 class _Link:
@@ -87,6 +132,11 @@ class _Link:
         "session",
         "sock",
         "subscribed",
+        "tls",
+        "tls_handshaking",
+        "tls_in",
+        "tls_out",
+        "tls_raw_bytes_in",
     )
 
     def __init__(self, sock: socket.socket, *, outgoing: bool, node: Any, peer: str) -> None:
@@ -104,10 +154,49 @@ class _Link:
         self.dialer_id = ""
         self.deadline_s = 0.0
         self.subscribed = 0
+        self.tls: ssl.SSLObject | None = None  # None: plaintext (raft_tls off)
+        self.tls_in: ssl.MemoryBIO | None = None  # socket bytes, to decrypt
+        self.tls_out: ssl.MemoryBIO | None = None  # TLS bytes, to send
+        self.tls_handshaking = False
+        self.tls_raw_bytes_in = 0  # socket bytes received, to recognise a plaintext peer
 
 
 def _is_closed(link: _Link) -> bool:
     return link.phase is _Phase.CLOSED
+
+
+def _opens_in_plaintext(seen_bytes: int, data: bytes) -> bool:
+    """Whether ``data``, after ``seen_bytes`` of an incoming stream, shows it does not open
+    with a TLS record: a peer with raft_tls off says hello in plaintext."""
+    head = _TLS_RECORD_HEAD[seen_bytes:]
+    prefix = data[: len(head)]
+    return prefix != head[: len(prefix)]
+
+
+def _cert_names_host(cert: dict[str, Any], host: str) -> bool:
+    """Whether a verified peer certificate (``SSLObject.getpeercert()``) names ``host`` in its
+    subject alternative names: an IP, or a DNS name where a wildcard covers one leftmost label
+    (the check a TLS client makes of the host it dials)."""
+    host = host.strip("[]")
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    host = host.lower().rstrip(".")
+    for kind, value in cert.get("subjectAltName", ()):
+        if kind == "IP Address" and ip is not None:
+            try:
+                if ipaddress.ip_address(value.strip()) == ip:
+                    return True
+            except ValueError:
+                continue
+        elif kind == "DNS" and ip is None:
+            name = value.lower().rstrip(".")
+            if name == host or (
+                name.startswith("*.") and "." in host and host.split(".", 1)[1] == name[2:]
+            ):
+                return True
+    return False
 
 
 def _configure(sock: socket.socket, keepalive: Any) -> None:
@@ -120,8 +209,9 @@ def _configure(sock: socket.socket, keepalive: Any) -> None:
 
 
 class WireTransport(Transport):  # type: ignore[misc]
-    """Built by pysyncobj (``transportClass=``); reads ``_fx_wire_secret``, ``_fx_wire_limits``
-    and ``_fx_journal`` from the SyncObj being constructed (raft/_pysyncobj.py sets them)."""
+    """Built by pysyncobj (``transportClass=``); reads ``_fx_wire_secret``, ``_fx_wire_limits``,
+    ``_fx_wire_tls`` and ``_fx_journal`` from the SyncObj being constructed (raft/_pysyncobj.py
+    sets them)."""
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
         super().__init__(syncObj, selfNode, otherNodes)
@@ -131,6 +221,7 @@ class WireTransport(Transport):  # type: ignore[misc]
         self._self_node = selfNode
         self._key = wire.master_key(syncObj._fx_wire_secret)
         self._limits: WireLimits = syncObj._fx_wire_limits
+        self._tls: WireTls | None = syncObj._fx_wire_tls
         self._journal = syncObj._fx_journal
         self._pending: PendingHandshakes[_Link] = PendingHandshakes(
             self._limits.handshakes_pending_max, self._limits.connect_timeout_ms
@@ -317,6 +408,8 @@ class WireTransport(Transport):  # type: ignore[misc]
                 )
                 continue
             link.reader.frame_bytes_max = self._limits.handshake_frame_bytes_max
+            if self._tls is not None:
+                self._start_tls(link, self._tls)
             self._incoming.add(link)
             self._subscribe(link, _READ | _ERROR)
 
@@ -388,7 +481,11 @@ class WireTransport(Transport):  # type: ignore[misc]
                 return
             link.phase = _Phase.AWAIT_CHALLENGE
             self._subscribe(link, _READ | _ERROR)
-            self._write(link, wire.hello(link.nonce, self._self_node.address))
+            if self._tls is not None:
+                self._start_tls(link, self._tls)
+                self._tls_handshake(link)  # the hello follows once TLS is up
+            else:
+                self._write(link, wire.hello(link.nonce, self._self_node.address))
             return
         if event & _WRITE:
             self._flush(link)
@@ -396,6 +493,17 @@ class WireTransport(Transport):  # type: ignore[misc]
             self._read(link)
 
     def _write(self, link: _Link, data: bytes) -> None:
+        """Sends a frame: through TLS when the link has it, else as it is."""
+        if link.tls is not None and link.phase is not _Phase.CLOSED:
+            try:
+                self._tls_encrypt(link, data)
+            except ssl.SSLError as err:
+                self._refuse_tls(link, err)
+            return
+        self._send(link, data)
+
+    def _send(self, link: _Link, data: bytes) -> None:
+        """Socket bytes out: what the socket does not take now waits in ``link.out`` (capped)."""
         if link.phase is _Phase.CLOSED:
             return
         if not link.out:
@@ -462,8 +570,14 @@ class WireTransport(Transport):  # type: ignore[misc]
             if budget_bytes <= 0:
                 return  # the poller is level-triggered: the next round comes back for the rest
             # Before authentication read no further than the frame in progress, so a peer
-            # cannot make us buffer more than its (small, capped) handshake frame.
-            chunk_bytes = wanted if link.session is None else max(wanted, RECV_CHUNK_BYTES)
+            # cannot make us buffer more than its (small, capped) handshake frame; over TLS
+            # no further than one record (a record decrypts only when whole).
+            if link.session is not None:
+                chunk_bytes = max(wanted, RECV_CHUNK_BYTES)
+            elif link.tls is not None:
+                chunk_bytes = max(wanted, TLS_RECORD_BYTES_MAX)
+            else:
+                chunk_bytes = wanted
             try:
                 data = link.sock.recv(min(budget_bytes, chunk_bytes))
             except (BlockingIOError, InterruptedError):
@@ -474,8 +588,126 @@ class WireTransport(Transport):  # type: ignore[misc]
             if not data:
                 self._closed_by_peer(link)
                 return
-            reader.feed(data)
             budget_bytes -= len(data)
+            if link.tls is None:
+                reader.feed(data)
+            elif not self._tls_feed(link, data):
+                return
+
+    # -- TLS (raft_tls) --------------------------------------------------------------------
+
+    def _start_tls(self, link: _Link, tls: WireTls) -> None:
+        link.tls_in, link.tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        if link.outgoing:
+            # Verified like gRPC verifies a node: the certificate must name the host dialed.
+            host = link.node.host.strip("[]")
+            link.tls = tls.client.wrap_bio(
+                link.tls_in, link.tls_out, server_side=False, server_hostname=host
+            )
+        else:
+            link.tls = tls.server.wrap_bio(link.tls_in, link.tls_out, server_side=True)
+        link.tls_handshaking = True
+
+    def _tls_feed(self, link: _Link, data: bytes) -> bool:
+        """Socket bytes in: decrypts all it can into the frame reader at once, so no plaintext
+        waits inside the SSLObject where the poller cannot see it. False: the link cannot
+        read on (closed, or its TLS handshake still going)."""
+        assert link.tls is not None and link.tls_in is not None
+        if not link.outgoing and _opens_in_plaintext(link.tls_raw_bytes_in, data):
+            self._refuse_plaintext_peer(link)
+            return False
+        link.tls_raw_bytes_in += len(data)
+        link.tls_in.write(data)
+        if link.tls_handshaking and not self._tls_handshake(link):
+            return False
+        try:
+            while True:
+                plain = link.tls.read(RECV_CHUNK_BYTES)
+                if not plain:  # the peer's close_notify
+                    self._closed_by_peer(link)
+                    return False
+                link.reader.feed(plain)
+        except ssl.SSLWantReadError:
+            # Every whole record is decrypted. Reading may have produced TLS bytes to send
+            # (a TLS 1.3 key update's answer): they leave now, not with the next frame.
+            if link.tls_out is not None and link.tls_out.pending:
+                self._tls_flush(link)
+            return not _is_closed(link)
+        except ssl.SSLZeroReturnError:
+            self._closed_by_peer(link)
+        except ssl.SSLError as err:
+            self._refuse_tls(link, err)
+        return False
+
+    def _tls_handshake(self, link: _Link) -> bool:
+        """One step of the TLS handshake on what has arrived; True once it is complete (the
+        dialer then says hello on the secret's handshake, inside TLS)."""
+        assert link.tls is not None
+        try:
+            link.tls.do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            self._tls_flush(link)
+            return False
+        except ssl.SSLError as err:
+            self._tls_flush(link)  # the alert, so the peer's log says why too
+            self._refuse_tls(link, err)
+            return False
+        link.tls_handshaking = False
+        self._tls_flush(link)
+        if link.outgoing:
+            self._write(link, wire.hello(link.nonce, self._self_node.address))
+        return not _is_closed(link)
+
+    def _tls_encrypt(self, link: _Link, data: bytes) -> None:
+        assert link.tls is not None
+        with memoryview(data) as view:
+            written = 0
+            while written < len(view):
+                written += link.tls.write(view[written:])
+        self._tls_flush(link)
+
+    def _tls_flush(self, link: _Link) -> None:
+        """The TLS bytes the SSLObject produced, to the socket (or the capped send buffer)."""
+        assert link.tls_out is not None
+        data = link.tls_out.read()
+        if data:
+            self._send(link, data)
+
+    def _refuse_tls(self, link: _Link, err: ssl.SSLError) -> None:
+        reason = _SSL_SOURCE.sub("", str(err.args[1] if len(err.args) > 1 else err))
+        during = " during the TLS handshake" if link.tls_handshaking else ""
+        self._refuse(
+            link,
+            "tls",
+            f"closed the raft connection {'to' if link.outgoing else 'from'} {link.peer}: TLS "
+            f"failed{during}: {reason} (raft_tls: every node needs a certificate signed by the "
+            "CA bundle of the others, naming the host of its raft address)",
+        )
+
+    def _tls_names_dialer(self, link: _Link) -> bool:
+        """The dialer's certificate must name the host of the raft address it proved, as the
+        dialer checks ours: a node's certificate then vouches for its raft identity both ways."""
+        assert link.tls is not None
+        host = link.dialer_id.rpartition(":")[0]
+        if _cert_names_host(link.tls.getpeercert() or {}, host):
+            return True
+        self._refuse(
+            link,
+            "tls-identity",
+            f"dropped an incoming raft connection from {link.peer}: it proved the secret as "
+            f"{link.dialer_id!r}, but its certificate does not name {host!r} in its subject "
+            "alternative names (raft_tls: a node's certificate must name the host of its raft "
+            "address)",
+        )
+        return False
+
+    def _refuse_plaintext_peer(self, link: _Link) -> None:
+        self._refuse(
+            link,
+            "tls-plaintext",
+            f"refused raft peer {link.peer}: it speaks plaintext and raft_tls is on here "
+            "(turn raft_tls on at every node of the cluster, or off at all)",
+        )
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -529,6 +761,8 @@ class WireTransport(Transport):  # type: ignore[misc]
                 "peer of this shard (check the peer lists of both nodes)",
             )
             return
+        if link.tls is not None and not self._tls_names_dialer(link):
+            return
         link.session = wire.Session.derive(
             self._key, link.dialer_nonce, link.nonce, link.dialer_id, dialer=False
         )
@@ -561,6 +795,7 @@ class WireTransport(Transport):  # type: ignore[misc]
             pass
         link.out.clear()
         link.reader.clear()
+        link.tls = link.tls_in = link.tls_out = None
         self._pending.done(link)
         self._incoming.discard(link)
         node = link.node
@@ -575,7 +810,15 @@ class WireTransport(Transport):  # type: ignore[misc]
         """The peer closed (or reset) the connection. Mid-handshake that is what a failover
         looks like (a peer stopped, paused or cut off), so it is an INFO line and never called a
         secret mismatch; a failed dial (CONNECTING) is retried quietly on a later tick."""
-        if link.phase in (_Phase.AWAIT_HELLO, _Phase.AWAIT_CHALLENGE, _Phase.AWAIT_PROOF):
+        if link.tls_handshaking and link.outgoing:
+            self._log(
+                "tls-closed",
+                logging.INFO,  # as any close mid-handshake: a stopping peer does it too
+                f"raft peer {link.peer} closed the connection during the TLS handshake: raft_tls "
+                "may be off there (it then logs a frame it could not read), or it is stopping",
+                peer=link.peer.rpartition(":")[0] or link.peer,
+            )
+        elif link.phase in (_Phase.AWAIT_HELLO, _Phase.AWAIT_CHALLENGE, _Phase.AWAIT_PROOF):
             stage = "the end" if link.phase is _Phase.AWAIT_PROOF else "its first message"
             if link.outgoing:
                 kind = "outgoing-closed"
@@ -599,11 +842,18 @@ class WireTransport(Transport):  # type: ignore[misc]
 
     def _refuse_oversized(self, link: _Link, err: FrameTooLargeError) -> None:
         before = "" if link.session is not None else " before its handshake"
+        # A TLS record's first bytes (0x16 0x03) read as a little-endian length prefix.
+        looks_tls = link.session is None and err.declared_bytes & 0xFFFF == 0x0316
+        hint = (
+            ": it looks like a TLS handshake (raft_tls is on at that peer and off here)"
+            if looks_tls and link.tls is None
+            else ""
+        )
         self._refuse(
             link,
             "oversized",
             f"refused a raft frame declaring {err.declared_bytes} bytes from {link.peer}{before} "
-            f"(limit {err.limit_bytes} bytes) and closed the connection",
+            f"(limit {err.limit_bytes} bytes) and closed the connection{hint}",
         )
 
     def _refuse_protocol(self, link: _Link, err: wire.WireError) -> None:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import lmdb
 from crc32c import crc32c
 
+from storage import unsynced_marker
 from storage.api import (
     ContentDigest,
     CorruptRecordError,
@@ -179,12 +180,27 @@ def _check_copy_file(path: str) -> int:
     return data_bytes
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+_fsync_dir = unsynced_marker.fsync_dir
+
+LMDB_FILES = ("data.mdb", "lock.mdb")
+
+
+def _ensure_unsynced_mark(path: str, boot_id: str) -> bool:
+    """Before the first commit without fsync: discard a store left unsynced by another boot
+    (a machine crash may have torn it), then mark it as unsynced during ``boot_id``. -> whether
+    the store was discarded."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        os.makedirs(path, exist_ok=True)
+        marked = unsynced_marker.marked_boot_id(path)
+        discard = marked is not None and marked != boot_id
+        if discard:
+            for name in LMDB_FILES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(path, name))
+        unsynced_marker.mark(path, boot_id)
+    except OSError as e:
+        raise StorageError(f"cannot prepare the store at {path!r}: {e}") from e
+    return discard
 
 
 def _storage_error(error: lmdb.Error) -> StorageError:
@@ -204,14 +220,26 @@ class LmdbStore:
     grows only as pages are used. ``sync=False`` skips the fsync on commit: faster, but a machine
     crash may lose the last commits (never corrupt the file); for tests and benchmarks.
 
-    ``last_commit_replayable=True`` is for a store that a durable log replays into (a Raft
-    shard's state: its journal holds every committed entry, and apply is idempotent by index).
-    A commit then fsyncs its data pages but not the meta page that follows them (LMDB's
-    MDB_NOMETASYNC): one fsync per commit instead of two. A machine crash may undo the last
-    commit, never corrupt the file; the log applies it again at restart.
+    ``cache_of_log=True`` is for a store that a durable log rebuilds (a Raft shard's state: its
+    snapshot file and journal are fsync'd and hold every committed entry, and apply is
+    idempotent by index). Its commits are not fsync'd at all: no disk flush on the path from a
+    commit to an answer, and none under the state's lock. A process crash loses nothing (the
+    page cache outlives the process); a machine crash is detected at the next open by the boot
+    id marker (``storage.unsynced_marker``) and the store is then discarded, opened empty, and
+    rebuilt by the log (``discarded_after_machine_crash`` says so). Where the system has no
+    boot id, the store falls back to one fsync per commit (data pages, not the meta page: a
+    machine crash may then undo the last commit, never corrupt the file).
     """
 
-    __slots__ = ("_closed", "_dbs", "_env", "_path", "on_commit")
+    __slots__ = (
+        "_closed",
+        "_dbs",
+        "_env",
+        "_path",
+        "_unsynced",
+        "discarded_after_machine_crash",
+        "on_commit",
+    )
 
     def __init__(
         self,
@@ -219,9 +247,21 @@ class LmdbStore:
         map_size_bytes: int = DEFAULT_MAP_SIZE_BYTES,
         sync: bool = True,
         *,
-        last_commit_replayable: bool = False,
+        cache_of_log: bool = False,
+        boot_id: Callable[[], str | None] = unsynced_marker.current_boot_id,
     ) -> None:
         self._path = path
+        self._unsynced = False
+        self.discarded_after_machine_crash = False
+        metasync = sync
+        if sync and cache_of_log:
+            running_boot = boot_id()
+            if running_boot is None:
+                metasync = False
+            else:
+                self.discarded_after_machine_crash = _ensure_unsynced_mark(path, running_boot)
+                sync = metasync = False
+                self._unsynced = True
         try:
             env = lmdb.open(
                 path,
@@ -230,7 +270,7 @@ class LmdbStore:
                 max_dbs=8,
                 max_readers=MAX_READERS,
                 sync=sync,
-                metasync=sync and not last_commit_replayable,
+                metasync=metasync,
                 readahead=False,
                 lock=True,
             )
@@ -326,7 +366,12 @@ class LmdbStore:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._env.close()
+            try:
+                if self._unsynced:
+                    self._env.sync(True)
+                    unsynced_marker.clear(self._path)
+            finally:
+                self._env.close()
 
     def copy_to(self, path: str, txn: ReadTxn | None = None) -> None:
         env = self._live_env()

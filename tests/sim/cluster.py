@@ -62,6 +62,9 @@ class RunResult:
     snapshots_installed: int
     converged: bool
     network: NetworkStats = field(default_factory=NetworkStats)
+    # Commits a leader took while its own copy was still only in memory (hook 7): a majority of
+    # followers had fsync'd them.
+    leader_commits_before_own_fsync: int = 0
 
 
 def _scratch_root() -> str:
@@ -92,6 +95,7 @@ class Cluster:
         self.proposed = 0
         self.crashes = 0
         self.partitions = 0
+        self.leader_commits_before_own_fsync = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -191,6 +195,8 @@ class Cluster:
         first = log[0][1]
         is_leader = r.so._isLeader()
         durable = self._durable_logs() if is_leader else {}
+        if is_leader and commit > r.journal.durable_index:
+            self.leader_commits_before_own_fsync += 1
         for index in range(max(r.commit_seen + 1, first), min(commit, log.last_index) + 1):
             item = log[index - first]
             self.checker.on_commit(node, item, leaders)
@@ -279,6 +285,7 @@ class Cluster:
             snapshots_installed=self.checker.snapshots_installed,
             converged=converged,
             network=self.network.stats,
+            leader_commits_before_own_fsync=self.leader_commits_before_own_fsync,
         )
 
     def converged(self) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from raft._pysyncobj import HardenedSyncObj
 from raft.journal_memory import MemoryJournal
 from tests.sim.cluster import RunResult, SimSettings, run_seed
 
@@ -69,6 +70,7 @@ def test_the_runs_exercise_crashes_partitions_snapshots_and_acknowledgements() -
     assert sum(r.snapshots_written for r in runs) > 0
     assert sum(r.snapshots_installed for r in runs) > 0  # hook 4, at restart or from a leader
     assert sum(r.network.lost_with_connection for r in runs) > 0
+    assert sum(r.leader_commits_before_own_fsync for r in runs) > 0  # hook 7
     datagram = run_seed(2000, SimSettings(network="datagram", snapshots=False))
     assert datagram.network.dropped > 0 and datagram.network.duplicated > 0
 
@@ -124,10 +126,12 @@ def test_without_the_flush_before_acknowledging_the_checker_finds_commits_not_on
 def test_without_the_leaders_flush_before_commit_the_checker_finds_commits_not_on_disk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A leader's own fsync runs on its writer while it goes on (LmdbJournal.flush_async); the
-    # commit index waits for it (flush_upto). Without that wait a leader counts itself toward a
-    # majority with entries still only in memory.
+    # A leader's own fsync runs on its writer while it goes on (LmdbJournal.flush_async); it
+    # counts itself toward a commit only up to its durable index (hook 7), and the commit index
+    # waits for the log up to it (flush_upto). A leader that counts its whole log and does not
+    # wait commits entries that are still only in its memory.
     monkeypatch.setattr(MemoryJournal, "flush_upto", lambda self, index: None)
+    monkeypatch.setattr(HardenedSyncObj, "_fx_bound_commit", lambda self, previous, index: index)
     with pytest.raises(AssertionError, match="committed means durable on a majority"):
         for seed in range(40):
             run_seed(seed)
