@@ -116,6 +116,19 @@ if _missing:  # pragma: no cover - only with another pysyncobj
     raise ImportError("raft/ cannot harden this pysyncobj: missing " + ", ".join(_missing))
 
 
+def majority_index(durable: list[int]) -> int:
+    """The highest log index that a majority of ``durable`` (each replica's last durable index,
+    the leader's own included) have reached. pysyncobj's rule: more than half of the members.
+
+    >>> majority_index([7, 5, 3])  # 3 replicas: 2 have index 5
+    5
+    >>> majority_index([9, 9, 2, 1])  # 4 replicas: 3 are needed, only 2 have more than 2
+    2
+    """
+    ranked = sorted(durable, reverse=True)
+    return ranked[len(ranked) // 2]
+
+
 def create_poller() -> Any:
     return createPoller("auto")
 
@@ -188,16 +201,11 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
     def _fx_bound_commit(self, previous: int, proposed: int) -> int | None:
         """On a leader, the commit index to take instead of ``proposed`` (pysyncobj's, which
         counted the leader's whole log), the commit index being ``previous``; None elsewhere."""
-        journal = self._fx_journal
         if not self._isLeader():
             return None
-        if journal.durable_index >= proposed:
+        if self._fx_journal.durable_index >= proposed:
             return proposed
-        others = list(self._SyncObj__otherNodes)
-        match = self._SyncObj__raftMatchIndex
-        durable = sorted([journal.durable_index, *(match.get(n, 0) for n in others)], reverse=True)
-        majority = (len(others) + 1) // 2 + 1  # pysyncobj's "count > (others + 1) / 2"
-        candidate = min(proposed, durable[majority - 1])
+        candidate = min(proposed, self.fx_durable_on_majority())
         bounded = previous
         # Raft commits by counting replicas only entries of the leader's term (thesis 3.6.2);
         # terms never decrease along the log, so below the first such entry none is.
@@ -205,6 +213,14 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             bounded = candidate
         self._SyncObj__raftCommitIndex = bounded
         return bounded
+
+    def fx_durable_on_majority(self) -> int:
+        """A leader's view of the last log index on the disks of a majority: its journal's
+        durable index and its followers' match indexes (they acknowledge only what they
+        fsync'd, raft/outbox.py)."""
+        match = self._SyncObj__raftMatchIndex
+        others = [match.get(n, 0) for n in self._SyncObj__otherNodes]
+        return majority_index([self._fx_journal.durable_index, *others])
 
     def _fx_term_at(self, index: int) -> int | None:
         journal = self._fx_journal

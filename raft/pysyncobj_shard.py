@@ -662,20 +662,6 @@ class PySyncObjShard:
         for p in taken:
             self._finish_threadsafe(p, error=exc)
 
-    def _durable_on_majority(self, index: int) -> bool:
-        """Whether ``index`` is on the disks of a majority as far as this node knows: a leader
-        counts its journal's durable index and its followers' match indexes (a follower
-        acknowledges only what it fsync'd, raft/outbox.py); anyone else its own journal, which
-        is durable up to the commit index before the index moves."""
-        so, journal = self._so, self._journal
-        assert so is not None and journal is not None
-        own = journal.durable_index >= index
-        if not so._isLeader():
-            return own
-        match = so.match_index
-        replicas = int(own) + sum(1 for i in match.values() if i >= index)
-        return replicas > (len(match) + 1) / 2
-
     def _flush_applies(self) -> None:
         """Hand the entries committed this round to the apply thread, as one batch."""
         if not self._pending_applies:
@@ -693,7 +679,14 @@ class PySyncObjShard:
                 else:
                     slots.append(None)  # a barrier: ordered by the log, nothing to apply
         self._pending_applies.clear()
-        assert self._journal is not None
+        assert self._journal is not None and self._so is not None
+        # As far as this node can tell, the log is on the disks of a majority up to here: a
+        # leader counts its followers too; anyone else its own journal, durable up to the
+        # commit index before the index moves.
+        if self._so._isLeader():
+            durable_upto = self._so.fx_durable_on_majority()
+        else:
+            durable_upto = self._journal.durable_index
         waiting: list[tuple[list[_Proposal], int]] = []  # (proposals, first slot)
         for log_index, first, count in spans:
             taken = self._awaiting.pop(log_index, None)
@@ -701,8 +694,8 @@ class PySyncObjShard:
                 continue
             assert len(taken) == count, (len(taken), count)
             # The invariant of the product: nothing is acknowledged that is not on the disks of
-            # a majority (as far as this node can tell: see _durable_on_majority).
-            if not self._durable_on_majority(log_index):
+            # a majority.
+            if log_index > durable_upto:
                 self.acked_not_durable_on_majority += 1
             waiting.append((taken, first))
         self.entries_applied += len(spans)
@@ -728,13 +721,11 @@ class PySyncObjShard:
             or self._apply_cost_s > INLINE_APPLY_COST_S_MAX
         ):
             return False
-        try:
-            self._apply_batches([batch], retry=False)
-        except Exception:
-            # The transaction rolled back: the apply thread retries it (and says why).
+        if self._apply_batches([batch], retry=False):
+            self.batches_applied_inline += 1
+        else:
+            # The state transaction rolled back: the apply thread retries it (and says why).
             self._apply_queue.put(batch)
-            return True
-        self.batches_applied_inline += 1
         return True
 
     def _apply_routine(self) -> None:
@@ -758,10 +749,11 @@ class PySyncObjShard:
                 for _ in items:
                     self._apply_queue.task_done()
 
-    def _apply_batches(self, batches: list[Any], *, retry: bool = True) -> None:
+    def _apply_batches(self, batches: list[Any], *, retry: bool = True) -> bool:
         """Apply the entries of ``batches`` (as ``_flush_applies`` queued them, in log order) in
-        one state transaction, then resolve their proposals. ``retry=False``: a failure raises
-        (nothing applied) instead of stalling until the state machine can apply them."""
+        one state transaction, then resolve their proposals. -> False only with ``retry=False``
+        when the state machine refused the transaction (nothing applied, nothing resolved);
+        with ``retry=True`` it stalls until the state machine can apply them."""
         entries: list[Entry] = []
         for batch_entries, _slots, _waiting, _traces in batches:
             entries.extend(batch_entries)
@@ -772,7 +764,7 @@ class PySyncObjShard:
                 break
             except Exception:
                 if not retry:
-                    raise
+                    return False
                 # Committed entries cannot be skipped: stall (and say so) until the state
                 # machine can apply them, e.g. once disk space is freed.
                 log.exception("shard %s: applying committed entries failed", self.shard_id)
@@ -798,6 +790,7 @@ class PySyncObjShard:
             self._loop.call_soon_threadsafe(self._resolve_all, done)
         if traces and self._loop is not None:
             self._loop.call_soon_threadsafe(self._observe_traces, traces)
+        return True
 
     def _drain_applies(self) -> None:
         """Driver thread: wait until every committed entry handed out so far is applied."""

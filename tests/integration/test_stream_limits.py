@@ -100,16 +100,24 @@ async def expect_too_many_streams(attempt: AsyncIterator[object] | object) -> No
     assert str(STREAMS_MAX) in (exc.value.details() or "")
 
 
+async def take_every_stream_slot(
+    stub: queue_pb2_grpc.QueueServiceStub,
+) -> list[grpc.aio.UnaryStreamCall]:
+    """A stream queue "events" holding b"m0", and STREAMS_MAX Tail streams that each read it."""
+    await create_stream_queue(stub, "events")
+    await publish(stub, "events", b"m0")
+    open_calls = [tail(stub, "events") for _ in range(STREAMS_MAX)]
+    assert [await first_values(c, 1) for c in open_calls] == [[b"m0"]] * STREAMS_MAX
+    return open_calls
+
+
 def test_streams_beyond_streams_max_are_refused_and_the_open_ones_keep_working(
     small_node: Node,
 ) -> None:
     async def run() -> None:
         async with grpc.aio.insecure_channel(small_node.address) as ch:
             stub = queue_pb2_grpc.QueueServiceStub(ch)  # type: ignore[no-untyped-call]
-            await create_stream_queue(stub, "events")
-            await publish(stub, "events", b"m0")
-            open_calls = [tail(stub, "events") for _ in range(STREAMS_MAX)]
-            assert [await first_values(c, 1) for c in open_calls] == [[b"m0"]] * STREAMS_MAX
+            open_calls = await take_every_stream_slot(stub)
 
             await expect_too_many_streams(tail(stub, "events"))
             consume = stub.Consume(pb.ConsumeRequest(queue="events", group="g", consumer_id="c"))
@@ -154,10 +162,7 @@ def test_a_refused_publish_stream_reports_its_status_while_the_client_is_still_w
     async def run() -> None:
         async with grpc.aio.insecure_channel(small_node.address) as ch:
             stub = queue_pb2_grpc.QueueServiceStub(ch)  # type: ignore[no-untyped-call]
-            await create_stream_queue(stub, "events")
-            await publish(stub, "events", b"m0")
-            open_calls = [tail(stub, "events") for _ in range(STREAMS_MAX)]
-            assert [await first_values(c, 1) for c in open_calls] == [[b"m0"]] * STREAMS_MAX
+            open_calls = await take_every_stream_slot(stub)
             for _ in range(ATTEMPTS):
                 await expect_too_many_streams(drain(stub.PublishStream(three_requests())))
             for call in open_calls:

@@ -75,3 +75,31 @@ async def test_slow_applies_stay_on_the_apply_thread(
         assert_same_history(c, sent)
         assert sum(s.batches_applied_inline for s in c.shards.values()) == before
         monkeypatch.undo()
+
+
+async def test_a_batch_the_state_refuses_inline_is_applied_by_the_apply_thread_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running(tmp_path) as c:
+        leader = await sole_leader(c)
+        _record_threads(c, monkeypatch, extra_s=0.0, fsync=False)
+        await propose_each(leader, payloads("w", PROPOSALS))  # applies are cheap by now
+        refused: list[str] = []
+        for sm in c.sms.values():
+            cheap = sm.apply_batch
+
+            def apply_batch(
+                entries: Sequence[Entry], _cheap: Callable[..., list[object]] = cheap
+            ) -> list[object]:
+                if not refused and not threading.current_thread().name.startswith("apply-"):
+                    refused.append(threading.current_thread().name)
+                    raise OSError("disk full, once")  # rolled back: nothing applied
+                return _cheap(entries)
+
+            monkeypatch.setattr(sm, "apply_batch", apply_batch)
+        sent = payloads("r", 20)
+        await propose_each(leader, sent)
+        await c.converged(15.0)
+        assert refused, "no batch was tried inline"
+        assert_same_history(c, payloads("w", PROPOSALS) + sent)  # once each, in order
+        monkeypatch.undo()
