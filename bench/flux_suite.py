@@ -106,8 +106,8 @@ def fsync_latency_ms(directory: Path, n: int = 50) -> tuple[float, float]:
 # Where a sample of the cluster leader goes: the first rule matching its stack (frames joined by
 # ";", the leaf last) names it. Leaf line numbers are those of pysyncobj 0.3.x's tcp_connection.
 PROFILE_CATEGORIES: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
-    ("raft journal: LMDB commit + fsync (LmdbJournal.flush)",
-     lambda st, _: "LmdbJournal.flush" in st),
+    ("raft journal: append + fdatasync (SegmentFileJournal._write)",
+     lambda st, _: "SegmentFileJournal._write" in st),
     ("apply to state: apply_batch, LMDB commit + fsync", lambda st, _: "apply_batch" in st),
     ("encryption (cryptography/Fernet)", lambda st, _: "cryptography" in st or "fernet" in st),
     ("pickle (pysyncobj messages)", lambda _, leaf: "pickle" in leaf),

@@ -41,7 +41,7 @@ def fetch(url: str) -> str:
 
 # Disk histograms shown beside the stages: what one fsync'd commit costs on this machine.
 DISK_METRICS = {
-    "journal flush (txn + fsync)": "fluxmq_raft_journal_fsync_seconds",
+    "journal flush (append + fdatasync)": "fluxmq_raft_journal_fsync_seconds",
     "state apply commit (txn + fsync)": "fluxmq_apply_commit_seconds",
 }
 

@@ -224,7 +224,7 @@ EXPIRED_LEASES = Counter(
 )
 JOURNAL_FLUSH = Histogram(
     "fluxmq_raft_journal_fsync_seconds",
-    "Raft journal flushes: one write transaction and fsync for every entry pending.",
+    "Raft journal flushes: one append and fdatasync for every change pending.",
     ["shard"],
     buckets=FSYNC_BUCKETS_S,
     registry=REGISTRY,

@@ -15,7 +15,7 @@ pysyncobj upgrade that moves them fails loudly instead of silently losing data.
    every frame, no zlib and no Fernet), bounded connections (raft/wire_guard.py), a log line
    for every refused peer, and the journal made durable before any message leaves:
    append-entries, their acknowledgements, votes. With the flush before the commit index moves
-   (``LmdbJournal.setRaftCommitIndex``), nothing is acknowledged before it is fsync'd.
+   (``JournalCore.setRaftCommitIndex``), nothing is acknowledged before it is fsync'd.
 3. Append-entries without a term conflict (RAFT.md problem 1). Stock pysyncobj truncates a
    follower's log after ``prevLogIdx`` whenever it has later entries, even matching ones, which
    deletes acknowledged entries. ``_SyncObj__onMessageReceived`` is wrapped to apply Raft's rule:
@@ -60,7 +60,7 @@ from pysyncobj.poller import createPoller
 from pysyncobj.version import VERSION
 
 from raft import snapshot_file
-from raft.journal import LmdbJournal
+from raft.journal_core import JournalCore
 from raft.wire_guard import WireLimits, wire_frame_bytes_max
 from raft.wire_transport import WireTls, WireTransport
 
@@ -155,7 +155,7 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         self_address: str,
         peers: list[str],
         conf: SyncObjConf,
-        journal: LmdbJournal,
+        journal: JournalCore,
         poller: Any,
         apply: Callable[[int, bytes], int],
         load_snapshot: Callable[[str, snapshot_file.SnapshotInfo], None],

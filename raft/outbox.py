@@ -22,7 +22,7 @@ from typing import Any
 # - "append_entries": only a leader sends them. Its own disk write may overlap its followers'
 #   (Raft thesis 10.2.1): pysyncobj counts the leader toward a majority when it moves the commit
 #   index, and the journal makes the log durable up to the commit index before it moves
-#   (``LmdbJournal.setRaftCommitIndex``), so nothing is applied, acknowledged or announced as
+#   (``JournalCore.setRaftCommitIndex``), so nothing is applied, acknowledged or announced as
 #   committed before the leader's fsync too.
 # - "apply_command" / "apply_command_response": a follower forwarding a command, and the leader
 #   saying where it put it (the follower waits for the commit like any other).

@@ -1,7 +1,8 @@
 """PySyncObjShard: a replication group on pysyncobj, made durable and fast.
 
-- Durable: the log lives in an ``LmdbJournal`` that is fsync'd before any message leaves the node
-  and before the commit index moves, so an acknowledged proposal is on the disk of a majority.
+- Durable: the log lives in a ``SegmentFileJournal`` (one append + fdatasync per flush) that is
+  fsync'd before any message that promises what it holds leaves the node and before the commit
+  index moves, so an acknowledged proposal is on the disk of a majority.
 - Fast: proposals that arrive together become one log entry (a frame, see ``frames``), bounded in
   bytes and count, with a few frames in flight at once; one driver thread ticks every shard of the
   process without waiting for timers (``RaftDriver``).
@@ -50,7 +51,7 @@ from raft.api import (
     StateMachine,
 )
 from raft.driver import RaftDriver
-from raft.journal import LmdbJournal
+from raft.segment_journal import SEGMENT_BYTES_DEFAULT, SegmentFileJournal, open_shard_journal
 from raft.wire_guard import HANDSHAKES_PENDING_MAX, WireLimits, wire_frame_bytes_max
 from raft.wire_transport import WireTls
 
@@ -107,7 +108,7 @@ class ShardConfig:
     compaction_entries_min: int = 20_000
     compaction_interval_s: int = 3600
     snapshot_chunk_bytes: int = 1 << 20
-    journal_map_size_bytes: int = 8 << 30
+    journal_segment_bytes: int = SEGMENT_BYTES_DEFAULT
     in_sync_lag_entries: int = 64
     bind_address: str = ""  # host:port the endpoint binds; "" = self_address
     # Peers named by DNS: how long a resolved address is trusted, and a failed lookup remembered.
@@ -233,7 +234,7 @@ class PySyncObjShard:
         self._driver = driver
         self._loop: asyncio.AbstractEventLoop | None = None
         self._so: HardenedSyncObj | None = None
-        self._journal: LmdbJournal | None = None
+        self._journal: SegmentFileJournal | None = None
         self._lock = threading.Lock()  # hand-off between the loop and the driver thread
         self._incoming: deque[_Proposal] = deque()
         self._closed = False
@@ -313,7 +314,7 @@ class PySyncObjShard:
         return self._driver
 
     @property
-    def journal(self) -> LmdbJournal | None:
+    def journal(self) -> SegmentFileJournal | None:
         return self._journal
 
     @property
@@ -446,9 +447,7 @@ class PySyncObjShard:
         check_address_free(cfg.bind)
         root = os.path.join(cfg.data_dir, "raft", cfg.shard_id)
         os.makedirs(root, exist_ok=True)
-        journal = LmdbJournal(
-            os.path.join(root, "journal"), map_size_bytes=cfg.journal_map_size_bytes
-        )
+        journal = open_shard_journal(root, segment_bytes=cfg.journal_segment_bytes)
         dump = os.path.join(root, "snapshot")
         journal.before_trim = functools.partial(snapshot_file.fsync_dir, root)
         journal.on_flush = self.on_journal_flush
@@ -541,7 +540,7 @@ class PySyncObjShard:
         self._flush_applies()
         if leading and so._isLeader():
             # The leader's fsync runs on the journal writer while this thread goes on (acks,
-            # the next frames): the commit index waits for it (LmdbJournal.setRaftCommitIndex).
+            # the next frames): the commit index waits for it (JournalCore.setRaftCommitIndex).
             journal.flush_async(self._journal_writer, self._driver.wake)
         else:
             journal.flush()
@@ -562,7 +561,7 @@ class PySyncObjShard:
             self._publish_status(so, now)
         return bool(self._incoming) and self._can_hand_over(so)
 
-    def _maybe_ack_appended(self, so: HardenedSyncObj, journal: LmdbJournal) -> None:
+    def _maybe_ack_appended(self, so: HardenedSyncObj, journal: SegmentFileJournal) -> None:
         """Acknowledge ``on_append`` proposals whose entries are durable in our log. A leader
         never truncates its own log within its term, so entries of the term we still lead are
         the ones we appended."""

@@ -1,9 +1,10 @@
-"""One behaviour suite for both Raft journals: ``LmdbJournal`` (the one nodes run) and
-``MemoryJournal`` (its twin in the simulation tier, tests/sim). The simulation's crash model is
-only as good as this suite: whatever it proves about a crash must hold for LMDB too.
+"""One behaviour suite for every Raft journal: ``SegmentFileJournal`` (the one nodes run),
+``LmdbJournal`` (what earlier versions ran; read to migrate) and ``MemoryJournal`` (the twin in
+the simulation tier, tests/sim). The simulation's crash model is only as good as this suite:
+whatever it proves about a crash must hold on disk too.
 
-A crash of an LMDB journal is emulated without ``close()`` (which flushes): the directory is
-copied while the journal is open, so the copy holds exactly what LMDB committed, and the copy is
+A crash of an on-disk journal is emulated without ``close()`` (which flushes): the directory is
+copied while the journal is open, so the copy holds exactly what was written, and the copy is
 opened as the restarted node's journal. A memory journal's ``crash()`` returns that journal."""
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import pytest
 
 from raft.journal import LmdbJournal
 from raft.journal_memory import MemoryJournal
+from raft.segment_journal import SegmentFileJournal
 
 MAP_BYTES = 64 << 20
 
-Journal = Any  # LmdbJournal | MemoryJournal: one interface, no common base class
+Journal = Any  # SegmentFileJournal | LmdbJournal | MemoryJournal: one interface (JournalCore)
+SEGMENT_BYTES = 4096  # small: the suite crosses segment boundaries
 
 
 class Kind:
@@ -38,6 +41,10 @@ class Kind:
     def open(self) -> Journal:
         if self.name == "memory":
             j: Journal = MemoryJournal()
+        elif self.name == "segment":
+            j = SegmentFileJournal(
+                str(self.root / f"j{next(self._ids)}"), segment_bytes=SEGMENT_BYTES
+            )
         else:
             j = LmdbJournal(str(self.root / f"j{next(self._ids)}"), map_size_bytes=MAP_BYTES)
         self.opened.append(j)
@@ -50,7 +57,19 @@ class Kind:
         else:
             copy = self.root / f"j{next(self._ids)}"
             shutil.copytree(j._path, copy)
-            after = LmdbJournal(str(copy), map_size_bytes=MAP_BYTES)
+            if self.name == "segment":
+                after = SegmentFileJournal(str(copy), segment_bytes=SEGMENT_BYTES)
+            else:
+                after = LmdbJournal(str(copy), map_size_bytes=MAP_BYTES)
+        self.opened.append(after)
+        return after
+
+    def reopen(self, j: Journal) -> Journal:
+        """The journal at ``j``'s directory, opened again (``j`` closed)."""
+        if self.name == "segment":
+            after: Journal = SegmentFileJournal(j._path, segment_bytes=SEGMENT_BYTES)
+        else:
+            after = LmdbJournal(j._path, map_size_bytes=MAP_BYTES)
         self.opened.append(after)
         return after
 
@@ -59,7 +78,7 @@ class Kind:
             j.close()
 
 
-@pytest.fixture(params=["lmdb", "memory"])
+@pytest.fixture(params=["segment", "lmdb", "memory"])
 def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kind]:
     k = Kind(request.param, tmp_path)
     yield k
@@ -278,11 +297,7 @@ def test_close_flushes_what_is_pending(kind: Kind) -> None:
     j = kind.open()
     fill(j, 1, 3)
     j.close()
-    if isinstance(j, MemoryJournal):
-        after = j.crash()
-    else:
-        after = LmdbJournal(j._path, map_size_bytes=MAP_BYTES)
-        kind.opened.append(after)
+    after = j.crash() if isinstance(j, MemoryJournal) else kind.reopen(j)
     assert indexes(after) == [1, 2, 3]
 
 

@@ -12,7 +12,7 @@ from pysyncobj import SyncObj
 
 from raft import _pysyncobj, snapshot_file
 from raft._pysyncobj import HardenedSyncObj, SyncObjConf
-from raft.journal import LmdbJournal
+from raft.segment_journal import SegmentFileJournal
 from raft.wire_transport import WireTransport
 from tests.raft.helpers import free_ports
 
@@ -33,7 +33,7 @@ class Harness:
 
     def __init__(self, root: str, terms: list[int], current_term: int) -> None:
         self.root = root
-        self.journal = LmdbJournal(os.path.join(root, "journal"))
+        self.journal = SegmentFileJournal(os.path.join(root, "journal"))
         for i, term in enumerate(terms, start=1):
             self.journal.add(NOOP if i == 1 else _cmd(i), i, term)
         self.journal.setCurrentTerm(current_term, None)
@@ -106,7 +106,7 @@ def test_replicas_talk_over_fluxmqs_wire_by_default(harness: Any) -> None:
 def test_pysyncobjs_fernet_password_cannot_be_turned_on(tmp_path: Any) -> None:
     """Peers are authenticated by raft/wire.py; a Fernet password would put pysyncobj's
     per-message encryption back (and its handshake under ours)."""
-    journal = LmdbJournal(str(tmp_path / "journal"))
+    journal = SegmentFileJournal(str(tmp_path / "journal"))
     conf = SyncObjConf(password="s", autoTick=False, useFork=False)
     with pytest.raises(ValueError, match="leave password unset"):
         HardenedSyncObj(
@@ -201,11 +201,11 @@ def test_a_snapshot_the_journal_does_not_contain_resets_the_log_to_it(harness: A
 
 
 def test_the_commit_index_read_at_start_is_clamped_to_the_log_end(tmp_path: Any) -> None:
-    j = LmdbJournal(str(tmp_path / "j"))
+    j = SegmentFileJournal(str(tmp_path / "j"))
     for i in range(1, 6):
         j.add(_cmd(i), i, 1)
     j.setRaftCommitIndex(50)
     j.close()
-    j = LmdbJournal(str(tmp_path / "j"))
+    j = SegmentFileJournal(str(tmp_path / "j"))
     assert j.getRaftCommitIndex() == 5
     j.close()

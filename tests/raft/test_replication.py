@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-import raft.journal
 from raft import frames
 from raft.api import (
     Entry,
@@ -36,8 +35,8 @@ from raft.api import (
     ShardRequestDeniedError,
 )
 from raft.driver import RaftDriver
-from raft.journal import LmdbJournal
 from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError, check_config
+from raft.segment_journal import SegmentFileJournal
 from tests.raft.helpers import (
     FAST,
     SECRET,
@@ -152,7 +151,7 @@ def _count_durable_replicas_at_apply(
 ) -> tuple[list[tuple[str, int, int]], list[int]]:
     """Wrap every replica's apply_batch: for each entry, count the replicas whose journal has
     fsync'd its log index at the moment it is applied. -> (violations, [entries checked])."""
-    journals: list[LmdbJournal] = []
+    journals: list[SegmentFileJournal] = []
     for s in c.shards.values():
         assert s.journal is not None
         journals.append(s.journal)
@@ -211,23 +210,23 @@ async def test_majority_fsync_check_detects_missing_fsyncs(
                 assert s.syncobj is not None
                 s.syncobj.transport.flush_before_send = False
         else:
-            real_flush, real_flush_async = LmdbJournal.flush, LmdbJournal.flush_async
+            real_flush, real_flush_async = SegmentFileJournal.flush, SegmentFileJournal.flush_async
             silent = {
                 id(s.journal)
                 for s in c.shards.values()
                 if broken == "flush-everywhere" or s is not leader
             }
 
-            def flush(self: LmdbJournal) -> None:
+            def flush(self: SegmentFileJournal) -> None:
                 if id(self) not in silent:
                     real_flush(self)
 
-            def flush_async(self: LmdbJournal, *args: Any) -> None:
+            def flush_async(self: SegmentFileJournal, *args: Any) -> None:
                 if id(self) not in silent:
                     real_flush_async(self, *args)
 
-            monkeypatch.setattr(raft.journal.LmdbJournal, "flush", flush)
-            monkeypatch.setattr(raft.journal.LmdbJournal, "flush_async", flush_async)
+            monkeypatch.setattr(SegmentFileJournal, "flush", flush)
+            monkeypatch.setattr(SegmentFileJournal, "flush_async", flush_async)
         # One entry at a time: without flush-before-send about a third of the entries are
         # applied by the leader before any follower's fsync (measured: 16 to 44 of 100).
         await propose_each(leader, payloads("m", 100))
@@ -331,17 +330,17 @@ async def test_received_snapshot_is_fsynced_before_the_journal_is_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """pysyncobj writes a received snapshot and renames it without fsync; the journal is then
-    cut back to the snapshot's last entries (one fsync'd LMDB transaction). The file must be
+    cut back to the snapshot's last entries (one fsync'd append). The file must be
     durable first, or a power loss leaves a replica with neither the log nor the snapshot."""
     events: list[tuple[str, str]] = []
-    real_fsync, real_clear = os.fsync, LmdbJournal.clear
+    real_fsync, real_clear = os.fsync, SegmentFileJournal.clear
 
     def fsync(fd: int) -> None:
         real_fsync(fd)
         with contextlib.suppress(OSError):
             events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
 
-    def clear(self: LmdbJournal) -> None:
+    def clear(self: SegmentFileJournal) -> None:
         events.append(("clear", self._path))
         real_clear(self)
 
@@ -352,7 +351,7 @@ async def test_received_snapshot_is_fsynced_before_the_journal_is_replaced(
         await propose_each(leader, payloads("s", 120))
         await wait_until("a snapshot on the leader", lambda: has_snapshot(c, leader.address))
         monkeypatch.setattr(os, "fsync", fsync)
-        monkeypatch.setattr(LmdbJournal, "clear", clear)
+        monkeypatch.setattr(SegmentFileJournal, "clear", clear)
         await c.start(f)
         await c.converged(WAIT_S)
         monkeypatch.undo()
@@ -362,7 +361,7 @@ async def test_received_snapshot_is_fsynced_before_the_journal_is_replaced(
 def _assert_synced_before_cleared(events: list[tuple[str, str]], data_dir: str) -> None:
     root = os.path.join(data_dir, "raft", "s1")
     dump = os.path.realpath(os.path.join(root, "snapshot"))
-    cleared_at = events.index(("clear", os.path.join(root, "journal")))
+    cleared_at = events.index(("clear", os.path.join(root, "wal")))
     assert ("fsync", dump) in events[:cleared_at], "journal replaced before the snapshot was synced"
 
 

@@ -17,7 +17,7 @@ from pysyncobj.encryptor import getEncryptor
 
 from raft import _pysyncobj, wire
 from raft._pysyncobj import HardenedSyncObj, SyncObjConf
-from raft.journal import LmdbJournal
+from raft.segment_journal import SegmentFileJournal
 from raft.wire_guard import WireLimits
 from tests.raft.helpers import free_ports
 
@@ -38,7 +38,7 @@ class TickedNode:
         limits: WireLimits | None = None,
         secret: str = SECRET,
     ) -> None:
-        self.journal = LmdbJournal(os.path.join(root, "journal"))
+        self.journal = SegmentFileJournal(os.path.join(root, "journal"))
         self.applied: list[tuple[int, bytes]] = []  # (log index, frame) as committed here
         if address is None or peers is None:
             address, *peers = (f"127.0.0.1:{p}" for p in free_ports(3))
