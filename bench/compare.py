@@ -41,16 +41,16 @@ from bench.results_md import write_section
 
 HERE = Path(__file__).resolve().parent
 QUEUE_COUNTER = iter(range(1_000_000))
-BROKERS = ("fluxmq", "rabbitmq", "nats")
+BROKERS = ("fluxmq", "fluxmq-raw", "rabbitmq", "nats")
 GOAL_RABBIT_RATIO = 2.0  # FluxMQ 3-node publish >= 2x RabbitMQ quorum queues
 GOAL_NATS_RATIO = 1.0  # ... and >= 1x NATS JetStream R3
 
 
 def make_cluster(broker: str, root: Path, nodes: int) -> Cluster:
-    if broker == "fluxmq":
+    if broker in ("fluxmq", "fluxmq-raw"):
         from bench.peers.fluxmq import FluxPeerCluster
 
-        return FluxPeerCluster(root, nodes)
+        return FluxPeerCluster(root, nodes, sdk=broker == "fluxmq")
     if broker == "rabbitmq":
         from bench.peers.rabbitmq import RabbitCluster, install
 

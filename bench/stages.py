@@ -131,7 +131,7 @@ async def measure(
     cluster: FluxCluster, metrics_url: str, concurrency: int, duration_s: float, messages_max: int
 ) -> dict[str, object]:
     leader = await cluster.wait_leader()
-    adapter = FluxAdapter(leader.address, len(cluster.nodes), [])
+    adapter = FluxAdapter(leader.address, len(cluster.nodes), [], sdk=False)
     await adapter.connect()
     try:
         queue = f"stages-c{concurrency}-{time.monotonic_ns()}"

@@ -1,7 +1,13 @@
 """FluxMQ as a peer of the comparison: the same `fluxmq serve` processes as the rest of bench/
-(one node, or three Raft replicas of one shard), driven through its gRPC API. Client
-authentication is off either way (the 3 replicas have static peers and no etcd, so no key
-store); `python -m bench.auth_overhead` measures what it costs."""
+(one node, or three Raft replicas of one shard). Client authentication is off either way (the
+3 replicas have static peers and no etcd, so no key store); `python -m bench.auth_overhead`
+measures what it costs.
+
+Two clients, as two "brokers" of the comparison: ``fluxmq`` publishes through the Python SDK
+(``AsyncClient.publish`` / ``publish_batch``: concurrent single publishes share requests,
+every message carries an idempotency key), as the peers' adapters use their official clients;
+``fluxmq-raw`` sends pre-built Publish requests on raw gRPC stubs (no keys). Both lease and
+ack on raw stubs."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from bench.fluxmq_driver import FluxNode
 from bench.peers.api import Delivered
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
+from fluxmq.client import AsyncClient
 
 DURABILITY = (
     "Publish answers OK after the records are fsync'd to LMDB (1 node), or appended to the Raft "
@@ -26,21 +33,28 @@ DURABILITY = (
 
 
 class FluxAdapter:
-    name = "fluxmq"
     durability = DURABILITY
 
-    def __init__(self, address: str, nodes: int, pids: list[int]) -> None:
+    def __init__(self, address: str, nodes: int, pids: list[int], *, sdk: bool = True) -> None:
+        self.name = "fluxmq" if sdk else "fluxmq-raw"
         self.address = address
         self.nodes = nodes
         self._pids = pids
+        self._sdk = sdk
+        self._client: AsyncClient | None = None
         self._channel: grpc.aio.Channel | None = None
         self._stub: queue_pb2_grpc.QueueServiceStub | None = None
 
     async def connect(self) -> None:
         self._channel = grpc.aio.insecure_channel(self.address)
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+        if self._sdk:
+            self._client = AsyncClient(self.address)
+            await self._client.connect()
 
     async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
         if self._channel is not None:
             await self._channel.close()
 
@@ -56,6 +70,12 @@ class FluxAdapter:
             await self.stub.CreateGroup(pb.CreateGroupRequest(queue=queue, group=group), timeout=10)
 
     async def publish(self, queue: str, payloads: Sequence[bytes]) -> None:
+        if self._client is not None:
+            if len(payloads) == 1:
+                await self._client.publish(queue, payloads[0])
+            else:
+                await self._client.publish_batch(queue, payloads)
+            return
         messages = [pb.PublishMessage(value=p) for p in payloads]
         await self.stub.Publish(pb.PublishRequest(queue=queue, messages=messages), timeout=30)
 
@@ -86,12 +106,13 @@ class FluxAdapter:
 
 
 class FluxPeerCluster:
-    """One `fluxmq serve` node, or three replicas; clients talk to the (first) leader."""
+    """One `fluxmq serve` node, or three replicas; clients talk to the (first) leader, through
+    the SDK (``sdk``) or raw stubs."""
 
-    name = "fluxmq"
-
-    def __init__(self, root: Path, nodes: int) -> None:
+    def __init__(self, root: Path, nodes: int, *, sdk: bool = True) -> None:
         assert nodes in (1, 3), nodes
+        self.name = "fluxmq" if sdk else "fluxmq-raw"
+        self.sdk = sdk
         self.nodes = nodes
         self._single = FluxNode(root / "n0") if nodes == 1 else None
         self._cluster = FluxCluster(root, nodes) if nodes > 1 else None
@@ -118,7 +139,7 @@ class FluxPeerCluster:
     def adapter(self) -> FluxAdapter:
         assert self._leader is not None, "start() first"
         pids = [n.proc.pid for n in self._all() if n.proc is not None]
-        return FluxAdapter(self._leader.address, self.nodes, pids)
+        return FluxAdapter(self._leader.address, self.nodes, pids, sdk=self.sdk)
 
     def leader_node(self) -> FluxNode:
         assert self._leader is not None, "start() first"

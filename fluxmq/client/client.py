@@ -27,6 +27,7 @@ from fluxmq.client.consumer import (
     Handler,
     Message,
 )
+from fluxmq.client.pipeline import WINDOW_DEFAULT, PublishPipeline
 from fluxmq.client.producer import (
     MAX_BATCH,
     BufferedProducer,
@@ -37,7 +38,6 @@ from fluxmq.client.producer import (
     PublishResult,
     fill,
     publish_batch,
-    send_request,
 )
 
 log = logging.getLogger("fluxmq.client")
@@ -84,7 +84,11 @@ class AsyncClient:
         tls_root_certificates: bytes | None = None,
         tls_cert_file: PathLike | None = None,
         tls_key_file: PathLike | None = None,
+        publish_window: int = WINDOW_DEFAULT,
+        publish_linger_ms: float = 0.0,
     ) -> None:
+        if publish_window < 1 or publish_linger_ms < 0:
+            raise ValueError("publish_window must be at least 1 and publish_linger_ms >= 0")
         credentials = Credentials(
             api_key=api_key,
             tls=tls,
@@ -104,6 +108,9 @@ class AsyncClient:
         self._keys = IdempotencyKeys()
         self._producers: set[BufferedProducer] = set()
         self._consumers: set[Consumer] = set()
+        self._publish_window = publish_window
+        self._publish_linger_ms = publish_linger_ms
+        self._pipelines: dict[str, PublishPipeline] = {}
         self.closed = False
 
     @property
@@ -166,6 +173,8 @@ class AsyncClient:
         for c in list(self._consumers):
             with contextlib.suppress(Exception):
                 await c.close()
+        for pipeline in list(self._pipelines.values()):
+            await pipeline.close()
         await self._transport.close()
         if errors:
             raise errors[0]
@@ -189,13 +198,23 @@ class AsyncClient:
         codec: str | Codec | None = None,
     ) -> PublishResult:
         """Publishes one message; returns once it is durable. Without ``idempotency_key`` one
-        is generated, so the SDK's retries never store it twice."""
-        request = pb.PublishRequest(queue=queue)
-        fill(
-            request.messages.add(), self._codec(codec), self._keys, value, key, headers,
+        is generated, so the SDK's retries never store it twice. Messages that callers publish
+        to the same queue at the same time share requests (fluxmq/client/pipeline.py: up to
+        ``publish_window`` requests in flight); each call still gets its own result or error."""
+        message = pb.PublishMessage()
+        size_bytes = fill(
+            message, self._codec(codec), self._keys, value, key, headers,
             partition, delay_ms, deliver_at_ms, idempotency_key,
         )  # fmt: skip
-        return (await send_request(self._transport, request))[0]
+        pipeline = self._pipelines.get(queue)
+        if pipeline is None:
+            pipeline = self._pipelines[queue] = PublishPipeline(
+                self._transport,
+                queue,
+                window=self._publish_window,
+                linger_ms=self._publish_linger_ms,
+            )
+        return await pipeline.publish(message, size_bytes)
 
     async def publish_batch(
         self,
