@@ -190,6 +190,15 @@ class Transport:
             node = self._nodes[address] = _Node(address, self.credentials)
         return node
 
+    def target(self, queue: str | None) -> str:
+        """Where a call about ``queue`` goes now: its cached leader, else the current seed."""
+        return self._target(queue)
+
+    def publish_stream(self, address: str) -> Any:
+        """A PublishStream call to ``address``, with the client's metadata; the caller writes,
+        reads and ends it (no deadline: it lives as long as the caller keeps it)."""
+        return self._node(address).queue.PublishStream(metadata=self._metadata)
+
     def _avoided(self, address: str) -> bool:
         until = self._avoid.get(address)
         if until is not None and time.monotonic() >= until:

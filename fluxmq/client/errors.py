@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 DOMAIN = "fluxmq"
@@ -177,6 +177,9 @@ _BY_CODE: dict[grpc.StatusCode, type[FluxMQError]] = {
 }
 
 
+_CODES: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+
+
 def error_class(code: grpc.StatusCode, reason: str) -> type[FluxMQError]:
     return _BY_REASON.get(reason) or _BY_CODE.get(code) or FluxMQError
 
@@ -194,6 +197,26 @@ def from_rpc_error(err: grpc.RpcError) -> FluxMQError:
         status = rpc_status.from_call(err)
     except ValueError:  # a status whose code or message disagrees with the call's
         status = None
+    return from_status(code, message, status, request_id)
+
+
+def from_request_error(error: Any) -> FluxMQError:
+    """The FluxMQError of one failed request of a stream (a ``RequestError``: its code and the
+    serialized google.rpc.Status with the same details as a unary error)."""
+    code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
+    status = None
+    if error.status_details:
+        status = status_pb2.Status()
+        try:
+            status.ParseFromString(error.status_details)
+        except Exception:  # a malformed status: the code and message still say what failed
+            status = None
+    return from_status(code, error.message, status, "")
+
+
+def from_status(code: grpc.StatusCode, message: str, status: Any, request_id: str) -> FluxMQError:
+    """A FluxMQError from a status code and, when the broker sent one, its google.rpc.Status
+    (ErrorInfo: reason, retriable, metadata; BadRequest: the fields; RetryInfo: the delay)."""
     reason = ""
     retriable = False
     retry_after_ms: int | None = None

@@ -19,6 +19,18 @@ Ordering: one caller awaiting each ``publish()`` in turn publishes in order. Bet
 callers there is no order to keep (their calls race today, one request each); a caller that
 needs the order of many messages uses ``publish_batch`` or a producer with ``max_in_flight=1``.
 
+The wire: the first request goes as a unary call (its answer names the queue's leader in a
+cluster); the next travel on one ``PublishStream`` (``_Lane``) to where a unary call would go
+(the leader once named; any node forwards), written in order and answered in order. A request
+on an open stream costs the broker and the client a fraction of a unary call (measured on one
+node with single-message requests, 16 in flight: 1.0-1.4k requests/s on a stream against 0.4k
+unary).
+Anything unusual goes back to the unary path, which has the retries, backoff, failover and
+leader redirects: a request the stream answers with a retriable error, and every request whose
+answer a broken or silent stream lost (its outcome is unknown; the idempotency keys make sending
+it again safe). A stream the node refuses before answering anything (its stream limit) is not
+tried again for ``STREAM_REFUSED_BACKOFF_S``.
+
 Bounds: a request holds at most ``messages_max`` messages (<= 1000, the broker's limit) and about
 ``bytes_max`` bytes; ``pending_max`` messages wait at most (further callers wait for room).
 """
@@ -26,17 +38,99 @@ Bounds: a request holds at most ``messages_max`` messages (<= 1000, the broker's
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._transport import Transport
-from fluxmq.client.errors import FluxMQError
-from fluxmq.client.producer import MAX_BATCH, PublishResult, send_request
+from fluxmq.client.errors import FluxMQError, from_request_error
+from fluxmq.client.producer import MAX_BATCH, PublishResult, results_of, send_request
+
+log = logging.getLogger("fluxmq.client")
 
 WINDOW_DEFAULT = 4
 BYTES_MAX_DEFAULT = 1 << 20
 PENDING_MAX_DEFAULT = 10_000
+STREAM_REFUSED_BACKOFF_S = 30.0
+
+
+class LaneBrokenError(Exception):
+    """The stream a request was written to broke or fell silent before answering it."""
+
+
+class _Lane:
+    """One open PublishStream to a node: requests written in order, answered in order."""
+
+    def __init__(self, call: Any, address: str) -> None:
+        self.address = address
+        self.answered = 0
+        self.broken: BaseException | None = None
+        self._call = call
+        self._sequence = 0
+        self._waiting: deque[tuple[int, asyncio.Future[pb.PublishStreamResponse]]] = deque()
+        self._write_lock = asyncio.Lock()
+        self._reader = asyncio.ensure_future(self._read_routine())
+
+    async def _read_routine(self) -> None:
+        try:
+            async for resp in self._call:
+                if not self._waiting:
+                    raise LaneBrokenError("an answer to no request")
+                sequence, fut = self._waiting.popleft()
+                if resp.sequence != sequence:
+                    raise LaneBrokenError(f"answer {resp.sequence} where {sequence} was due")
+                self.answered += 1
+                if not fut.done():
+                    fut.set_result(resp)
+            raise LaneBrokenError("the stream ended")
+        except asyncio.CancelledError:
+            self.close()
+            raise
+        except BaseException as err:  # the call failed: every request on it is in doubt
+            self._break(err)
+
+    def _break(self, err: BaseException) -> None:
+        if self.broken is None:
+            self.broken = err
+            log.debug("fluxmq: publish stream to %s broke: %s", self.address, err)
+        while self._waiting:
+            _, fut = self._waiting.popleft()
+            if not fut.done():
+                fut.set_exception(LaneBrokenError(str(err)))
+                fut.exception()  # read by its request, or by nobody once it timed out
+        self._call.cancel()
+
+    async def request(self, request: pb.PublishRequest, timeout_s: float) -> Any:
+        """Send ``request`` on the stream; -> its PublishStreamResponse. Raises
+        LaneBrokenError when the stream broke or did not answer within ``timeout_s``."""
+        if self.broken is not None:
+            raise LaneBrokenError(str(self.broken))
+        fut: asyncio.Future[pb.PublishStreamResponse] = asyncio.get_running_loop().create_future()
+        async with self._write_lock:  # one write at a time, and answers come in write order
+            if self.broken is not None:
+                raise LaneBrokenError(str(self.broken))
+            self._sequence += 1
+            self._waiting.append((self._sequence, fut))
+            try:
+                await self._call.write(
+                    pb.PublishStreamRequest(sequence=self._sequence, publish=request)
+                )
+            except BaseException as err:
+                self._break(err)
+                raise LaneBrokenError(str(err)) from err
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except TimeoutError:
+            self._break(TimeoutError(f"no answer within {timeout_s:g} s"))
+            raise LaneBrokenError(f"no answer within {timeout_s:g} s") from None
+
+    def close(self) -> None:
+        self._break(LaneBrokenError("closed by the client"))
+        self._reader.cancel()
 
 
 @dataclass(slots=True)
@@ -79,7 +173,11 @@ class PublishPipeline:
         self._room = asyncio.Event()
         self._room.set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lane: _Lane | None = None
+        self._streams_refused_until = 0.0
+        self._asked_for_leader = False
         self.requests_sent = 0
+        self.requests_streamed = 0  # of requests_sent, answered on a stream
         self.messages_sent = 0
         self.requests_split = 0  # failed requests whose messages were sent again one by one
 
@@ -143,7 +241,11 @@ class PublishPipeline:
         request = pb.PublishRequest(queue=self.queue)
         request.messages.extend(w.message for w in taken)
         try:
-            results = await send_request(self._transport, request, safe=True)
+            results = await self._streamed(request)
+            if results is None:
+                results = await send_request(self._transport, request, safe=True)
+            else:
+                self.requests_streamed += 1
         except FluxMQError as err:
             if len(taken) > 1 and not err.retriable:
                 # All or nothing on the broker: find out whose message it was.
@@ -161,13 +263,65 @@ class PublishPipeline:
             if not w.result.done():
                 w.result.set_result(r)
 
+    async def _streamed(self, request: pb.PublishRequest) -> list[PublishResult] | None:
+        """Send ``request`` on the lane; -> its results, or None when the unary path is to
+        send it (no lane, a lane lost the answer, or a retriable refusal). Raises the
+        broker's refusal when no retry can help."""
+        lane = self._maybe_lane()
+        if lane is None:
+            return None
+        try:
+            resp = await lane.request(request, self._transport.timeout_s)
+        except LaneBrokenError:
+            self._drop_lane(lane)
+            return None  # outcome unknown: sent again on the unary path (keys make it safe)
+        if resp.HasField("error"):
+            err = from_request_error(resp.error)
+            if err.retriable:
+                return None  # the unary path waits, retries, fails over
+            raise err
+        return results_of(resp)
+
+    def _maybe_lane(self) -> _Lane | None:
+        """The lane to use now, opened if needed, to where a unary call would go (the queue's
+        leader once an answer named it; any node forwards), not while streams are refused."""
+        if self._transport.leader_of(self.queue) is None and not self._asked_for_leader:
+            # A unary answer names the queue's leader (in a cluster): the stream then goes
+            # there, not through a node that would forward every request.
+            self._asked_for_leader = True
+            return None
+        target = self._transport.target(self.queue)
+        lane = self._lane
+        if lane is not None and (lane.broken is not None or lane.address != target):
+            self._drop_lane(lane)
+            lane = None
+        if lane is not None:
+            return lane
+        if self._transport.closed or time.monotonic() < self._streams_refused_until:
+            return None
+        self._lane = _Lane(self._transport.publish_stream(target), target)
+        return self._lane
+
+    def _drop_lane(self, lane: _Lane) -> None:
+        if lane.answered == 0:  # refused (the node's stream limit?) or unreachable: wait
+            self._streams_refused_until = time.monotonic() + STREAM_REFUSED_BACKOFF_S
+        lane.close()
+        if self._lane is lane:
+            self._lane = None
+
     async def close(self) -> None:
-        """Wait for the requests in flight and those still waiting to be answered."""
+        """Wait for the requests in flight and those still waiting to be answered, then end
+        the stream."""
         while self._tasks or self._pending:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             else:
                 await asyncio.sleep(0)
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.close()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lane._reader
 
 
 def _fail(taken: list[_Waiting], err: BaseException) -> None:

@@ -18,12 +18,24 @@ class TransportTwin:
     """Answers Publish like a one-partition queue: offsets in arrival order. A message whose
     value is ``b"bad"`` makes its whole request fail (all or nothing, as the broker)."""
 
+    closed = False
+    timeout_s = 5.0
+
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.requests: list[list[bytes]] = []
         self.in_flight = 0
         self.in_flight_max = 0
         self._offset = 0
+
+    def leader_of(self, queue: str) -> str | None:
+        return "twin"
+
+    def target(self, queue: str) -> str:
+        return "twin"
+
+    def publish_stream(self, address: str) -> Any:
+        return BrokenStream()
 
     async def unary(self, service: str, method: str, request: Any, **_: Any) -> Any:
         assert (service, method) == ("queue", "Publish")
@@ -44,6 +56,23 @@ class TransportTwin:
             return resp
         finally:
             self.in_flight -= 1
+
+
+class BrokenStream:
+    """A PublishStream the node refuses at once: requests fall back to the unary path (the
+    lane itself is tested against a broker, tests/client/test_concurrent_publish.py)."""
+
+    def __aiter__(self) -> BrokenStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        raise FluxMQError(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many streams")
+
+    async def write(self, request: Any) -> None:
+        await asyncio.sleep(0)
+
+    def cancel(self) -> None:
+        pass
 
 
 def message(value: bytes) -> pb.PublishMessage:
