@@ -395,19 +395,23 @@ class Client:
         tls_root_certificates: bytes | None = None,
         tls_cert_file: PathLike | None = None,
         tls_key_file: PathLike | None = None,
+        publish_window: int = WINDOW_DEFAULT,
+        publish_linger_ms: float = 0.0,
     ) -> None:
-        security: dict[str, Any] = {
+        options: dict[str, Any] = {
             "api_key": api_key,
             "tls": tls,
             "tls_ca_file": tls_ca_file,
             "tls_root_certificates": tls_root_certificates,
             "tls_cert_file": tls_cert_file,
             "tls_key_file": tls_key_file,
+            "publish_window": publish_window,
+            "publish_linger_ms": publish_linger_ms,
         }
         self._loop = LoopThread()
         try:
             self._client: AsyncClient = self._loop.run(
-                self._make(addresses, timeout_s, retry, codec, security)
+                self._make(addresses, timeout_s, retry, codec, options)
             )
             self.admin = SyncAdmin(self._client.admin, self._loop)
         except BaseException:
@@ -420,9 +424,9 @@ class Client:
         timeout_s: float,
         retry: RetryPolicy | None,
         codec: str | Codec,
-        security: dict[str, Any],
+        options: dict[str, Any],
     ) -> AsyncClient:
-        client = AsyncClient(addresses, timeout_s=timeout_s, retry=retry, codec=codec, **security)
+        client = AsyncClient(addresses, timeout_s=timeout_s, retry=retry, codec=codec, **options)
         await client.connect()
         return client
 

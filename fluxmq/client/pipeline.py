@@ -56,6 +56,9 @@ WINDOW_DEFAULT = 4
 BYTES_MAX_DEFAULT = 1 << 20
 PENDING_MAX_DEFAULT = 10_000
 STREAM_REFUSED_BACKOFF_S = 30.0
+# A stream takes one of a node's stream slots (streams_max, default 200, shared with Tail and
+# Consume): a queue no longer published to gives its slot back after this long.
+LANE_IDLE_S = 10.0
 
 
 class LaneBrokenError(Exception):
@@ -176,6 +179,8 @@ class PublishPipeline:
         self._lane: _Lane | None = None
         self._streams_refused_until = 0.0
         self._asked_for_leader = False
+        self._lane_used_at = 0.0  # monotonic
+        self._idle_check: asyncio.TimerHandle | None = None
         self.requests_sent = 0
         self.requests_streamed = 0  # of requests_sent, answered on a stream
         self.messages_sent = 0
@@ -235,7 +240,29 @@ class PublishPipeline:
             await self._send_request(taken)
         finally:
             self._in_flight -= 1
-            self._maybe_schedule(asyncio.get_running_loop())
+            loop = asyncio.get_running_loop()
+            self._maybe_schedule(loop)
+            self._maybe_watch_idle(loop)
+
+    def _maybe_watch_idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._lane is not None and self._idle_check is None:
+            self._idle_check = loop.call_later(LANE_IDLE_S, self._maybe_close_idle_lane)
+
+    def _maybe_close_idle_lane(self) -> None:
+        """Give the stream's slot back when nothing was published on it for LANE_IDLE_S."""
+        self._idle_check = None
+        lane = self._lane
+        if lane is None:
+            return
+        idle_s = time.monotonic() - self._lane_used_at
+        if self._in_flight or self._pending or idle_s < LANE_IDLE_S:
+            loop = asyncio.get_running_loop()
+            self._idle_check = loop.call_later(
+                max(0.1, LANE_IDLE_S - idle_s), self._maybe_close_idle_lane
+            )
+            return
+        self._lane = None
+        lane.close()
 
     async def _send_request(self, taken: list[_Waiting]) -> None:
         request = pb.PublishRequest(queue=self.queue)
@@ -270,6 +297,7 @@ class PublishPipeline:
         lane = self._maybe_lane()
         if lane is None:
             return None
+        self._lane_used_at = time.monotonic()
         try:
             resp = await lane.request(request, self._transport.timeout_s)
         except LaneBrokenError:
@@ -317,6 +345,9 @@ class PublishPipeline:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             else:
                 await asyncio.sleep(0)
+        if self._idle_check is not None:
+            self._idle_check.cancel()
+            self._idle_check = None
         lane, self._lane = self._lane, None
         if lane is not None:
             lane.close()

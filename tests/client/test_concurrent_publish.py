@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fluxmq.client import AsyncClient, InvalidArgument
+from fluxmq.client import pipeline as pipeline_module
 from tests.integration.conftest import Node
 
 pytestmark = pytest.mark.slow
@@ -142,3 +143,21 @@ async def test_requests_a_broken_stream_did_not_answer_are_stored_once(
         assert sorted(r.value.decode() for r in fetched.records) == sorted(["first", *values])
         by_offset = {r.offset: r.value.decode() for r in fetched.records}
         assert [by_offset[r.offset] for r in results] == values
+
+
+async def test_an_idle_stream_gives_its_slot_back_and_the_next_publish_opens_another(
+    broker: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pipeline_module, "LANE_IDLE_S", 0.2)
+    async with AsyncClient(broker.address) as client:
+        await client.admin.create_queue("idle", type="work", partitions=1)
+        await client.publish("idle", "first")
+        await client.publish("idle", "on the stream")
+        pipeline = client._pipelines["idle"]
+        first_lane = pipeline._lane
+        assert first_lane is not None and pipeline.requests_streamed == 1
+        await asyncio.sleep(0.6)
+        assert pipeline._lane is None and first_lane.broken is not None
+        r = await client.publish("idle", "after")
+        assert r.offset == 2 and pipeline.requests_streamed == 2
+        assert pipeline._lane is not None and pipeline._lane is not first_lane
