@@ -45,6 +45,7 @@ import zlib
 from dataclasses import dataclass
 
 from raft.journal_core import FlushJob, Item, JournalCore, JournalError, Meta
+from raft.snapshot_file import fsync_dir
 
 __all__ = ["SEGMENT_BYTES_DEFAULT", "SegmentFileJournal", "open_shard_journal"]
 
@@ -101,14 +102,6 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
 
 def _segment_name(sequence: int) -> str:
     return f"{sequence:016d}.seg"
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(slots=True)
