@@ -27,7 +27,7 @@ from fluxmq.client.consumer import (
     Handler,
     Message,
 )
-from fluxmq.client.pipeline import WINDOW_DEFAULT, PublishPipeline
+from fluxmq.client.pipeline import WINDOW_DEFAULT, LanePool, PublishPipeline
 from fluxmq.client.producer import (
     MAX_BATCH,
     BufferedProducer,
@@ -111,6 +111,7 @@ class AsyncClient:
         self._publish_window = publish_window
         self._publish_linger_ms = publish_linger_ms
         self._pipelines: dict[str, PublishPipeline] = {}
+        self._lanes = LanePool(self._transport)  # publish streams, one per node
         self.closed = False
 
     @property
@@ -175,6 +176,7 @@ class AsyncClient:
                 await c.close()
         for pipeline in list(self._pipelines.values()):
             await pipeline.close()
+        await self._lanes.close()
         await self._transport.close()
         if errors:
             raise errors[0]
@@ -201,6 +203,8 @@ class AsyncClient:
         is generated, so the SDK's retries never store it twice. Messages that callers publish
         to the same queue at the same time share requests (fluxmq/client/pipeline.py: up to
         ``publish_window`` requests in flight); each call still gets its own result or error."""
+        if self.closed:
+            raise RuntimeError("the client is closed")
         message = pb.PublishMessage()
         size_bytes = fill(
             message, self._codec(codec), self._keys, value, key, headers,
@@ -211,6 +215,7 @@ class AsyncClient:
             pipeline = self._pipelines[queue] = PublishPipeline(
                 self._transport,
                 queue,
+                lanes=self._lanes,
                 window=self._publish_window,
                 linger_ms=self._publish_linger_ms,
             )

@@ -200,9 +200,11 @@ def from_rpc_error(err: grpc.RpcError) -> FluxMQError:
     return from_status(code, message, status, request_id)
 
 
-def from_request_error(error: Any) -> FluxMQError:
+def from_request_error(error: Any, field_prefix: str = "") -> FluxMQError:
     """The FluxMQError of one failed request of a stream (a ``RequestError``: its code and the
-    serialized google.rpc.Status with the same details as a unary error)."""
+    serialized google.rpc.Status with the same details as a unary error). ``field_prefix``
+    (e.g. ``"publish."``, where the stream's request wraps the unary one) is taken off the
+    fields named, so a refusal names the same field whichever way the request went."""
     code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
     status = None
     if error.status_details:
@@ -211,7 +213,14 @@ def from_request_error(error: Any) -> FluxMQError:
             status.ParseFromString(error.status_details)
         except Exception:  # a malformed status: the code and message still say what failed
             status = None
-    return from_status(code, error.message, status, "")
+    err = from_status(code, error.message, status, "")
+    if field_prefix and err.field_violations:
+        err.field_violations = tuple(
+            FieldViolation(v.field.removeprefix(field_prefix), v.description)
+            for v in err.field_violations
+        )
+        err.args = (str(err),)
+    return err
 
 
 def from_status(code: grpc.StatusCode, message: str, status: Any, request_id: str) -> FluxMQError:

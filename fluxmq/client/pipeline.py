@@ -45,6 +45,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._transport import Transport
 from fluxmq.client.errors import FluxMQError, from_request_error
@@ -57,26 +59,33 @@ BYTES_MAX_DEFAULT = 1 << 20
 PENDING_MAX_DEFAULT = 10_000
 STREAM_REFUSED_BACKOFF_S = 30.0
 # A stream takes one of a node's stream slots (streams_max, default 200, shared with Tail and
-# Consume): a queue no longer published to gives its slot back after this long.
+# Consume): one per node per client, whatever the queues, given back after this long unused.
 LANE_IDLE_S = 10.0
 
 
 class LaneBrokenError(Exception):
-    """The stream a request was written to broke or fell silent before answering it."""
+    """The stream a request was written to broke, ended or fell silent before answering it."""
 
 
 class _Lane:
-    """One open PublishStream to a node: requests written in order, answered in order."""
+    """One open PublishStream to a node: requests (of any queue) written in order, answered in
+    order."""
 
     def __init__(self, call: Any, address: str) -> None:
         self.address = address
         self.answered = 0
         self.broken: BaseException | None = None
+        self.ended = False  # the node ended the stream (it drains): not a refusal
+        self.used_at = time.monotonic()
         self._call = call
         self._sequence = 0
         self._waiting: deque[tuple[int, asyncio.Future[pb.PublishStreamResponse]]] = deque()
         self._write_lock = asyncio.Lock()
         self._reader = asyncio.ensure_future(self._read_routine())
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiting) or self._write_lock.locked()
 
     async def _read_routine(self) -> None:
         try:
@@ -89,9 +98,10 @@ class _Lane:
                 self.answered += 1
                 if not fut.done():
                     fut.set_result(resp)
-            raise LaneBrokenError("the stream ended")
+            self.ended = True
+            raise LaneBrokenError("the node ended the stream")
         except asyncio.CancelledError:
-            self.close()
+            self._break(LaneBrokenError("closed by the client"))
             raise
         except BaseException as err:  # the call failed: every request on it is in doubt
             self._break(err)
@@ -109,31 +119,97 @@ class _Lane:
 
     async def request(self, request: pb.PublishRequest, timeout_s: float) -> Any:
         """Send ``request`` on the stream; -> its PublishStreamResponse. Raises
-        LaneBrokenError when the stream broke or did not answer within ``timeout_s``."""
+        LaneBrokenError when the stream broke, or did not take or answer the request within
+        ``timeout_s``; a cancelled caller breaks the lane (what it wrote is in doubt) and is
+        cancelled."""
         if self.broken is not None:
             raise LaneBrokenError(str(self.broken))
+        self.used_at = time.monotonic()
         fut: asyncio.Future[pb.PublishStreamResponse] = asyncio.get_running_loop().create_future()
-        async with self._write_lock:  # one write at a time, and answers come in write order
-            if self.broken is not None:
-                raise LaneBrokenError(str(self.broken))
-            self._sequence += 1
-            self._waiting.append((self._sequence, fut))
-            try:
-                await self._call.write(
-                    pb.PublishStreamRequest(sequence=self._sequence, publish=request)
-                )
-            except BaseException as err:
-                self._break(err)
-                raise LaneBrokenError(str(err)) from err
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                async with self._write_lock:  # one write at a time: answers in write order
+                    if self.broken is not None:
+                        raise LaneBrokenError(str(self.broken))
+                    self._sequence += 1
+                    self._waiting.append((self._sequence, fut))
+                    await self._call.write(
+                        pb.PublishStreamRequest(sequence=self._sequence, publish=request)
+                    )
+                return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self._break(LaneBrokenError("a request on it was cancelled"))
+            raise
         except TimeoutError:
             self._break(TimeoutError(f"no answer within {timeout_s:g} s"))
             raise LaneBrokenError(f"no answer within {timeout_s:g} s") from None
+        except LaneBrokenError:
+            raise
+        except Exception as err:  # the write failed: the connection is gone
+            self._break(err)
+            raise LaneBrokenError(str(err)) from err
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self._break(LaneBrokenError("closed by the client"))
         self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+class LanePool:
+    """A client's publish streams: at most one per node, shared by every queue's pipeline,
+    closed after LANE_IDLE_S unused; a node that refused one (before any answer) is not asked
+    again for STREAM_REFUSED_BACKOFF_S."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._lanes: dict[str, _Lane] = {}
+        self._refused_until: dict[str, float] = {}
+        self._idle_check: asyncio.TimerHandle | None = None
+
+    def lane(self, address: str) -> _Lane | None:
+        lane = self._lanes.get(address)
+        if lane is not None and lane.broken is not None:
+            self.drop(lane)
+            lane = None
+        if lane is not None:
+            return lane
+        if self._transport.closed or time.monotonic() < self._refused_until.get(address, 0.0):
+            return None
+        lane = self._lanes[address] = _Lane(self._transport.publish_stream(address), address)
+        if self._idle_check is None:
+            self._idle_check = asyncio.get_running_loop().call_later(LANE_IDLE_S, self._close_idle)
+        return lane
+
+    def drop(self, lane: _Lane) -> None:
+        if lane.answered == 0 and not lane.ended:  # refused (stream limit?) or unreachable
+            self._refused_until[lane.address] = time.monotonic() + STREAM_REFUSED_BACKOFF_S
+        if self._lanes.get(lane.address) is lane:
+            del self._lanes[lane.address]
+        lane._break(LaneBrokenError("dropped"))
+        lane._reader.cancel()
+
+    def _close_idle(self) -> None:
+        self._idle_check = None
+        now = time.monotonic()
+        for lane in list(self._lanes.values()):
+            if not lane.busy and now - lane.used_at >= LANE_IDLE_S:
+                del self._lanes[lane.address]
+                lane._break(LaneBrokenError("idle"))
+                lane._reader.cancel()
+        if self._lanes:
+            oldest = min(lane.used_at for lane in self._lanes.values())
+            self._idle_check = asyncio.get_running_loop().call_later(
+                max(0.1, oldest + LANE_IDLE_S - now), self._close_idle
+            )
+
+    async def close(self) -> None:
+        if self._idle_check is not None:
+            self._idle_check.cancel()
+            self._idle_check = None
+        lanes, self._lanes = list(self._lanes.values()), {}
+        for lane in lanes:
+            await lane.close()
 
 
 @dataclass(slots=True)
@@ -151,6 +227,7 @@ class PublishPipeline:
         transport: Transport,
         queue: str,
         *,
+        lanes: LanePool | None = None,
         window: int = WINDOW_DEFAULT,
         linger_ms: float = 0.0,
         messages_max: int = MAX_BATCH,
@@ -176,11 +253,10 @@ class PublishPipeline:
         self._room = asyncio.Event()
         self._room.set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._lane: _Lane | None = None
-        self._streams_refused_until = 0.0
+        self._lanes = lanes if lanes is not None else LanePool(transport)
+        self._own_lanes = lanes is None
         self._asked_for_leader = False
-        self._lane_used_at = 0.0  # monotonic
-        self._idle_check: asyncio.TimerHandle | None = None
+        self.closed = False
         self.requests_sent = 0
         self.requests_streamed = 0  # of requests_sent, answered on a stream
         self.messages_sent = 0
@@ -188,6 +264,8 @@ class PublishPipeline:
 
     async def publish(self, message: pb.PublishMessage, size_bytes: int) -> PublishResult:
         """Send ``message`` with whatever else is waiting; -> its own result."""
+        if self.closed or self._transport.closed:
+            raise RuntimeError("the client is closed")
         while len(self._pending) >= self._pending_max:
             self._room.clear()
             await self._room.wait()
@@ -238,31 +316,13 @@ class PublishPipeline:
     async def _send(self, taken: list[_Waiting]) -> None:
         try:
             await self._send_request(taken)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # every caller of the request has it; nobody awaits this task
+            log.debug("fluxmq: publishing to %s failed", self.queue, exc_info=True)
         finally:
             self._in_flight -= 1
-            loop = asyncio.get_running_loop()
-            self._maybe_schedule(loop)
-            self._maybe_watch_idle(loop)
-
-    def _maybe_watch_idle(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._lane is not None and self._idle_check is None:
-            self._idle_check = loop.call_later(LANE_IDLE_S, self._maybe_close_idle_lane)
-
-    def _maybe_close_idle_lane(self) -> None:
-        """Give the stream's slot back when nothing was published on it for LANE_IDLE_S."""
-        self._idle_check = None
-        lane = self._lane
-        if lane is None:
-            return
-        idle_s = time.monotonic() - self._lane_used_at
-        if self._in_flight or self._pending or idle_s < LANE_IDLE_S:
-            loop = asyncio.get_running_loop()
-            self._idle_check = loop.call_later(
-                max(0.1, LANE_IDLE_S - idle_s), self._maybe_close_idle_lane
-            )
-            return
-        self._lane = None
-        lane.close()
+            self._maybe_schedule(asyncio.get_running_loop())
 
     async def _send_request(self, taken: list[_Waiting]) -> None:
         request = pb.PublishRequest(queue=self.queue)
@@ -273,13 +333,21 @@ class PublishPipeline:
                 results = await send_request(self._transport, request, safe=True)
             else:
                 self.requests_streamed += 1
+            if len(results) != len(taken):
+                raise FluxMQError(
+                    grpc.StatusCode.INTERNAL,
+                    f"{len(results)} results for {len(taken)} messages",
+                )
         except FluxMQError as err:
-            if len(taken) > 1 and not err.retriable:
-                # All or nothing on the broker: find out whose message it was.
+            if len(taken) > 1 and _about_one_message(err):
+                # All or nothing on the broker: find out whose message it was, one request
+                # at a time (this slot of the window).
                 self.requests_split += 1
-                await asyncio.gather(*(self._send_request([w]) for w in taken))
+                for w in taken:
+                    if not w.result.done():
+                        await self._send_request([w])
                 return
-            _fail(taken, err)
+            _fail(taken, err)  # each caller of the request has the broker's answer
             return
         except BaseException as err:  # cancelled, or a bug: every caller hears of it
             _fail(taken, err)
@@ -297,62 +365,45 @@ class PublishPipeline:
         lane = self._maybe_lane()
         if lane is None:
             return None
-        self._lane_used_at = time.monotonic()
         try:
             resp = await lane.request(request, self._transport.timeout_s)
         except LaneBrokenError:
-            self._drop_lane(lane)
+            self._lanes.drop(lane)
             return None  # outcome unknown: sent again on the unary path (keys make it safe)
         if resp.HasField("error"):
-            err = from_request_error(resp.error)
+            err = from_request_error(resp.error, field_prefix="publish.")
             if err.retriable:
                 return None  # the unary path waits, retries, fails over
             raise err
         return results_of(resp)
 
     def _maybe_lane(self) -> _Lane | None:
-        """The lane to use now, opened if needed, to where a unary call would go (the queue's
-        leader once an answer named it; any node forwards), not while streams are refused."""
+        """The lane to where a unary call would go (the queue's leader once an answer named
+        it; any node forwards)."""
         if self._transport.leader_of(self.queue) is None and not self._asked_for_leader:
             # A unary answer names the queue's leader (in a cluster): the stream then goes
             # there, not through a node that would forward every request.
             self._asked_for_leader = True
             return None
-        target = self._transport.target(self.queue)
-        lane = self._lane
-        if lane is not None and (lane.broken is not None or lane.address != target):
-            self._drop_lane(lane)
-            lane = None
-        if lane is not None:
-            return lane
-        if self._transport.closed or time.monotonic() < self._streams_refused_until:
-            return None
-        self._lane = _Lane(self._transport.publish_stream(target), target)
-        return self._lane
-
-    def _drop_lane(self, lane: _Lane) -> None:
-        if lane.answered == 0:  # refused (the node's stream limit?) or unreachable: wait
-            self._streams_refused_until = time.monotonic() + STREAM_REFUSED_BACKOFF_S
-        lane.close()
-        if self._lane is lane:
-            self._lane = None
+        return self._lanes.lane(self._transport.target(self.queue))
 
     async def close(self) -> None:
-        """Wait for the requests in flight and those still waiting to be answered, then end
-        the stream."""
+        """Wait for the requests in flight and those still waiting to be answered (then end
+        the streams, if this pipeline owns them)."""
+        self.closed = True
         while self._tasks or self._pending:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             else:
-                await asyncio.sleep(0)
-        if self._idle_check is not None:
-            self._idle_check.cancel()
-            self._idle_check = None
-        lane, self._lane = self._lane, None
-        if lane is not None:
-            lane.close()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lane._reader
+                await asyncio.sleep(0.001)  # a linger timer is due
+        if self._own_lanes:
+            await self._lanes.close()
+
+
+def _about_one_message(err: FluxMQError) -> bool:
+    """A refusal one message of the request can cause (and a request without it would not
+    get): worth sending the messages again one by one to tell whose it is."""
+    return bool(err.code == grpc.StatusCode.INVALID_ARGUMENT)
 
 
 def _fail(taken: list[_Waiting], err: BaseException) -> None:

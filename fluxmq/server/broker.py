@@ -64,6 +64,10 @@ class PartitionNotifier:
     def drain(self) -> None:
         self._draining.set()
 
+    async def until_draining(self) -> None:
+        """Returns once the node drains (SIGTERM)."""
+        await self._draining.wait()
+
     def check_open(self) -> None:
         """Raises NODE_SHUTTING_DOWN once the node drains: for calls about to wait or lease."""
         if self._draining.is_set():

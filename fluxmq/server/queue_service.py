@@ -260,11 +260,23 @@ class QueueService(pb_grpc.QueueServiceServicer):
             resp.results.extend(_publish_response(result).results)
             return resp
 
+        async def read_all() -> None:
+            async for req in request_iterator:
+                await window.put(asyncio.ensure_future(one(req)))
+
         async def reader() -> None:
+            # A node that drains (SIGTERM) stops reading: the requests read are answered and
+            # the stream ends, so an open stream never holds the shutdown for its grace
+            # period; the client sends what it wrote after that again elsewhere.
+            reading_all = asyncio.ensure_future(read_all())
+            draining = asyncio.ensure_future(self._broker.notifier.until_draining())
             try:
-                async for req in request_iterator:
-                    await window.put(asyncio.ensure_future(one(req)))
+                await asyncio.wait({reading_all, draining}, return_when=asyncio.FIRST_COMPLETED)
+                if reading_all.done():
+                    reading_all.result()
             finally:
+                reading_all.cancel()
+                draining.cancel()
                 await window.put(None)
 
         reading = asyncio.ensure_future(reader())

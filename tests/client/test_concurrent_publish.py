@@ -154,10 +154,11 @@ async def test_an_idle_stream_gives_its_slot_back_and_the_next_publish_opens_ano
         await client.publish("idle", "first")
         await client.publish("idle", "on the stream")
         pipeline = client._pipelines["idle"]
-        first_lane = pipeline._lane
-        assert first_lane is not None and pipeline.requests_streamed == 1
+        (first_lane,) = client._lanes._lanes.values()
+        assert pipeline.requests_streamed == 1
         await asyncio.sleep(0.6)
-        assert pipeline._lane is None and first_lane.broken is not None
+        assert not client._lanes._lanes and first_lane.broken is not None
         r = await client.publish("idle", "after")
         assert r.offset == 2 and pipeline.requests_streamed == 2
-        assert pipeline._lane is not None and pipeline._lane is not first_lane
+        (second_lane,) = client._lanes._lanes.values()
+        assert second_lane is not first_lane
