@@ -149,9 +149,13 @@ class _Lane:
             self._break(err)
             raise LaneBrokenError(str(err)) from err
 
-    async def close(self) -> None:
-        self._break(LaneBrokenError("closed by the client"))
+    def abandon(self, why: str) -> None:
+        """End the stream now: requests still on it fail with LaneBrokenError(why)."""
+        self._break(LaneBrokenError(why))
         self._reader.cancel()
+
+    async def close(self) -> None:
+        self.abandon("closed by the client")
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
 
@@ -186,8 +190,7 @@ class LanePool:
             self._refused_until[lane.address] = time.monotonic() + STREAM_REFUSED_BACKOFF_S
         if self._lanes.get(lane.address) is lane:
             del self._lanes[lane.address]
-        lane._break(LaneBrokenError("dropped"))
-        lane._reader.cancel()
+        lane.abandon("dropped")
 
     def _close_idle(self) -> None:
         self._idle_check = None
@@ -195,8 +198,7 @@ class LanePool:
         for lane in list(self._lanes.values()):
             if not lane.busy and now - lane.used_at >= LANE_IDLE_S:
                 del self._lanes[lane.address]
-                lane._break(LaneBrokenError("idle"))
-                lane._reader.cancel()
+                lane.abandon("idle")
         if self._lanes:
             oldest = min(lane.used_at for lane in self._lanes.values())
             self._idle_check = asyncio.get_running_loop().call_later(

@@ -6,26 +6,18 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client import AsyncClient, InvalidArgument
+from tests.integration import test_stream_limits as limits
 from tests.integration.conftest import Node
 
 pytestmark = pytest.mark.slow
 
-STREAMS_MAX = 4
-
-
-@pytest.fixture
-def small_node(tmp_path: Path) -> Iterator[Node]:
-    n = Node(tmp_path / "node", "--streams-max", str(STREAMS_MAX))
-    n.start()
-    yield n
-    n.stop()
+small_node = limits.small_node  # a node with STREAMS_MAX stream slots (a fixture)
+STREAMS_MAX = limits.STREAMS_MAX
 
 
 async def test_publishing_to_many_queues_leaves_stream_slots_for_consumers(
