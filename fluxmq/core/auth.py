@@ -76,6 +76,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     "GetQueueStats": Action.READ,
     "Publish": Action.PUBLISH,
     "PublishStream": Action.PUBLISH,
+    "InitProducer": Action.PUBLISH,
     "Fetch": Action.READ,
     "Tail": Action.READ,
     "SeekToTimestamp": Action.READ,

@@ -40,6 +40,7 @@ class Op(IntEnum):
     RELEASE_PARTITIONS = 21
     EXPIRE_MEMBERS = 22
     RECORD_NODE_ADDRESS = 23
+    INIT_PRODUCER = 24
 
 
 _TYPES: dict[Op, type[Any]] = {
@@ -66,6 +67,7 @@ _TYPES: dict[Op, type[Any]] = {
     Op.RELEASE_PARTITIONS: cpb.ReleasePartitionsCmd,
     Op.EXPIRE_MEMBERS: cpb.ExpireMembersCmd,
     Op.RECORD_NODE_ADDRESS: cpb.RecordNodeAddressCmd,
+    Op.INIT_PRODUCER: cpb.InitProducerCmd,
 }
 _OPS: dict[type[Any], Op] = {t: op for op, t in _TYPES.items()}
 

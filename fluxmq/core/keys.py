@@ -31,6 +31,12 @@ DEAD_INDEXED = b"I/"
 DEAD_ORIGIN_COUNT = b"K/"
 MEMBERSHIP = b"G/"  # + group_id u64 -> fluxmq.internal.MembershipState (groups with members)
 NODE_ADDRESS = b"N/"  # + raft address (utf-8) -> gRPC address (utf-8) of that node
+# Idempotent producer sessions (core/producers.py): + queue_id u64 + producer_id u64 -> epoch,
+# touched_ms, name; the same + partition u32 -> epoch, touched_ms, the last requests' ranges
+PRODUCER = b"R/"
+PRODUCER_NAME = b"W/"  # + queue_id u64 + producer name (utf-8) -> producer_id u64
+NEXT_PRODUCER_ID = b"M/next_producer_id"  # u64
+PRODUCER_SCAN = b"M/producer_scan"  # the producer key the next expiry pass starts at
 
 U64 = struct.Struct(">Q")
 DEDUP_VALUE = struct.Struct(">IQq")
@@ -45,6 +51,18 @@ PARTITION_BITS = 20  # log_id = queue_id << 20 | partition; partitions are < 102
 def log_id(queue_id: int, partition: int) -> int:
     assert 0 <= partition < (1 << PARTITION_BITS)
     return (queue_id << PARTITION_BITS) | partition
+
+
+def producer_key(queue_id: int, producer_id: int) -> bytes:
+    return PRODUCER + U64.pack(queue_id) + U64.pack(producer_id)
+
+
+def producer_partition_key(queue_id: int, producer_id: int, partition: int) -> bytes:
+    return PRODUCER + U64.pack(queue_id) + U64.pack(producer_id) + U32.pack(partition)
+
+
+def producer_name_key(queue_id: int, name: str) -> bytes:
+    return PRODUCER_NAME + U64.pack(queue_id) + name.encode()
 
 
 def queue_key(name: str) -> bytes:

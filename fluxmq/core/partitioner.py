@@ -61,11 +61,13 @@ def prepare_append(
     messages: Sequence[pb.PublishMessage],
     cursor: int,
     now_ms: int,
+    producer: pb.ProducerSession | None = None,
 ) -> PreparedAppend:
     """Validate ``messages`` against the queue's limits and build the Append command.
 
     Every refusal names the offending field (``messages[3].value``); nothing is proposed for a
-    refused request.
+    refused request. With a ``producer`` session every message names the same partition and
+    none has an idempotency key (the session's sequence is what makes a retry safe).
     """
     count = len(messages)
     if count == 0:
@@ -141,4 +143,34 @@ def prepare_append(
         partitions=partitions,
         idempotency_keys=idempotency_keys if any_idempotency_key else (),
     )
+    if producer is not None:
+        _check_session(messages, producer)
+        command.producer_id = producer.producer_id
+        command.producer_epoch = producer.producer_epoch
+        command.first_sequence = producer.first_sequence
     return PreparedAppend(command, cursor, total)
+
+
+def _check_session(messages: Sequence[pb.PublishMessage], producer: pb.ProducerSession) -> None:
+    if producer.producer_id == 0:
+        raise invalid_argument("producer.producer_id", "set it to the id InitProducer gave")
+    first = messages[0]
+    if not first.HasField("partition"):
+        raise invalid_argument(
+            "messages[0].partition",
+            "a producer session's messages name their partition (one partition per request)",
+        )
+    partition = first.partition
+    for i, msg in enumerate(messages):
+        if not msg.HasField("partition") or msg.partition != partition:
+            raise invalid_argument(
+                f"messages[{i}].partition",
+                f"a producer session's request is for one partition; messages[0] is for "
+                f"partition {partition}",
+            )
+        if msg.idempotency_key:
+            raise invalid_argument(
+                f"messages[{i}].idempotency_key",
+                "a producer session deduplicates by sequence; send messages with their own "
+                "idempotency keys without a session",
+            )

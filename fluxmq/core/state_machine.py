@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import dead_letters as dls
-from fluxmq.core import keys, limits
+from fluxmq.core import keys, limits, producers
 from fluxmq.core import membership as msh
 from fluxmq.core.commands import Op, decode
 from fluxmq.core.delivery import REPLAY_GROUP_HEADER, Delivery, DeliveryState, GroupState, header
@@ -143,6 +143,7 @@ class RetentionResult:
     removed_bytes: int = 0
     expired_dedup_keys: int = 0
     dropped_records: int = 0
+    expired_producers: int = 0
 
 
 class Entry(Protocol):
@@ -220,6 +221,7 @@ class QueueStateMachine:
             Op.RELEASE_PARTITIONS: self._release_partitions,
             Op.EXPIRE_MEMBERS: self._expire_members,
             Op.RECORD_NODE_ADDRESS: self._record_node_address,
+            Op.INIT_PRODUCER: self._init_producer,
         }
 
     @property
@@ -518,9 +520,14 @@ class QueueStateMachine:
         ):
             raise FluxError("INVALID_ARGUMENT", "append: one partition per record, 1..1000 records")
         npart = entry.policy.partitions
-        for p in set(cmd.partitions):
+        partitions = set(cmd.partitions)
+        for p in partitions:
             if p >= npart:
                 raise FluxError("PARTITION_OUT_OF_RANGE", f"partition {p} >= {npart}")
+        if cmd.producer_id and (len(partitions) != 1 or any(cmd.idempotency_keys)):
+            raise FluxError(
+                "INVALID_ARGUMENT", "append: a producer session's records are of one partition"
+            )
         return entry
 
     def _append(self, batch: _Batch, cmd: cpb.AppendCmd) -> AppendResult:
@@ -534,6 +541,19 @@ class QueueStateMachine:
         txn = batch.txn
         queue_id = entry.queue_id
         now_ms = cmd.now_ms
+        admit: producers.Admit | None = None
+        if cmd.producer_id:
+            verdict = producers.check_sequence(
+                txn, entry.name, queue_id, partitions[0], cmd.producer_id, cmd.producer_epoch,
+                cmd.first_sequence, count,
+            )  # fmt: skip
+            if isinstance(verdict, producers.Retry):
+                base, ts = verdict.base_offset, verdict.timestamp_ms
+                return AppendResult(
+                    list(partitions), list(range(base, base + count)), [ts] * count,
+                    [True] * count, {},
+                )  # fmt: skip
+            admit = verdict
         out_partitions = list(partitions)
         out_offsets = [0] * count
         out_timestamps = [0] * count
@@ -576,6 +596,8 @@ class QueueStateMachine:
                 out_timestamps[i] = ts
             highs[partition] = base + len(indexes)
             batch.last_ts[log.log_id] = ts
+            if admit is not None:  # the records of a session are of one partition
+                producers.record(txn, admit, base, ts, now_ms)
 
         for i, j in later_duplicates:
             out_partitions[i], out_offsets[i] = out_partitions[j], out_offsets[j]
@@ -624,7 +646,16 @@ class QueueStateMachine:
                         self.delivery.catch_up(txn, g, partition, low)
         result.expired_dedup_keys = self._expire_dedup(batch, cmd.now_ms)
         result.dropped_records = self._drop_trash(batch)
+        live = {e.queue_id for e in self._cat(batch).values()}
+        result.expired_producers = producers.expire(txn, live, cmd.now_ms)
         return result
+
+    # -- producer sessions ------------------------------------------------------------------
+
+    def _init_producer(self, batch: _Batch, cmd: cpb.InitProducerCmd) -> producers.ProducerGrant:
+        entry = self._entry(batch, cmd.queue, cmd.queue_id)
+        producers.check_name(cmd.producer_name)
+        return producers.init(batch.txn, entry.queue_id, cmd.producer_name, cmd.now_ms)
 
     def _expire_dedup(self, batch: _Batch, now_ms: int) -> int:
         txn = batch.txn

@@ -18,6 +18,7 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys, validation
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument, queue_not_found
 from fluxmq.core.partitioner import prepare_append
+from fluxmq.core.producers import ProducerGrant, check_name
 from fluxmq.core.queue_config import merge_update, normalize_new
 from fluxmq.core.reader import FetchResult, QueueReader
 from fluxmq.core.state_machine import (
@@ -402,7 +403,11 @@ class Broker:
     # -- publish ----------------------------------------------------------------------------
 
     async def publish(
-        self, queue: str, messages: Sequence[pb.PublishMessage], timeout_ms: int
+        self,
+        queue: str,
+        messages: Sequence[pb.PublishMessage],
+        timeout_ms: int,
+        producer: pb.ProducerSession | None = None,
     ) -> AppendResult:
         entry = self.reader.entry(queue)
         prepared = prepare_append(
@@ -412,6 +417,7 @@ class Broker:
             messages,
             self._rr_cursor.get(entry.queue_id, 0),
             self._clock_ms(),
+            producer,
         )
         self._rr_cursor[entry.queue_id] = prepared.cursor
         self.check_in_sync(entry.policy.min_in_sync)
@@ -449,6 +455,20 @@ class Broker:
         if duplicates:
             metrics.DUPLICATE_MESSAGES.labels(queue).inc(duplicates)
         return result
+
+    async def init_producer(self, queue: str, producer_name: str) -> ProducerGrant:
+        entry = self.reader.entry(queue)
+        check_name(producer_name)
+        grant = await self.submit(
+            cpb.InitProducerCmd(
+                queue=queue,
+                queue_id=entry.queue_id,
+                now_ms=self._clock_ms(),
+                producer_name=producer_name,
+            )
+        )
+        assert isinstance(grant, ProducerGrant)
+        return grant
 
     # -- reads ------------------------------------------------------------------------------
 

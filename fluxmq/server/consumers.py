@@ -438,6 +438,11 @@ class Consumers:
             except FluxError as err:
                 raise nested(f"acks[{i}]", err) from None
         for i, pub in enumerate(req.publishes):
+            if pub.HasField("producer"):
+                raise invalid_argument(
+                    f"publishes[{i}].producer",
+                    "a transaction is all or nothing already; producer sessions are for Publish",
+                )
             try:
                 entry = self._reader.entry(pub.queue)
                 prepared = prepare_append(

@@ -30,6 +30,13 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "MALFORMED_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
     "MESSAGE_TOO_LARGE": grpc.StatusCode.INVALID_ARGUMENT,
     "PARTITION_OUT_OF_RANGE": grpc.StatusCode.INVALID_ARGUMENT,
+    # Producer sessions (core/producers.py): a gap in a partition's sequence (an earlier request
+    # is not stored yet: retriable); a session the queue does not know (never started, expired);
+    # an epoch superseded by a newer InitProducer of the same name; a name out of epochs.
+    "OUT_OF_ORDER_SEQUENCE": grpc.StatusCode.FAILED_PRECONDITION,
+    "UNKNOWN_PRODUCER": grpc.StatusCode.FAILED_PRECONDITION,
+    "PRODUCER_FENCED": grpc.StatusCode.FAILED_PRECONDITION,
+    "PRODUCER_EPOCH_EXHAUSTED": grpc.StatusCode.FAILED_PRECONDITION,
     "QUEUE_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "QUEUE_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
     "QUEUE_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,

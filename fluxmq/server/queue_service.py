@@ -13,6 +13,7 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc as pb_grpc
 from fluxmq.core import validation
 from fluxmq.core.errors import FluxError, invalid_argument, nested
+from fluxmq.core.producers import IDLE_EXPIRY_MS
 from fluxmq.core.queue_config import normalize_new
 from fluxmq.core.reader import page_token_after
 from fluxmq.core.state_machine import AppendResult, LeaseResult, SettleResult
@@ -211,8 +212,19 @@ class QueueService(pb_grpc.QueueServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             timeout_ms = min(timeout_ms, max(1, int(remaining * 1000)))
-        result = await self._broker.publish(request.queue, request.messages, timeout_ms)
+        producer = request.producer if request.HasField("producer") else None
+        result = await self._broker.publish(request.queue, request.messages, timeout_ms, producer)
         return _publish_response(result)
+
+    async def InitProducer(
+        self, request: pb.InitProducerRequest, context: Any
+    ) -> pb.InitProducerResponse:
+        grant = await self._broker.init_producer(request.queue, request.producer_name)
+        return pb.InitProducerResponse(
+            producer_id=grant.producer_id,
+            producer_epoch=grant.producer_epoch,
+            idle_expiry_ms=IDLE_EXPIRY_MS,
+        )
 
     @_holds_stream_slot
     async def PublishStream(
@@ -237,7 +249,10 @@ class QueueService(pb_grpc.QueueServiceServicer):
                     resp = pb.PublishStreamResponse(sequence=req.sequence)
                     resp.results.extend(forwarded.results)
                     return resp
-                result = await target.publish(req.publish.queue, req.publish.messages, timeout_ms)
+                producer = req.publish.producer if req.publish.HasField("producer") else None
+                result = await target.publish(
+                    req.publish.queue, req.publish.messages, timeout_ms, producer
+                )
             except Exception as exc:
                 rid = request_id_var.get()
                 err = domain_error(exc)

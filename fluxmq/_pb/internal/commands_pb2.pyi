@@ -36,20 +36,38 @@ class DeleteQueueCmd(_message.Message):
     def __init__(self, name: _Optional[str] = ..., now_ms: _Optional[int] = ...) -> None: ...
 
 class AppendCmd(_message.Message):
-    __slots__ = ("queue", "queue_id", "now_ms", "records", "partitions", "idempotency_keys")
+    __slots__ = ("queue", "queue_id", "now_ms", "records", "partitions", "idempotency_keys", "producer_id", "producer_epoch", "first_sequence")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEYS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     queue: str
     queue_id: int
     now_ms: int
     records: _containers.RepeatedScalarFieldContainer[bytes]
     partitions: _containers.RepeatedScalarFieldContainer[int]
     idempotency_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., records: _Optional[_Iterable[bytes]] = ..., partitions: _Optional[_Iterable[int]] = ..., idempotency_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    producer_id: int
+    producer_epoch: int
+    first_sequence: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., records: _Optional[_Iterable[bytes]] = ..., partitions: _Optional[_Iterable[int]] = ..., idempotency_keys: _Optional[_Iterable[str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., first_sequence: _Optional[int] = ...) -> None: ...
+
+class InitProducerCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "now_ms", "producer_name")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    now_ms: int
+    producer_name: str
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., producer_name: _Optional[str] = ...) -> None: ...
 
 class PurgeCmd(_message.Message):
     __slots__ = ("name", "queue_id", "now_ms", "scope", "destructive")

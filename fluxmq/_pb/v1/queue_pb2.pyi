@@ -300,14 +300,44 @@ class PublishMessage(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, bytes]] = ..., partition: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("queue", "messages", "request_timeout_ms")
+    __slots__ = ("queue", "messages", "request_timeout_ms", "producer")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     messages: _containers.RepeatedCompositeFieldContainer[PublishMessage]
     request_timeout_ms: int
-    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[PublishMessage, _Mapping]]] = ..., request_timeout_ms: _Optional[int] = ...) -> None: ...
+    producer: ProducerSession
+    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[PublishMessage, _Mapping]]] = ..., request_timeout_ms: _Optional[int] = ..., producer: _Optional[_Union[ProducerSession, _Mapping]] = ...) -> None: ...
+
+class ProducerSession(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "first_sequence")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    first_sequence: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., first_sequence: _Optional[int] = ...) -> None: ...
+
+class InitProducerRequest(_message.Message):
+    __slots__ = ("queue", "producer_name")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    producer_name: str
+    def __init__(self, queue: _Optional[str] = ..., producer_name: _Optional[str] = ...) -> None: ...
+
+class InitProducerResponse(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "idle_expiry_ms")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    IDLE_EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    idle_expiry_ms: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., idle_expiry_ms: _Optional[int] = ...) -> None: ...
 
 class PublishResult(_message.Message):
     __slots__ = ("partition", "offset", "timestamp_ms", "duplicate", "pending")

@@ -78,6 +78,11 @@ class QueueServiceStub:
                 request_serializer=fluxmq_dot_v1_dot_queue__pb2.PublishRequest.SerializeToString,
                 response_deserializer=fluxmq_dot_v1_dot_queue__pb2.PublishResponse.FromString,
                 _registered_method=True)
+        self.InitProducer = channel.unary_unary(
+                '/fluxmq.v1.QueueService/InitProducer',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.InitProducerRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.InitProducerResponse.FromString,
+                _registered_method=True)
         self.PublishStream = channel.stream_stream(
                 '/fluxmq.v1.QueueService/PublishStream',
                 request_serializer=fluxmq_dot_v1_dot_queue__pb2.PublishStreamRequest.SerializeToString,
@@ -247,6 +252,14 @@ class QueueServiceServicer:
     def Publish(self, request, context):
         """Appends 1..1000 messages. OK means every message is durable (fsync'd); a non-OK status means
         nothing of the request was written.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InitProducer(self, request, context):
+        """Starts an idempotent producer session on a queue (see PublishRequest.producer). With a
+        producer_name it resumes that producer under the next epoch, fencing the previous holder.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -445,6 +458,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Publish,
                     request_deserializer=fluxmq_dot_v1_dot_queue__pb2.PublishRequest.FromString,
                     response_serializer=fluxmq_dot_v1_dot_queue__pb2.PublishResponse.SerializeToString,
+            ),
+            'InitProducer': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducer,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.InitProducerRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.InitProducerResponse.SerializeToString,
             ),
             'PublishStream': grpc.stream_stream_rpc_method_handler(
                     servicer.PublishStream,
@@ -782,6 +800,33 @@ class QueueService:
             '/fluxmq.v1.QueueService/Publish',
             fluxmq_dot_v1_dot_queue__pb2.PublishRequest.SerializeToString,
             fluxmq_dot_v1_dot_queue__pb2.PublishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/InitProducer',
+            fluxmq_dot_v1_dot_queue__pb2.InitProducerRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.InitProducerResponse.FromString,
             options,
             channel_credentials,
             insecure,
