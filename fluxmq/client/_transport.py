@@ -40,7 +40,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -275,11 +275,13 @@ class Transport:
         timeout_s: float | None = None,
         retry: RetryPolicy | None = None,
         address: str | None = None,
+        give_up: Callable[[FluxMQError], bool] | None = None,
     ) -> Any:
         """Sends one unary call (see the module docstring); raises FluxMQError.
 
         ``queue``: the queue the call is about (leader cache); ``address``: this node only (no
-        failover); ``timeout_s``: the deadline of each attempt (default the client's)."""
+        failover); ``timeout_s``: the deadline of each attempt (default the client's);
+        ``give_up``: errors the caller handles itself rather than have retried."""
         policy = retry or self.retry
         timeout = self.timeout_s if timeout_s is None else timeout_s
         target = address or self._target(queue)
@@ -293,7 +295,12 @@ class Transport:
                 response = await call
             except grpc.aio.AioRpcError as rpc_err:
                 err = from_rpc_error(rpc_err)
-                if attempt >= policy.max_attempts or self.closed or not should_retry(err, safe):
+                if (
+                    attempt >= policy.max_attempts
+                    or self.closed
+                    or not should_retry(err, safe)
+                    or (give_up is not None and give_up(err))
+                ):
                     raise err from None
                 redirect = self._redirect(err, target, queue) if address is None else None
                 if redirect is not None and redirect not in redirected:

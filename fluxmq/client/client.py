@@ -199,16 +199,21 @@ class AsyncClient:
         idempotency_key: str | None = None,
         codec: str | Codec | None = None,
     ) -> PublishResult:
-        """Publishes one message; returns once it is durable. Without ``idempotency_key`` one
-        is generated, so the SDK's retries never store it twice. Messages that callers publish
-        to the same queue at the same time share requests (fluxmq/client/pipeline.py: up to
-        ``publish_window`` requests in flight); each call still gets its own result or error."""
+        """Publishes one message; returns once it is durable. The SDK's retries never store it
+        twice: it travels in a producer session (fluxmq/client/sessions.py), or, with your
+        ``idempotency_key``, deduplicated by that key within the queue's dedup window. The SDK
+        picks the partition (``partition``, else the key's hash, else a sticky one) as the
+        broker would. Messages that callers publish to the same queue at the same time share
+        requests (fluxmq/client/pipeline.py: up to ``publish_window`` requests in flight); each
+        call still gets its own result or error, and one caller awaiting each publish in turn
+        keeps its order, also across retries."""
         if self.closed:
             raise RuntimeError("the client is closed")
         message = pb.PublishMessage()
+        # No generated idempotency key: the pipeline's producer session makes resends safe.
         size_bytes = fill(
             message, self._codec(codec), self._keys, value, key, headers,
-            partition, delay_ms, deliver_at_ms, idempotency_key,
+            partition, delay_ms, deliver_at_ms, idempotency_key, idempotent=False,
         )  # fmt: skip
         pipeline = self._pipelines.get(queue)
         if pipeline is None:

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,9 @@ import grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._transport import Transport
 from fluxmq.client.errors import FluxMQError, from_request_error
+from fluxmq.client.partitioning import PartitionMap
 from fluxmq.client.producer import MAX_BATCH, PublishResult, results_of, send_request
+from fluxmq.client.sessions import RESTAMP_REASONS, ProducerSession, Stamp
 
 log = logging.getLogger("fluxmq.client")
 
@@ -58,6 +61,8 @@ WINDOW_DEFAULT = 4
 BYTES_MAX_DEFAULT = 1 << 20
 PENDING_MAX_DEFAULT = 10_000
 STREAM_REFUSED_BACKOFF_S = 30.0
+# Times one request may be stamped again after renewals of its session before it gives up.
+RESTAMPS_MAX = 8
 # A stream takes one of a node's stream slots (streams_max, default 200, shared with Tail and
 # Consume): one per node per client, whatever the queues, given back after this long unused.
 LANE_IDLE_S = 10.0
@@ -221,6 +226,11 @@ class _Waiting:
     result: asyncio.Future[PublishResult]
 
 
+# The bucket of messages that bring their own idempotency keys: sent without a session, the
+# broker partitions them (a session's request is one partition and carries no keys).
+_KEYED = -1
+
+
 class PublishPipeline:
     """The coalescing sender of one queue (see the module docstring)."""
 
@@ -235,6 +245,7 @@ class PublishPipeline:
         messages_max: int = MAX_BATCH,
         bytes_max: int = BYTES_MAX_DEFAULT,
         pending_max: int = PENDING_MAX_DEFAULT,
+        producer_name: str = "",
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1, not {window}")
@@ -249,7 +260,11 @@ class PublishPipeline:
         self._messages_max = messages_max
         self._bytes_max = bytes_max
         self._pending_max = pending_max
-        self._pending: deque[_Waiting] = deque()
+        # Waiting messages by partition (or _KEYED), in the order partitions take turns.
+        self._pending: dict[int, deque[_Waiting]] = {}
+        self._waiting = 0
+        self._partitions = PartitionMap(transport, queue)
+        self.session = ProducerSession(transport, queue, producer_name)
         self._in_flight = 0
         self._scheduled = False  # a send is due on the next loop turn (or after the linger)
         self._room = asyncio.Event()
@@ -268,17 +283,36 @@ class PublishPipeline:
         """Send ``message`` with whatever else is waiting; -> its own result."""
         if self.closed or self._transport.closed:
             raise RuntimeError("the client is closed")
-        while len(self._pending) >= self._pending_max:
+        while self._waiting >= self._pending_max:
             self._room.clear()
             await self._room.wait()
+        bucket = await self._bucket_of(message)
         loop = asyncio.get_running_loop()
         waiting = _Waiting(message, size_bytes, loop.create_future())
-        self._pending.append(waiting)
+        self._pending.setdefault(bucket, deque()).append(waiting)
+        self._waiting += 1
         self._maybe_schedule(loop)
         return await waiting.result
 
+    async def _bucket_of(self, message: pb.PublishMessage) -> int:
+        """The partition ``message`` goes to, written into it (partitioning at the edge), or
+        _KEYED for a message with its own idempotency key."""
+        if message.idempotency_key:
+            return _KEYED
+        try:
+            partitions = await self._partitions.partitions()
+        except FluxMQError:
+            # GetQueue failed (no such queue, no permission to read it...): the Publish itself
+            # gets the broker's answer in the Publish's terms. Its own key makes a resend safe.
+            message.idempotency_key = uuid.uuid4().hex
+            return _KEYED
+        partition = self._partitions.partition_of(message, partitions)
+        if not message.HasField("partition"):
+            message.partition = partition
+        return partition
+
     def _maybe_schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._scheduled or not self._pending or self._in_flight >= self._window:
+        if self._scheduled or not self._waiting or self._in_flight >= self._window:
             return
         self._scheduled = True
         if self._linger_s > 0:
@@ -289,35 +323,45 @@ class PublishPipeline:
     def _send_ready(self) -> None:
         """Start requests for what is waiting, while request slots are free."""
         self._scheduled = False
-        while self._pending and self._in_flight < self._window:
-            taken = self._take()
+        while self._waiting and self._in_flight < self._window:
+            bucket, taken = self._take()
             if not taken:
                 continue
             self._in_flight += 1
-            task = asyncio.ensure_future(self._send(taken))
+            task = asyncio.ensure_future(self._send(bucket, taken))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _take(self) -> list[_Waiting]:
-        """The next request's messages: callers that gave up (cancelled) are left out."""
+    def _take(self) -> tuple[int, list[_Waiting]]:
+        """The next request: messages of one bucket, the buckets taking turns; callers that
+        gave up (cancelled) are left out."""
+        bucket = next(b for b, q in self._pending.items() if q)
+        queue = self._pending.pop(bucket)
         taken: list[_Waiting] = []
         size = 0
-        while self._pending and len(taken) < self._messages_max:
-            w = self._pending[0]
+        while queue and len(taken) < self._messages_max:
+            w = queue[0]
             if taken and size + w.size_bytes > self._bytes_max:
                 break
-            self._pending.popleft()
+            queue.popleft()
+            self._waiting -= 1
             if w.result.done():
                 continue
             taken.append(w)
             size += w.size_bytes
-        if len(self._pending) < self._pending_max:
+        self._pending[bucket] = queue  # to the back: the next request is another bucket's
+        if bucket != _KEYED:
+            self._partitions.request_formed(bucket)
+        if self._waiting < self._pending_max:
             self._room.set()
-        return taken
+        return bucket, taken
 
-    async def _send(self, taken: list[_Waiting]) -> None:
+    async def _send(self, bucket: int, taken: list[_Waiting]) -> None:
         try:
-            await self._send_request(taken)
+            if bucket == _KEYED:
+                await self._send_request(taken)
+            else:
+                await self._send_session_request(bucket, taken)
         except asyncio.CancelledError:
             raise
         except Exception:  # every caller of the request has it; nobody awaits this task
@@ -350,6 +394,65 @@ class PublishPipeline:
                         await self._send_request([w])
                 return
             _fail(taken, err)  # each caller of the request has the broker's answer
+            return
+        except BaseException as err:  # cancelled, or a bug: every caller hears of it
+            _fail(taken, err)
+            raise
+        self.requests_sent += 1
+        self.messages_sent += len(results)
+        for w, r in zip(taken, results, strict=True):
+            if not w.result.done():
+                w.result.set_result(r)
+
+    async def _send_session_request(self, partition: int, taken: list[_Waiting]) -> None:
+        """``_send_request`` for messages of one partition under the producer session (see
+        fluxmq/client/sessions.py): a resend keeps its stamp, so it is never stored twice."""
+        request = pb.PublishRequest(queue=self.queue)
+        request.messages.extend(w.message for w in taken)
+        session = self.session
+        try:
+            for _ in range(RESTAMPS_MAX):
+                stamp = await session.stamp(partition, len(taken))
+                request.producer.CopyFrom(stamp.session)
+
+                def stale(err: FluxMQError, stamp: Stamp = stamp) -> bool:
+                    return session.is_stale(stamp) and err.reason in RESTAMP_REASONS
+
+                try:
+                    results = await self._streamed(request)
+                    if results is None:
+                        results = await send_request(
+                            self._transport, request, safe=True, give_up=stale
+                        )
+                    else:
+                        self.requests_streamed += 1
+                except FluxMQError as err:
+                    if session.restamp_after(err, stamp):
+                        continue
+                    # Whatever became of it, the partition's next sequence must not wait behind
+                    # it: later requests move to the next epoch.
+                    session.renew(stamp)
+                    if len(taken) > 1 and _about_one_message(err):
+                        self.requests_split += 1
+                        for w in taken:
+                            if not w.result.done():
+                                await self._send_session_request(partition, [w])
+                        return
+                    raise
+                break
+            else:
+                raise FluxMQError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the producer session of {self.queue!r} was renewed {RESTAMPS_MAX} times "
+                    "while this request waited",
+                )
+            if len(results) != len(taken):
+                raise FluxMQError(
+                    grpc.StatusCode.INTERNAL,
+                    f"{len(results)} results for {len(taken)} messages",
+                )
+        except FluxMQError as err:
+            _fail(taken, err)
             return
         except BaseException as err:  # cancelled, or a bug: every caller hears of it
             _fail(taken, err)
@@ -393,7 +496,7 @@ class PublishPipeline:
         """Wait for the requests in flight and those still waiting to be answered (then end
         the streams, if this pipeline owns them)."""
         self.closed = True
-        while self._tasks or self._pending:
+        while self._tasks or self._waiting:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             else:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -123,13 +123,15 @@ async def send_request(
     timeout_s: float | None = None,
     *,
     safe: bool = True,
+    give_up: Callable[[FluxMQError], bool] | None = None,
 ) -> list[PublishResult]:
-    """One Publish. ``safe``: every message has an idempotency key, so a retry after a lost
-    answer stores nothing twice (otherwise only failures where nothing was written are
-    retried)."""
+    """One Publish. ``safe``: every message has an idempotency key (or the request a producer
+    session), so a retry after a lost answer stores nothing twice (otherwise only failures
+    where nothing was written are retried). ``give_up``: errors not to retry after all."""
     resp = await transport.unary(
-        "queue", "Publish", request, safe=safe, queue=request.queue, timeout_s=timeout_s
-    )
+        "queue", "Publish", request, safe=safe, queue=request.queue, timeout_s=timeout_s,
+        give_up=give_up,
+    )  # fmt: skip
     return results_of(resp)
 
 
