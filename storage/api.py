@@ -7,9 +7,15 @@ together (one fsync) when the transaction commits, or not at all.
 Nothing here knows about queues: a partition log is identified by an opaque ``log_id`` (u64) and
 the key/value table holds opaque bytes. The layers above choose the meaning.
 
-Offsets of a log are contiguous u64 from 0. ``low`` is the first offset still stored (it moves up
-with ``truncate_before``), ``high`` the next offset to be written. An empty, never-written log has
-``low == high == 0``.
+Offsets of a log are contiguous u64 from 0. ``low`` is the first offset still readable (it moves
+up with ``truncate_before``), ``high`` the next offset to be written. An empty, never-written log
+has ``low == high == 0``.
+
+A log stores **record batches** (``storage.record_batch``, format 2): each append is one batch,
+one stored row with one checksum, whatever the number of records in it. Offsets stay per record.
+A truncation point may fall inside a batch: the records below ``low`` are no longer readable,
+and the batch is deleted once all of its records are below ``low``. ``size_bytes`` counts the
+stored batches (what the disk holds), so retention by bytes frees whole batches.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ import struct
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from storage.record_batch import BatchHeader
 
 # Hard limits: storage refuses anything larger, whatever the layer above asked for.
 RECORD_KEY_BYTES_MAX = 64 * 1024
@@ -50,6 +59,11 @@ class StorageFullError(StorageError):
     """The store reached its configured size limit; nothing of the transaction was written."""
 
 
+class OldFormatError(StorageError):
+    """The data directory holds logs in an encoding this version does not read (record format
+    1: one row per record). Nothing was changed; the message names the way forward."""
+
+
 class StorageBusyError(StorageError):
     """Too many transactions are open at once (LMDB's reader table is full): nothing was read
     or written, and the same call may succeed once others end."""
@@ -76,7 +90,7 @@ class Record:
     key: bytes | None
     headers: tuple[tuple[str, bytes], ...]
     idempotency_key: str | None
-    size_bytes: int  # encoded size on disk (what retention by bytes counts)
+    size_bytes: int  # its share of its batch's records section (what reads by bytes count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +115,7 @@ class PartitionLogReader(Protocol):
     def watermarks(self) -> Watermarks: ...
 
     def size_bytes(self) -> int:
-        """Sum of ``size_bytes`` of the records between low and high."""
+        """Bytes of the stored batches (each whole, header included; 0 for an empty log)."""
         ...
 
     def read(self, start_offset: int, max_records: int, max_bytes: int) -> list[Record]:
@@ -112,6 +126,14 @@ class PartitionLogReader(Protocol):
         exists at or above ``start_offset`` (so a single large record can still be read).
         Raises ``CorruptRecordError`` for a record that fails its checksum.
         """
+        ...
+
+    def batch_headers(self, start_offset: int, max_batches: int) -> list[BatchHeader]:
+        """The checked headers of the stored batches from the one holding
+        ``max(start_offset, low)`` upward, at most ``max_batches`` (>= 1) of them, without
+        decoding their records. The first one may begin below ``low`` (a truncation inside
+        it). Raises ``CorruptRecordError`` (``record_batch.CorruptBatchError``) for a batch that
+        fails its checksum or is missing below ``high``."""
         ...
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
@@ -127,15 +149,26 @@ class PartitionLog(PartitionLogReader, Protocol):
     """Read/write side of one partition log, inside a write transaction."""
 
     def append(self, records: Sequence[NewRecord]) -> int:
-        """Append ``records`` at ``high``; return the offset of the first. Atomic with the txn."""
+        """Append ``records`` at ``high`` as one batch; return the offset of the first. Atomic
+        with the txn. Their timestamps must not decrease (ValueError, nothing written)."""
         ...
 
-    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
-        """Append records made by ``storage.codec.prepare`` (everything of a record but its
-        position, timestamp and checksum), all stamped ``timestamp_ms``; same result and
-        atomicity as ``append``. Lets a replicated system encode a record once, on the leader,
-        and have every replica only stamp and checksum it. A malformed prepared record raises
-        ValueError before anything is written."""
+    def append_batch(
+        self,
+        timestamp_ms: int,
+        count: int,
+        records_section: bytes,
+        producer_id: int = 0,
+        producer_epoch: int = 0,
+        first_sequence: int = 0,
+    ) -> int:
+        """Append a batch of ``count`` records whose section ``record_batch.prepare_records``
+        made (everything of the records but their position, timestamp and checksum), all
+        stamped ``timestamp_ms``; same result and atomicity as ``append``. Lets a replicated
+        system encode records once, on the leader, and have every replica only stamp and
+        checksum the batch (one crc, one row). A section that does not hold ``count`` records
+        fails its check on read (CorruptRecordError), never returns garbage; header fields out
+        of range raise ValueError before anything is written."""
         ...
 
     def truncate_before(self, offset: int, max_records: int | None = None) -> TruncateResult:
@@ -219,15 +252,15 @@ class Store(Protocol):
 
 
 _DIGEST_LOG = struct.Struct(">cQQQQ")
-_DIGEST_RECORD = struct.Struct(">cQI")
+_DIGEST_BATCH = struct.Struct(">cQI")
 _DIGEST_KV = struct.Struct(">cHI")
 
 
 class ContentDigest:
     """The canonical digest of a store's content, fed in this order: every log by ascending
-    ``log_id`` (its watermarks and size, then its stored records by ascending offset, as encoded
-    bytes), then every key/value pair by ascending key. Each item is tagged and length-prefixed so
-    that no two different contents feed the same byte stream."""
+    ``log_id`` (its watermarks and size, then its stored batches by ascending base offset, as
+    encoded bytes), then every key/value pair by ascending key. Each item is tagged and
+    length-prefixed so that no two different contents feed the same byte stream."""
 
     __slots__ = ("_hash",)
 
@@ -237,8 +270,8 @@ class ContentDigest:
     def log(self, log_id: int, low: int, high: int, size_bytes: int) -> None:
         self._hash.update(_DIGEST_LOG.pack(b"L", log_id, low, high, size_bytes))
 
-    def record(self, offset: int, encoded: bytes) -> None:
-        self._hash.update(_DIGEST_RECORD.pack(b"R", offset, len(encoded)))
+    def batch(self, base_offset: int, encoded: bytes) -> None:
+        self._hash.update(_DIGEST_BATCH.pack(b"B", base_offset, len(encoded)))
         self._hash.update(encoded)
 
     def kv(self, key: bytes, value: bytes) -> None:

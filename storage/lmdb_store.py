@@ -2,10 +2,12 @@
 
 Three named databases live in the environment:
 
-``log``
-    key = (log_id, offset) as 16 bytes big-endian, value = the encoded record (see ``codec``).
-    Big-endian keys make LMDB's byte order the numeric order, so one log is one contiguous key
-    range and reading it is a sequential cursor walk.
+``batches``
+    key = (log_id, base offset) as 16 bytes big-endian, value = a sealed record batch (see
+    ``record_batch``, format 2). Big-endian keys make LMDB's byte order the numeric order, so one
+    log is one contiguous key range and reading it is a sequential cursor walk; the batch holding
+    an offset is the one at or just before the offset's key. The batches of a log tile
+    [its first batch's base, high) without gaps or overlaps, and the first one holds ``low``.
 ``logmeta``
     key = log_id as 8 bytes big-endian, value = low, high, size_bytes (u64 each) and a crc32c of
     key and fields. The watermarks steer every read and truncation, so a damaged entry must be
@@ -24,6 +26,9 @@ a short or damaged data file makes it read outside the file (SIGBUS) or follow g
 pointers, so ``replace_from`` checks the whole file against its sha256 before LMDB sees it.
 The copy is then read as a separate read-only environment (LMDB ignores the trailing bytes) and
 never becomes the live one, so the live environment is never closed under its readers.
+
+An environment written by record format 1 (a ``log`` database: one row per record) is refused
+at open with ``OldFormatError``; ``storage.migrate`` rewrites it (``fluxmq migrate``).
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ import lmdb
 from crc32c import crc32c
 
 from storage import unsynced_marker
+from storage import record_batch
 from storage.api import (
     ContentDigest,
     CorruptRecordError,
     NewRecord,
     OffsetOutOfRangeError,
+    OldFormatError,
     Record,
     StorageBusyError,
     StorageError,
@@ -65,14 +72,9 @@ from storage.codec import (
     check_offset,
     check_read_limits,
     check_scan,
-    checked_timestamp,
-    decode_at,
-    encode_at,
     position,
-    seal_at,
 )
-
-_T = TypeVar("_T")  # what one append call encodes: NewRecord or a prepared record
+from storage.record_batch import BatchHeader, CorruptBatchError
 
 if TYPE_CHECKING:
     from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
@@ -86,7 +88,9 @@ _META_CRC = struct.Struct(">I")
 _META_SIZE = _META_FIELDS.size + _META_CRC.size
 
 # The databases a copy must hold; anything else in a file handed to replace_from is refused.
-_DB_NAMES = (b"log", b"logmeta", b"kv")
+_DB_NAMES = (b"batches", b"logmeta", b"kv")
+_FORMAT_1_DB = b"log"  # record format 1: one row per record
+_LOG_PREFIX = struct.Struct(">Q")
 _COPY_MAGIC = b"FLUXMQ-LMDB-COPY-1"
 _COPY_TRAILER_BYTES = len(_COPY_MAGIC) + hashlib.sha256().digest_size
 _HASH_CHUNK_BYTES = 1024 * 1024
@@ -121,27 +125,56 @@ def _log_metas(txn: Any, meta_db: object) -> Iterator[tuple[int, bytes, bytes, i
             yield log_id, key, value, low, high, size
 
 
-def _log_records(
-    txn: Any, log_db: object, log_id: int, low: int, high: int
-) -> Iterator[tuple[int, bytes, bytes]]:
-    """(offset, position, encoded record) of the records in [low, high) of one log, in order;
-    a missing record raises ``CorruptRecordError``."""
+def _log_batches(
+    txn: Any, batches_db: object, log_id: int, low: int, high: int, check_crc: bool = True
+) -> Iterator[tuple[BatchHeader, bytes, bytes]]:
+    """(header, key, stored batch) of the batches that hold [low, high) of one log, in order,
+    checking that they tile it: a missing or overlapping batch raises ``CorruptRecordError``."""
     if low == high:
         return
-    offset = low
-    pos = position(log_id, offset)
-    with txn.cursor(db=log_db) as cursor:
-        if not cursor.set_key(pos):
-            raise CorruptRecordError(log_id, offset, "record missing below high")
-        for key, value in cursor.iternext():
-            if key != pos:
-                raise CorruptRecordError(log_id, offset, "record missing below high")
-            yield offset, pos, value
-            offset += 1
-            if offset == high:
+    with txn.cursor(db=batches_db) as cursor:
+        found = _seek_batch(cursor, log_id, low)
+        offset = low
+        while found:
+            key, value = cursor.item()
+            base = _base_of(key, log_id)
+            if base is None or base > offset:
+                break
+            header = record_batch.read_header(log_id, base, value, check_crc)
+            if header.last_offset < offset:
+                break
+            yield header, key, value
+            offset = header.last_offset + 1
+            if offset >= high:
+                if offset > high:
+                    raise CorruptRecordError(
+                        log_id, base, f"a batch runs to {header.last_offset}, past high {high}"
+                    )
                 return
-            pos = position(log_id, offset)
-    raise CorruptRecordError(log_id, offset, "record missing below high")
+            found = cursor.next()
+    raise CorruptRecordError(log_id, offset, "batch missing below high")
+
+
+def _seek_batch(cursor: Any, log_id: int, offset: int) -> bool:
+    """Put ``cursor`` on the batch of ``log_id`` at or just before ``offset``'s key (the one
+    that holds ``offset`` when the log is sound); False when there is none."""
+    pos = position(log_id, offset)
+    if cursor.set_range(pos):
+        if cursor.key() == pos:
+            return True
+        if not cursor.prev():
+            return False
+    elif not cursor.last():
+        return False
+    return _base_of(cursor.key(), log_id) is not None
+
+
+def _base_of(key: bytes, log_id: int) -> int | None:
+    """The base offset of a batch key of ``log_id`` (None: another log's key)."""
+    if len(key) != 16 or _LOG_PREFIX.unpack_from(key)[0] != log_id:
+        return None
+    base: int = _LOG_PREFIX.unpack_from(key, 8)[0]
+    return base
 
 
 def _file_sha256(fd: int, size_bytes: int) -> bytes:
@@ -283,8 +316,18 @@ class LmdbStore:
                     f"the key/value table needs {KV_KEY_BYTES_MAX}"
                 )
             with env.begin(write=True) as txn:
+                with txn.cursor() as cursor:
+                    names = {key for key, _value in cursor}
+                if _FORMAT_1_DB in names:
+                    raise OldFormatError(
+                        f"the store at {path!r} was written by FluxMQ's record format 1 (one "
+                        "row per message); this version stores record batches (format 2) and "
+                        "does not read it. With the node stopped, run `fluxmq migrate "
+                        "--data-dir <the node's data directory>` to rewrite it in place, or "
+                        "start the node on an empty data directory"
+                    )
                 self._dbs = _Dbs(
-                    log=env.open_db(b"log", txn=txn),
+                    log=env.open_db(b"batches", txn=txn),
                     meta=env.open_db(b"logmeta", txn=txn),
                     kv=env.open_db(b"kv", txn=txn),
                 )
@@ -454,8 +497,8 @@ class LmdbStore:
             with env.begin(write=False) as raw:
                 for log_id, _key, _value, low, high, size in _log_metas(raw, dbs.meta):
                     digest.log(log_id, low, high, size)
-                    for offset, _pos, record in _log_records(raw, dbs.log, log_id, low, high):
-                        digest.record(offset, record)
+                    for header, _pos, stored in _log_batches(raw, dbs.log, log_id, low, high):
+                        digest.batch(header.base_offset, stored)
                 with raw.cursor(db=dbs.kv) as cursor:
                     for key, value in cursor:
                         if key not in exclude:
@@ -491,24 +534,25 @@ def _replace(dst: Any, dbs: _Dbs, src: Any, src_dbs: _Dbs, path: str) -> None:
 
     for db in (dbs.log, dbs.meta, dbs.kv):
         dst.drop(db, delete=False)
-    records = 0
+    batches = 0
     try:
         with dst.cursor(db=dbs.meta) as out_meta, dst.cursor(db=dbs.log) as out_log:
             for log_id, key, value, low, high, size in _log_metas(src, src_dbs.meta):
-                # Logs come by log_id and records by offset, so positions only ever grow and
+                # Logs come by log_id and batches by offset, so positions only ever grow and
                 # every put may append at the end of the (emptied) database.
                 out_meta.put(key, value, append=True)
                 total = 0
-                for offset, pos, record in _log_records(src, src_dbs.log, log_id, low, high):
-                    checked_timestamp(pos, log_id, offset, record)
-                    total += len(record)
-                    out_log.put(pos, record, append=True)
+                for _header, pos, stored in _log_batches(src, src_dbs.log, log_id, low, high):
+                    total += len(stored)
+                    out_log.put(pos, stored, append=True)
+                    batches += 1
                 if total != size:
                     raise refused(f"log {log_id} holds {total} bytes, its metadata says {size}")
-                records += high - low
-        stored = src.stat(src_dbs.log)["entries"]
-        if stored != records:
-            raise refused(f"{stored - records} records lie outside every log's watermarks")
+        stored_batches = src.stat(src_dbs.log)["entries"]
+        if stored_batches != batches:
+            raise refused(
+                f"{stored_batches - batches} batches lie outside every log's watermarks"
+            )
         with src.cursor(db=src_dbs.kv) as cursor, dst.cursor(db=dbs.kv) as out_kv:
             for key, value in cursor:
                 if len(value) > KV_VALUE_BYTES_MAX:
@@ -713,28 +757,51 @@ class LmdbPartitionLogReader:
         if offset >= end:
             return []
         log_id = self._log_id
-        pos = position(log_id, offset)
         records: list[Record] = []
         total = 0
         try:
             with self._txn.cursor(db=self._db) as cursor:
-                if not cursor.set_key(pos):
-                    raise CorruptRecordError(log_id, offset, "record missing below high")
-                for key, value in cursor.iternext():
-                    # The cursor walks the log's key range; a gap means a record was lost.
-                    if key != pos:
-                        raise CorruptRecordError(log_id, offset, "record missing below high")
-                    total += len(value)
-                    if total > max_bytes and records:
-                        break
-                    records.append(decode_at(pos, log_id, offset, value))
-                    offset += 1
-                    if offset == end:
-                        break
-                    pos = position(log_id, offset)
+                found = _seek_batch(cursor, log_id, offset)
+                while True:
+                    base = _base_of(cursor.key(), log_id) if found else None
+                    if base is None or base > offset:
+                        raise CorruptRecordError(log_id, offset, "batch missing below high")
+                    decoded = record_batch.decode(log_id, base, cursor.value(), offset)
+                    if not decoded:  # the batch ends below offset: the next one is missing
+                        raise CorruptRecordError(log_id, offset, "batch missing below high")
+                    for record in decoded:
+                        if record.offset >= end:
+                            return records
+                        total += record.size_bytes
+                        if total > max_bytes and records:
+                            return records
+                        records.append(record)
+                    offset = decoded[-1].offset + 1
+                    if offset >= end:
+                        return records
+                    found = cursor.next()
         except lmdb.Error as e:
             raise _storage_error(e) from e
-        return records
+
+    def batch_headers(self, start_offset: int, max_batches: int) -> list[BatchHeader]:
+        self._owner._check()
+        check_offset(start_offset, "start_offset")
+        if max_batches < 1:
+            raise ValueError(f"max_batches must be at least 1, got {max_batches}")
+        offset = max(start_offset, self._low)
+        if offset >= self._high:
+            return []
+        headers: list[BatchHeader] = []
+        try:
+            for header, _key, _value in _log_batches(
+                self._txn, self._db, self._log_id, offset, self._high
+            ):
+                headers.append(header)
+                if len(headers) == max_batches:
+                    break
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        return headers
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         self._owner._check()
@@ -748,14 +815,23 @@ class LmdbPartitionLogReader:
         return lo
 
     def _timestamp_at(self, offset: int) -> int:
-        pos = position(self._log_id, offset)
+        """The timestamp of the record at ``offset``: from its batch's header when the batch's
+        records share one (what a broker writes), else from the decoded batch."""
+        log_id = self._log_id
         try:
-            raw = self._txn.get(pos, db=self._db)
+            with self._txn.cursor(db=self._db) as cursor:
+                base = _base_of(cursor.key(), log_id) if _seek_batch(cursor, log_id, offset) else None
+                if base is None or base > offset:
+                    raise CorruptRecordError(log_id, offset, "batch missing below high")
+                stored = cursor.value()
         except lmdb.Error as e:
             raise _storage_error(e) from e
-        if raw is None:
-            raise CorruptRecordError(self._log_id, offset, "record missing below high")
-        return checked_timestamp(pos, self._log_id, offset, raw)
+        header = record_batch.read_header(log_id, base, stored)
+        if header.last_offset < offset:
+            raise CorruptRecordError(log_id, offset, "batch missing below high")
+        if header.first_timestamp_ms == header.last_timestamp_ms:
+            return header.first_timestamp_ms
+        return record_batch.decode(log_id, base, stored, offset)[0].timestamp_ms
 
 
 class LmdbPartitionLog(LmdbPartitionLogReader):
@@ -768,53 +844,54 @@ class LmdbPartitionLog(LmdbPartitionLogReader):
         self._writer = owner
 
     def append(self, records: Sequence[NewRecord]) -> int:
-        return self._append(records, encode_at)
-
-    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
-        return self._append(prepared, lambda pos, body: seal_at(pos, timestamp_ms, body))
-
-    def _append(self, records: Sequence[_T], encode: Callable[[bytes, _T], bytes]) -> int:
         self._owner._check()
         first = self._high
         count = len(records)
         if count == 0:
             return first
         check_append_room(first, count)
-        log_id = self._log_id
-        # Encode everything before the first write, so a record over a limit (ValueError) leaves
-        # the transaction untouched and usable.
-        items: list[tuple[bytes, bytes]] = []
-        size = 0
-        offset = first
-        for record in records:
-            pos = position(log_id, offset)
-            value = encode(pos, record)
-            size += len(value)
-            items.append((pos, value))
-            offset += 1
-        return self._write(first, items, size)
+        # Encoded before the first write, so a record over a limit (ValueError) leaves the
+        # transaction untouched and usable.
+        return self._write(first, count, record_batch.encode(self._log_id, first, records))
 
-    def _write(self, first: int, items: list[tuple[bytes, bytes]], size: int) -> int:
+    def append_batch(
+        self,
+        timestamp_ms: int,
+        count: int,
+        records_section: bytes,
+        producer_id: int = 0,
+        producer_epoch: int = 0,
+        first_sequence: int = 0,
+    ) -> int:
+        self._owner._check()
+        first = self._high
+        check_append_room(first, count)
+        stored = record_batch.seal(
+            self._log_id, first, timestamp_ms, count, records_section,
+            producer_id, producer_epoch, first_sequence,
+        )  # fmt: skip
+        return self._write(first, count, stored)
+
+    def _write(self, first: int, count: int, stored: bytes) -> int:
         log_id = self._log_id
-        count = len(items)
-        offset = first + count
+        pos = position(log_id, first)
         try:
             with self._txn.cursor(db=self._db) as cursor:
-                # MDB_APPEND skips the tree search per record, but LMDB accepts it only for keys
-                # above the last key of the whole database: when no higher log_id has records.
-                append = not cursor.last() or cursor.key() < items[0][0]
-                added = cursor.putmulti(items, overwrite=False, append=append)[1]
+                # MDB_APPEND skips the tree search, but LMDB accepts it only for a key above the
+                # last key of the whole database: when no higher log_id has batches.
+                append = not cursor.last() or cursor.key() < pos
+                added = cursor.put(pos, stored, overwrite=False, append=append)
         except lmdb.Error as e:
             raise self._writer._fail(_storage_error(e)) from e
-        if added != count:
+        if not added:
             raise self._writer._fail(
                 StorageError(
-                    f"log {log_id}: {count - added} of the offsets [{first}, {offset}) were "
-                    "already taken; the log's metadata does not match its records"
+                    f"log {log_id}: offset {first} already holds a batch; the log's metadata "
+                    "does not match its batches"
                 )
             )
-        self._high = offset
-        self._size += size
+        self._high = first + count
+        self._size += len(stored)
         self._put_meta()
         return first
 
@@ -852,32 +929,42 @@ class LmdbPartitionLog(LmdbPartitionLogReader):
         return True
 
     def _delete_from_low(self, stop: int) -> int:
-        """Delete the records in [low, stop), move low to ``stop``; return the bytes removed."""
+        """Move low to ``stop`` and delete the batches that end below it; return the bytes
+        removed. A batch holding ``stop`` stays (its records below low are not read again)."""
         log_id = self._log_id
         offset = self._low
         removed = 0
         try:
             with self._txn.cursor(db=self._db) as cursor:
-                cursor.set_key(position(log_id, offset))
-                while offset < stop:
+                found = _seek_batch(cursor, log_id, offset)
+                while True:
                     # Deleting moves the cursor to the next key, so a gap shows up as a wrong
-                    # key (or no key at all) here.
-                    key, value = cursor.item()
-                    if key != position(log_id, offset):
+                    # base (or no key at all) here.
+                    base = _base_of(cursor.key(), log_id) if found else None
+                    if base is None or base > offset:
                         raise self._writer._fail(
-                            CorruptRecordError(log_id, offset, "record missing below high")
+                            CorruptRecordError(log_id, offset, "batch missing below high")
                         )
-                    removed += len(value)
+                    stored = cursor.value()
+                    header = record_batch.read_header(log_id, base, stored, check_crc=False)
+                    if header.last_offset >= stop:
+                        break
+                    removed += len(stored)
                     cursor.delete()
-                    offset += 1
+                    offset = header.last_offset + 1
+                    if offset >= self._high:
+                        break
+                    found = cursor.key() != b""
         except lmdb.Error as e:
             raise self._writer._fail(_storage_error(e)) from e
+        except CorruptBatchError as e:
+            raise self._writer._fail(e) from e
         size = self._size - removed
-        if size < 0 or (size == 0) != (stop == self._high):
+        if size < 0 or (size == 0) != (offset >= self._high):
             raise self._writer._fail(
                 StorageError(
                     f"log {log_id}: removing {removed} bytes below {stop} leaves size_bytes "
-                    f"{size} for [{stop}, {self._high}); the metadata does not match the records"
+                    f"{size} for [{stop}, {self._high}); the metadata does not match the batches"
                 )
             )
         self._low = stop

@@ -23,6 +23,7 @@ from fluxmq.core import limits
 from fluxmq.core.errors import invalid_argument, message_too_large, partition_out_of_range
 from fluxmq.core.queue_config import QueuePolicy
 from storage.codec import prepare
+from storage.record_batch import RecordFields, prepare_records
 
 
 def key_partition(key: bytes, partitions: int) -> int:
@@ -78,7 +79,7 @@ def prepare_append(
         )
     limit = policy.max_message_bytes
     npart = policy.partitions
-    records: list[bytes] = []
+    fields: list[RecordFields] = []
     partitions: list[int] = []
     idempotency_keys: list[str] = []
     any_idempotency_key = False
@@ -132,23 +133,38 @@ def prepare_append(
         else:
             partitions.append(cursor % npart)
             cursor += 1
-        records.append(prepare(value, key, headers, idem or None))
+        fields.append((value, key, headers, idem or None))
         idempotency_keys.append(idem)
         total += size
-    command = cpb.AppendCmd(
-        queue=queue,
-        queue_id=queue_id,
-        now_ms=now_ms,
-        records=records,
-        partitions=partitions,
-        idempotency_keys=idempotency_keys if any_idempotency_key else (),
-    )
+    command = cpb.AppendCmd(queue=queue, queue_id=queue_id, now_ms=now_ms, partitions=partitions)
+    if any_idempotency_key:
+        # A duplicate is left out of what is stored, which only apply knows: one record each.
+        command.records.extend(prepare(*f) for f in fields)
+        command.idempotency_keys.extend(idempotency_keys)
+    else:
+        _add_batches(command, fields, partitions)
     if producer is not None:
         _check_session(messages, producer)
         command.producer_id = producer.producer_id
         command.producer_epoch = producer.producer_epoch
         command.first_sequence = producer.first_sequence
     return PreparedAppend(command, cursor, total)
+
+
+def _add_batches(
+    command: cpb.AppendCmd, fields: Sequence[RecordFields], partitions: Sequence[int]
+) -> None:
+    """One records section per partition, its records in request order (DESIGN: the broker
+    encodes a request's records once; replicas only stamp and checksum each batch)."""
+    first = partitions[0]
+    if all(p == first for p in partitions):
+        command.batches.add(partition=first, count=len(fields), records=prepare_records(fields))
+        return
+    by_partition: dict[int, list[RecordFields]] = {}
+    for f, p in zip(fields, partitions, strict=True):
+        by_partition.setdefault(p, []).append(f)
+    for p, group in by_partition.items():
+        command.batches.add(partition=p, count=len(group), records=prepare_records(group))
 
 
 def _check_session(messages: Sequence[pb.PublishMessage], producer: pb.ProducerSession) -> None:

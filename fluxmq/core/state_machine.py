@@ -36,7 +36,8 @@ from fluxmq.core.errors import (
 )
 from fluxmq.core.queue_config import QueuePolicy, policy_of
 from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Record, Store, WriteTxn
-from storage.codec import prepare
+from storage.codec import decode_at, position, seal_at
+from storage.record_batch import RecordFields, prepare_records
 
 # Headers of a dead letter (DESIGN §2), added to the original message's own headers.
 DEAD_HEADERS = (
@@ -512,12 +513,19 @@ class QueueStateMachine:
 
     def _check_append(self, batch: _Batch, cmd: cpb.AppendCmd) -> QueueEntry:
         entry = self._entry(batch, cmd.queue, cmd.queue_id)
-        count = len(cmd.records)
-        if (
-            count != len(cmd.partitions)
-            or (cmd.idempotency_keys and len(cmd.idempotency_keys) != count)
-            or not 1 <= count <= limits.PUBLISH_MESSAGES_MAX
-        ):
+        count = len(cmd.partitions)
+        if cmd.batches:
+            per_partition: dict[int, int] = {}
+            for p in cmd.partitions:
+                per_partition[p] = per_partition.get(p, 0) + 1
+            sound = not cmd.records and not cmd.idempotency_keys and per_partition == {
+                b.partition: b.count for b in cmd.batches
+            } and len(cmd.batches) == len(per_partition)
+        else:
+            sound = len(cmd.records) == count and (
+                not cmd.idempotency_keys or len(cmd.idempotency_keys) == count
+            )
+        if not sound or not 1 <= count <= limits.PUBLISH_MESSAGES_MAX:
             raise FluxError("INVALID_ARGUMENT", "append: one partition per record, 1..1000 records")
         npart = entry.policy.partitions
         partitions = set(cmd.partitions)
@@ -534,10 +542,9 @@ class QueueStateMachine:
         return self._append_checked(batch, self._check_append(batch, cmd), cmd)
 
     def _append_checked(self, batch: _Batch, entry: QueueEntry, cmd: cpb.AppendCmd) -> AppendResult:
-        records = cmd.records
         partitions = cmd.partitions
         idempotency_keys = cmd.idempotency_keys
-        count = len(records)
+        count = len(partitions)
         txn = batch.txn
         queue_id = entry.queue_id
         now_ms = cmd.now_ms
@@ -554,6 +561,9 @@ class QueueStateMachine:
                     [True] * count, {},
                 )  # fmt: skip
             admit = verdict
+        if cmd.batches:
+            return self._append_batches(batch, entry, cmd, admit)
+        records = cmd.records
         out_partitions = list(partitions)
         out_offsets = [0] * count
         out_timestamps = [0] * count
@@ -590,14 +600,20 @@ class QueueStateMachine:
         for partition, indexes in by_partition.items():
             log = txn.log(keys.log_id(queue_id, partition))
             ts = max(now_ms, self._last_timestamp(batch, log))
-            base = log.append_prepared(ts, [records[i] for i in indexes])
+            section = prepare_records([_fields_of(records[i]) for i in indexes])
+            if admit is not None:  # entries from before record batches: one partition
+                base = log.append_batch(
+                    ts, len(indexes), section, cmd.producer_id, cmd.producer_epoch,
+                    cmd.first_sequence,
+                )  # fmt: skip
+                producers.record(txn, admit, base, ts, now_ms)
+            else:
+                base = log.append_batch(ts, len(indexes), section)
             for n, i in enumerate(indexes):
                 out_offsets[i] = base + n
                 out_timestamps[i] = ts
             highs[partition] = base + len(indexes)
             batch.last_ts[log.log_id] = ts
-            if admit is not None:  # the records of a session are of one partition
-                producers.record(txn, admit, base, ts, now_ms)
 
         for i, j in later_duplicates:
             out_partitions[i], out_offsets[i] = out_partitions[j], out_offsets[j]
@@ -617,6 +633,45 @@ class QueueStateMachine:
             txn.put(keys.dedup_expiry_key(queue_id, out_timestamps[i], idem), b"")
 
         return AppendResult(out_partitions, out_offsets, out_timestamps, duplicates, highs)
+
+    def _append_batches(
+        self, batch: _Batch, entry: QueueEntry, cmd: cpb.AppendCmd, admit: producers.Admit | None
+    ) -> AppendResult:
+        """The leader's record batches, one per partition, each stored as it came (stamped and
+        checksummed, never opened)."""
+        txn = batch.txn
+        now_ms = cmd.now_ms
+        bases: dict[int, int] = {}
+        stamps: dict[int, int] = {}
+        highs: dict[int, int] = {}
+        for b in cmd.batches:
+            log = txn.log(keys.log_id(entry.queue_id, b.partition))
+            ts = max(now_ms, self._last_timestamp(batch, log))
+            if admit is not None:
+                base = log.append_batch(
+                    ts, b.count, b.records, cmd.producer_id, cmd.producer_epoch,
+                    cmd.first_sequence,
+                )  # fmt: skip
+                producers.record(txn, admit, base, ts, now_ms)
+            else:
+                base = log.append_batch(ts, b.count, b.records)
+            bases[b.partition] = base
+            stamps[b.partition] = ts
+            highs[b.partition] = base + b.count
+            batch.last_ts[log.log_id] = ts
+        partitions = list(cmd.partitions)
+        offsets: list[int] = []
+        timestamps: list[int] = []
+        if len(bases) == 1:
+            (base,), (ts,) = bases.values(), stamps.values()
+            offsets = list(range(base, base + len(partitions)))
+            timestamps = [ts] * len(partitions)
+        else:
+            for p in partitions:
+                offsets.append(bases[p])
+                bases[p] += 1
+                timestamps.append(stamps[p])
+        return AppendResult(partitions, offsets, timestamps, [False] * len(partitions), highs)
 
     # -- retention --------------------------------------------------------------------------
 
@@ -1018,7 +1073,7 @@ class QueueStateMachine:
     ) -> int:
         log = batch.txn.log(keys.log_id(entry.queue_id, partition))
         ts = max(now_ms, self._last_timestamp(batch, log))
-        offset = log.append_prepared(ts, [prepare(value, key, tuple(sorted(headers)), None)])
+        offset = log.append_batch(ts, 1, prepare_records([(value, key, tuple(sorted(headers)), None)]))
         batch.last_ts[log.log_id] = ts
         return offset
 
@@ -1217,11 +1272,19 @@ def _by_queue_id(entry: QueueEntry) -> int:
     return entry.queue_id
 
 
+def _fields_of(prepared: bytes) -> RecordFields:
+    """The fields of a record that ``storage.codec.prepare`` encoded (format 1): requests with
+    idempotency keys, and log entries written before record batches."""
+    pos = position(0, 0)
+    record = decode_at(pos, 0, 0, seal_at(pos, 0, prepared))
+    return record.value, record.key, record.headers, record.idempotency_key
+
+
 def retention_cut(reader: PartitionLogReader, policy: QueuePolicy, now_ms: int) -> int:
     """The offset below which ``policy`` says records of ``log`` must go (>= low).
 
-    Example: low=0, high=100, max_messages=30 -> 70. Age and bytes are computed the same way and
-    the largest cut wins.
+    Example: low=0, high=100, max_messages=30 -> 70. Age is computed the same way; bytes cut
+    whole batches, oldest first, until the rest fits. The largest cut wins.
     """
     wm = reader.watermarks()
     cut = wm.low
@@ -1230,20 +1293,14 @@ def retention_cut(reader: PartitionLogReader, policy: QueuePolicy, now_ms: int) 
     if policy.max_age_ms and wm.high > cut:
         cut = max(cut, reader.offset_for_timestamp(now_ms - policy.max_age_ms + 1))
     if policy.max_bytes and wm.high > cut:
+        # Whole batches, oldest first (what deleting them frees), within the per-pass budget.
         excess = reader.size_bytes() - policy.max_bytes
-        offset = wm.low
-        # Walk from the oldest record; the walk is bounded by the per-pass budget.
-        while (
-            excess > 0
-            and offset < wm.high
-            and offset - wm.low < limits.RETENTION_RECORDS_PER_PASS_MAX
-        ):
-            for record in reader.read(offset, 1000, 1 << 62):
+        if excess > 0:
+            for header in reader.batch_headers(wm.low, limits.RETENTION_BATCHES_PER_PASS_MAX):
+                excess -= header.size_bytes
+                cut = max(cut, header.last_offset + 1)
                 if excess <= 0:
                     break
-                excess -= record.size_bytes
-                offset = record.offset + 1
-        cut = max(cut, offset)
     return cut
 
 

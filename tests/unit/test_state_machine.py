@@ -267,15 +267,29 @@ def test_retention_by_age_removes_only_older_records(store: Store) -> None:
 def test_retention_by_bytes_keeps_partition_under_limit(store: Store) -> None:
     d = Driver(store)
     q = d.create(retention=pb.Retention(max_bytes="2KiB"))
-    d.append(q, [bytes([i]) * 500 for i in range(10)])
+    for i in range(10):  # ten publishes: ten batches of one record
+        d.append(q, [bytes([i]) * 500])
     d.one(cpb.ApplyRetentionCmd(now_ms=T0))
     with store.read() as txn:
         lg = txn.log(keys.log_id(q.queue_id, 0))
         assert lg.size_bytes() <= 2048
         low = lg.watermarks().low
+        kept = lg.batch_headers(low, 100)
     assert 5 <= low < 10
-    # One more record than kept would exceed the limit: the cut is as small as possible.
+    # One more batch than kept would exceed the limit: the cut is as small as possible.
     assert len(d.records(q)) == 10 - low
+    assert sum(h.size_bytes for h in kept) + 500 > 2048
+
+
+def test_retention_by_bytes_removes_whole_batches(store: Store) -> None:
+    d = Driver(store)
+    q = d.create(retention=pb.Retention(max_bytes="2KiB"))
+    d.append(q, [bytes([i]) * 500 for i in range(10)])  # one batch of 5 KB
+    d.append(q, [b"small"])
+    d.one(cpb.ApplyRetentionCmd(now_ms=T0))
+    # The batch over the limit goes whole; none of its records is left half-kept.
+    assert d.records(q) == [b"small"]
+    assert d.watermarks(q) == (10, 11)
 
 
 def test_purge_empties_every_partition(store: Store) -> None:

@@ -36,7 +36,7 @@ class DeleteQueueCmd(_message.Message):
     def __init__(self, name: _Optional[str] = ..., now_ms: _Optional[int] = ...) -> None: ...
 
 class AppendCmd(_message.Message):
-    __slots__ = ("queue", "queue_id", "now_ms", "records", "partitions", "idempotency_keys", "producer_id", "producer_epoch", "first_sequence")
+    __slots__ = ("queue", "queue_id", "now_ms", "records", "partitions", "idempotency_keys", "producer_id", "producer_epoch", "first_sequence", "batches")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class AppendCmd(_message.Message):
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
     queue: str
     queue_id: int
     now_ms: int
@@ -55,7 +56,18 @@ class AppendCmd(_message.Message):
     producer_id: int
     producer_epoch: int
     first_sequence: int
-    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., records: _Optional[_Iterable[bytes]] = ..., partitions: _Optional[_Iterable[int]] = ..., idempotency_keys: _Optional[_Iterable[str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., first_sequence: _Optional[int] = ...) -> None: ...
+    batches: _containers.RepeatedCompositeFieldContainer[PartitionBatch]
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., records: _Optional[_Iterable[bytes]] = ..., partitions: _Optional[_Iterable[int]] = ..., idempotency_keys: _Optional[_Iterable[str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., first_sequence: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[PartitionBatch, _Mapping]]] = ...) -> None: ...
+
+class PartitionBatch(_message.Message):
+    __slots__ = ("partition", "count", "records")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    count: int
+    records: bytes
+    def __init__(self, partition: _Optional[int] = ..., count: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
 
 class InitProducerCmd(_message.Message):
     __slots__ = ("queue", "queue_id", "now_ms", "producer_name")
