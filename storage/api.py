@@ -94,6 +94,15 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredBatch:
+    """A record batch as stored (``record_batch`` format 2), not opened."""
+
+    base_offset: int
+    count: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Watermarks:
     low: int
     high: int
@@ -126,6 +135,17 @@ class PartitionLogReader(Protocol):
         exists at or above ``start_offset`` (so a single large record can still be read).
         Raises ``CorruptRecordError`` for a record that fails its checksum.
         """
+        ...
+
+    def read_batches(
+        self, start_offset: int, max_records: int, max_bytes: int
+    ) -> list[StoredBatch]:
+        """The stored batches from the one holding ``max(start_offset, low)`` upward, as they
+        are (their checksums are the reader's to check), until they hold ``max_records``
+        records from that offset on or before the batch that would take their total length over
+        ``max_bytes``; at least one batch when one exists. The first may begin below the start
+        (and below ``low``). Raises ``CorruptRecordError`` when a batch is missing below
+        ``high`` or a header does not fit the log."""
         ...
 
     def batch_headers(self, start_offset: int, max_batches: int) -> list[BatchHeader]:

@@ -40,13 +40,12 @@ import struct
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 from crc32c import crc32c
 
-from storage import unsynced_marker
-from storage import record_batch
+from storage import record_batch, unsynced_marker
 from storage.api import (
     ContentDigest,
     CorruptRecordError,
@@ -57,6 +56,7 @@ from storage.api import (
     StorageBusyError,
     StorageError,
     StorageFullError,
+    StoredBatch,
     StoreStat,
     TruncateResult,
     Watermarks,
@@ -550,9 +550,7 @@ def _replace(dst: Any, dbs: _Dbs, src: Any, src_dbs: _Dbs, path: str) -> None:
                     raise refused(f"log {log_id} holds {total} bytes, its metadata says {size}")
         stored_batches = src.stat(src_dbs.log)["entries"]
         if stored_batches != batches:
-            raise refused(
-                f"{stored_batches - batches} batches lie outside every log's watermarks"
-            )
+            raise refused(f"{stored_batches - batches} batches lie outside every log's watermarks")
         with src.cursor(db=src_dbs.kv) as cursor, dst.cursor(db=dbs.kv) as out_kv:
             for key, value in cursor:
                 if len(value) > KV_VALUE_BYTES_MAX:
@@ -783,6 +781,32 @@ class LmdbPartitionLogReader:
         except lmdb.Error as e:
             raise _storage_error(e) from e
 
+    def read_batches(
+        self, start_offset: int, max_records: int, max_bytes: int
+    ) -> list[StoredBatch]:
+        self._owner._check()
+        check_offset(start_offset, "start_offset")
+        check_read_limits(max_records, max_bytes)
+        offset = max(start_offset, self._low)
+        if offset >= self._high:
+            return []
+        out: list[StoredBatch] = []
+        total = 0
+        end = offset + max_records
+        try:
+            for header, _key, stored in _log_batches(
+                self._txn, self._db, self._log_id, offset, self._high, check_crc=False
+            ):
+                total += len(stored)
+                if total > max_bytes and out:
+                    break
+                out.append(StoredBatch(header.base_offset, header.count, stored))
+                if header.last_offset + 1 >= end:
+                    break
+        except lmdb.Error as e:
+            raise _storage_error(e) from e
+        return out
+
     def batch_headers(self, start_offset: int, max_batches: int) -> list[BatchHeader]:
         self._owner._check()
         check_offset(start_offset, "start_offset")
@@ -820,7 +844,9 @@ class LmdbPartitionLogReader:
         log_id = self._log_id
         try:
             with self._txn.cursor(db=self._db) as cursor:
-                base = _base_of(cursor.key(), log_id) if _seek_batch(cursor, log_id, offset) else None
+                base = (
+                    _base_of(cursor.key(), log_id) if _seek_batch(cursor, log_id, offset) else None
+                )
                 if base is None or base > offset:
                     raise CorruptRecordError(log_id, offset, "batch missing below high")
                 stored = cursor.value()

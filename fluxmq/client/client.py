@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+import grpc
+
 from fluxmq._pb.v1 import admin_pb2
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._security import Credentials, PathLike
@@ -27,6 +29,7 @@ from fluxmq.client.consumer import (
     Handler,
     Message,
 )
+from fluxmq.client.errors import FluxMQError
 from fluxmq.client.pipeline import WINDOW_DEFAULT, LanePool, PublishPipeline
 from fluxmq.client.producer import (
     MAX_BATCH,
@@ -39,6 +42,7 @@ from fluxmq.client.producer import (
     fill,
     publish_batch,
 )
+from fluxmq.client.record_batches import CorruptBatchError, records_of
 
 log = logging.getLogger("fluxmq.client")
 
@@ -277,7 +281,9 @@ class AsyncClient:
         wait_ms: int = 0,
     ) -> pb.FetchResponse:
         """Reads a partition from ``offset`` (records, next_offset, watermarks); ``wait_ms``
-        long-polls at the end of the log."""
+        long-polls at the end of the log. The broker answers with its stored record batches,
+        which the SDK checks (crc32c) and decodes here (fluxmq/client/record_batches.py); a
+        batch that fails its check raises FluxMQError DATA_LOSS (reason DATA_CORRUPTED)."""
         resp: pb.FetchResponse = await self._transport.unary(
             "queue",
             "Fetch",
@@ -288,12 +294,25 @@ class AsyncClient:
                 max_messages=max_messages,
                 max_bytes=max_bytes,
                 wait_ms=wait_ms,
+                record_batches=True,
             ),
             safe=True,
             queue=queue,
             timeout_s=self._transport.timeout_s + wait_ms / 1000,
         )
-        return resp
+        if not resp.record_batches:
+            return resp
+        start = max(offset, resp.low_watermark)
+        try:
+            records = records_of(
+                resp.record_batches, resp.log_id, partition, start, max_messages or None
+            )
+        except CorruptBatchError as err:
+            raise FluxMQError(grpc.StatusCode.DATA_LOSS, str(err), reason="DATA_CORRUPTED") from err
+        out = pb.FetchResponse(high_watermark=resp.high_watermark, low_watermark=resp.low_watermark)
+        out.records.extend(records)
+        out.next_offset = records[-1].offset + 1 if records else resp.next_offset
+        return out
 
     # -- consuming -------------------------------------------------------------------------------
 

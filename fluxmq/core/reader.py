@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import dead_letters, keys
@@ -26,7 +26,7 @@ from fluxmq.core.state_machine import (
     member_view,
 )
 from fluxmq.core.validation import group_name as validate_group_name
-from storage.api import Record, Watermarks
+from storage.api import Record, StoredBatch, Watermarks
 
 _TOKEN_TAG = b"queues:"  # page tokens are base64url("queues:" + last name of the page)
 
@@ -42,6 +42,18 @@ class FetchResult:
     records: list[Record]
     next_offset: int
     watermarks: Watermarks
+    batches: list[StoredBatch] = field(default_factory=list)  # instead of records, when asked
+    log_id: int = 0  # the salt of the batches' checksums
+    _start: int = 0  # the offset asked for (batches may begin below it)
+
+    @property
+    def empty(self) -> bool:
+        return not self.records and not self.batches
+
+    @property
+    def messages(self) -> int:
+        """Records this result hands on (of the batches: those from the start offset on)."""
+        return len(self.records) if self.records else self.next_offset - self._start
 
 
 class QueueReader:
@@ -116,10 +128,17 @@ class QueueReader:
         return out
 
     def fetch(
-        self, entry: QueueEntry, partition: int, offset: int, max_messages: int, max_bytes: int
+        self,
+        entry: QueueEntry,
+        partition: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        batches: bool = False,
     ) -> FetchResult:
-        """Records from ``offset``. Below the low watermark or above the high one is an error
-        that says where the log starts and ends; exactly at the high watermark is empty."""
+        """Records from ``offset`` (or, with ``batches``, the stored batches that hold them, not
+        opened). Below the low watermark or above the high one is an error that says where the
+        log starts and ends; exactly at the high watermark is empty."""
         if offset < 0:
             raise invalid_argument("offset", f"must be >= 0 (got {offset})")
         log_id = self._log_id(entry, partition)
@@ -128,6 +147,15 @@ class QueueReader:
             wm = log.watermarks()
             if offset < wm.low or offset > wm.high:
                 raise offset_out_of_range(entry.name, partition, offset, wm.low, wm.high)
+            if batches:
+                stored = (
+                    log.read_batches(offset, max_messages, max_bytes) if offset < wm.high else []
+                )
+                if not stored:
+                    return FetchResult([], offset, wm, [], log_id, offset)
+                assert stored[0].base_offset <= offset, "the first batch holds the start offset"
+                last = stored[-1]
+                return FetchResult([], last.base_offset + last.count, wm, stored, log_id, offset)
             records = log.read(offset, max_messages, max_bytes) if offset < wm.high else []
         if records:
             assert records[0].offset == offset, "a log never skips an offset between watermarks"

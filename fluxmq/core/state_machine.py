@@ -518,9 +518,12 @@ class QueueStateMachine:
             per_partition: dict[int, int] = {}
             for p in cmd.partitions:
                 per_partition[p] = per_partition.get(p, 0) + 1
-            sound = not cmd.records and not cmd.idempotency_keys and per_partition == {
-                b.partition: b.count for b in cmd.batches
-            } and len(cmd.batches) == len(per_partition)
+            sound = (
+                not cmd.records
+                and not cmd.idempotency_keys
+                and per_partition == {b.partition: b.count for b in cmd.batches}
+                and len(cmd.batches) == len(per_partition)
+            )
         else:
             sound = len(cmd.records) == count and (
                 not cmd.idempotency_keys or len(cmd.idempotency_keys) == count
@@ -1073,7 +1076,9 @@ class QueueStateMachine:
     ) -> int:
         log = batch.txn.log(keys.log_id(entry.queue_id, partition))
         ts = max(now_ms, self._last_timestamp(batch, log))
-        offset = log.append_batch(ts, 1, prepare_records([(value, key, tuple(sorted(headers)), None)]))
+        offset = log.append_batch(
+            ts, 1, prepare_records([(value, key, tuple(sorted(headers)), None)])
+        )
         batch.last_ts[log.log_id] = ts
         return offset
 

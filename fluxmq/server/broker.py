@@ -480,31 +480,39 @@ class Broker:
         max_messages: int,
         max_bytes: int,
         wait_ms: int,
+        batches: bool = False,
     ) -> FetchResult:
         max_messages, max_bytes, wait_ms = validation.fetch_limits(max_messages, max_bytes, wait_ms)
         entry = self.reader.entry(queue)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
+
+        def read() -> FetchResult:
+            return self.reader.fetch(entry, partition, offset, max_messages, max_bytes, batches)
+
         # The first read validates partition and offset before anything is allocated for a wait.
-        result = self.reader.fetch(entry, partition, offset, max_messages, max_bytes)
-        while not result.records and (remaining := deadline - loop.time()) > 0:
+        result = read()
+        while result.empty and (remaining := deadline - loop.time()) > 0:
             # Take the event, then read again: an append between the read and the wait wakes us.
             event = self.notifier.event(keys.log_id(entry.queue_id, partition))
-            result = self.reader.fetch(entry, partition, offset, max_messages, max_bytes)
-            if result.records:
+            result = read()
+            if not result.empty:
                 break
             await self.notifier.wait([event], remaining)
             current = self.reader.entry(queue)
             if current.queue_id != entry.queue_id:  # deleted and re-created meanwhile
                 raise queue_not_found(queue)
-            result = self.reader.fetch(entry, partition, offset, max_messages, max_bytes)
-        self._count_fetched(queue, result.records)
+            result = read()
+        self._count_fetched(queue, result)
         return result
 
-    def _count_fetched(self, queue: str, records: list[Record]) -> None:
-        if records:
-            metrics.FETCHED_MESSAGES.labels(queue).inc(len(records))
-            metrics.FETCHED_BYTES.labels(queue).inc(sum(len(r.value) for r in records))
+    def _count_fetched(self, queue: str, result: FetchResult) -> None:
+        if result.records:
+            metrics.FETCHED_MESSAGES.labels(queue).inc(len(result.records))
+            metrics.FETCHED_BYTES.labels(queue).inc(sum(len(r.value) for r in result.records))
+        elif result.batches:
+            metrics.FETCHED_MESSAGES.labels(queue).inc(result.messages)
+            metrics.FETCHED_BYTES.labels(queue).inc(sum(len(b.data) for b in result.batches))
 
     def start_offsets(
         self, entry: QueueEntry, partitions: Sequence[int], start: pb.StartPosition
@@ -547,7 +555,7 @@ class Broker:
                     if res.records:
                         offsets[p] = res.next_offset
                         out.append((p, res.records))
-                        self._count_fetched(queue, res.records)
+                        self._count_fetched(queue, res)
             if out:
                 yield out
                 continue

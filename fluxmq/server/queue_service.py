@@ -316,13 +316,20 @@ class QueueService(pb_grpc.QueueServiceServicer):
             request.max_messages,
             request.max_bytes,
             request.wait_ms,
+            request.record_batches,
         )
         resp = pb.FetchResponse(
             next_offset=result.next_offset,
             high_watermark=result.watermarks.high,
             low_watermark=result.watermarks.low,
         )
-        _fill_records(resp.records, request.partition, result.records)
+        if request.record_batches:
+            resp.log_id = result.log_id
+            add = resp.record_batches.add
+            for b in result.batches:
+                add(base_offset=b.base_offset, data=b.data)
+        else:
+            _fill_records(resp.records, request.partition, result.records)
         return resp
 
     @_holds_stream_slot

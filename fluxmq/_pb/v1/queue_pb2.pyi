@@ -415,32 +415,46 @@ class Record(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, bytes]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("queue", "partition", "offset", "max_messages", "max_bytes", "wait_ms")
+    __slots__ = ("queue", "partition", "offset", "max_messages", "max_bytes", "wait_ms", "record_batches")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_BATCHES_FIELD_NUMBER: _ClassVar[int]
     queue: str
     partition: int
     offset: int
     max_messages: int
     max_bytes: int
     wait_ms: int
-    def __init__(self, queue: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    record_batches: bool
+    def __init__(self, queue: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., record_batches: _Optional[bool] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("records", "next_offset", "high_watermark", "low_watermark")
+    __slots__ = ("records", "next_offset", "high_watermark", "low_watermark", "record_batches", "log_id")
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LOW_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    RECORD_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    LOG_ID_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[Record]
     next_offset: int
     high_watermark: int
     low_watermark: int
-    def __init__(self, records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., low_watermark: _Optional[int] = ...) -> None: ...
+    record_batches: _containers.RepeatedCompositeFieldContainer[RecordBatch]
+    log_id: int
+    def __init__(self, records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., low_watermark: _Optional[int] = ..., record_batches: _Optional[_Iterable[_Union[RecordBatch, _Mapping]]] = ..., log_id: _Optional[int] = ...) -> None: ...
+
+class RecordBatch(_message.Message):
+    __slots__ = ("base_offset", "data")
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    base_offset: int
+    data: bytes
+    def __init__(self, base_offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StartPosition(_message.Message):
     __slots__ = ("earliest", "latest", "offset", "timestamp_ms")
