@@ -764,7 +764,7 @@ class LmdbPartitionLogReader:
                     base = _base_of(cursor.key(), log_id) if found else None
                     if base is None or base > offset:
                         raise CorruptRecordError(log_id, offset, "batch missing below high")
-                    decoded = record_batch.decode(log_id, base, cursor.value(), offset)
+                    decoded = record_batch.decode(log_id, base, cursor.value(), offset, end - offset)
                     if not decoded:  # the batch ends below offset: the next one is missing
                         raise CorruptRecordError(log_id, offset, "batch missing below high")
                     for record in decoded:

@@ -410,7 +410,11 @@ def read_header(log_id: int, base_offset: int, buf: bytes, check_crc: bool = Tru
 
 
 def decode(
-    log_id: int, base_offset: int, buf: bytes, start_offset: int | None = None
+    log_id: int,
+    base_offset: int,
+    buf: bytes,
+    start_offset: int | None = None,
+    max_records: int | None = None,
 ) -> list[Record]:
     """The records of the batch ``buf`` stored at (``log_id``, ``base_offset``), checked.
 
@@ -418,14 +422,19 @@ def decode(
     (lengths add up exactly, offset deltas are the indexes, timestamps within the header's
     range and never decreasing, text is utf-8). Records below ``start_offset`` are left out of
     the result but checked all the same, so a damaged byte anywhere in the batch is refused.
-    A failed record check raises CorruptRecordError at that record's offset; a failure of the
-    whole batch raises CorruptBatchError.
+    With ``max_records`` decoding stops once that many are decoded, and the records after them
+    are not walked: a reader that wants a few records of a big batch does not pay for the rest
+    (the crc covered them; a full read checks them). A failed record check raises
+    CorruptRecordError at that record's offset; a failure of the whole batch raises
+    CorruptBatchError.
     """
     header = _checked_header(log_id, base_offset, buf, True)
     count = header[3]
     first_ms = header[4]
     skip = 0 if start_offset is None else min(max(start_offset - base_offset, 0), count)
-    return _records(log_id, base_offset, buf, count, first_ms, header[5] - first_ms, skip)
+    return _records(
+        log_id, base_offset, buf, count, first_ms, header[5] - first_ms, skip, max_records
+    )
 
 
 def trim(log_id: int, base_offset: int, buf: bytes, start_offset: int) -> bytes:
@@ -573,8 +582,11 @@ def _records(
     first_ms: int,
     span_ms: int,
     skip: int,
+    take: int | None = None,
 ) -> list[Record]:
-    """Check every record of a batch whose header passed; decode those from index ``skip``."""
+    """Check every record of a batch whose header passed; decode those from index ``skip``.
+    With ``take``, stop once that many are decoded: the records after them are not walked (the
+    crc, checked over the whole batch, still stands for them; a full read checks them too)."""
     size = len(buf)
     last_offset = base_offset + count - 1
     if _unpack_u32(buf, _FIRST_TIMESTAMP_DELTA_AT)[0] != 0:
@@ -660,6 +672,8 @@ def _records(
                         pos - at,
                     )
                 )
+                if take is not None and len(records) >= take:
+                    return records
             at = pos
     except struct.error:
         raise _bad_record(

@@ -483,3 +483,19 @@ def test_random_batches_round_trip_and_agree_with_format_1(seed: int) -> None:
     ], seed
     start = base + rng.randrange(len(records))
     assert decode(log_id, start, trim(log_id, base, buf, start)) == decoded[start - base :], seed
+
+
+def test_max_records_stops_decoding_after_that_many() -> None:
+    records = [NewRecord(1_000 + i, b"v%d" % i, key=b"k") for i in range(10)]
+    stored = encode(7, 100, records)
+    got = decode(7, 100, stored, 103, max_records=2)
+    assert [(r.offset, r.value) for r in got] == [(103, b"v3"), (104, b"v4")]
+    assert [r.offset for r in decode(7, 100, stored, 108, max_records=5)] == [
+        108,
+        109,
+    ]
+    # The crc still covers the records the call did not walk.
+    damaged = bytearray(stored)
+    damaged[-1] ^= 1
+    with pytest.raises(CorruptRecordError):
+        decode(7, 100, bytes(damaged), 100, max_records=1)
