@@ -138,7 +138,12 @@ def _log_batches(
         while found:
             key, value = cursor.item()
             base = _base_of(key, log_id)
-            if base is None or base > offset:
+            # The first batch holds low; each next one starts where the one before ended.
+            if base is None or base > offset or (base < offset and offset != low):
+                if base is not None and base < offset:
+                    raise CorruptRecordError(
+                        log_id, base, f"a batch at {base} overlaps the one before (to {offset - 1})"
+                    )
                 break
             header = record_batch.read_header(log_id, base, value, check_crc)
             if header.last_offset < offset:
@@ -760,11 +765,16 @@ class LmdbPartitionLogReader:
         try:
             with self._txn.cursor(db=self._db) as cursor:
                 found = _seek_batch(cursor, log_id, offset)
+                first = True
                 while True:
                     base = _base_of(cursor.key(), log_id) if found else None
                     if base is None or base > offset:
                         raise CorruptRecordError(log_id, offset, "batch missing below high")
-                    decoded = record_batch.decode(log_id, base, cursor.value(), offset, end - offset)
+                    if base < offset and not first:
+                        raise CorruptRecordError(log_id, base, "a batch overlaps the one before")
+                    first = False
+                    stored = cursor.value()
+                    decoded = record_batch.decode(log_id, base, stored, offset, end - offset)
                     if not decoded:  # the batch ends below offset: the next one is missing
                         raise CorruptRecordError(log_id, offset, "batch missing below high")
                     for record in decoded:

@@ -1,8 +1,10 @@
 """The in-memory twin of ``LmdbStore``, for tests and simulations.
 
-It keeps every record encoded exactly as LMDB would (same codec, same position-salted crc), so
-sizes, limits, errors and decoding are the same code paths. A write transaction changes the live
-state directly and keeps an undo log; an exception inside ``with store.write()`` replays it.
+It keeps every batch sealed exactly as LMDB would (``record_batch``, format 2, the same
+position-salted crc): per log a list of (base offset, sealed batch) in offset order, found by
+bisection, so sizes, limits, errors and decoding are the same code paths. A write transaction
+changes the live state directly and keeps an undo log; an exception inside ``with
+store.write()`` replays it.
 
 It is meant for one thread. It keeps no snapshots, so a read transaction is only valid while the
 store does not change under it: a read through a read transaction that overlaps a write which
@@ -11,13 +13,17 @@ other data than LMDB would.
 
 A copy (``copy_to``) is a file of its own format, all integers big-endian::
 
-    magic           b"FLUXMQ-MEMORY-STORE-1\n"
+    magic           b"FLUXMQ-MEMORY-STORE-2\n"
     per log, by ascending log_id:
         b"L", log_id u64, low u64, high u64, size_bytes u64
-        per record in [low, high): length u32, the encoded record
+        per stored batch, by ascending base offset: base_offset u64, length u32, the batch
     per key/value pair, by ascending key:
         b"K", key length u16, value length u32, key, value
     b"E", sha256 of every byte before it (this b"E" included)
+
+A log's batches need no count: they tile [first base, high), so the reader knows a log ended
+when the batches reach ``high``. ``replace_from`` checks every batch's crc, that they tile
+without gaps or overlaps, that the first holds ``low`` and that their sizes add up.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ import os
 import struct
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import IO, TYPE_CHECKING, TypeVar
+from typing import IO, TYPE_CHECKING
 
+from storage import record_batch
 from storage.api import (
     ContentDigest,
     CorruptRecordError,
@@ -39,6 +46,7 @@ from storage.api import (
     Record,
     StorageError,
     StorageFullError,
+    StoredBatch,
     StoreStat,
     TruncateResult,
     Watermarks,
@@ -54,21 +62,15 @@ from storage.codec import (
     check_offset,
     check_read_limits,
     check_scan,
-    checked_timestamp,
-    decode_at,
-    encode_at,
-    position,
-    seal_at,
 )
-
-_T = TypeVar("_T")  # what one append call encodes: NewRecord or a prepared record
+from storage.record_batch import BatchHeader, CorruptBatchError
 
 if TYPE_CHECKING:
     from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Store, WriteTxn
 
-_COPY_MAGIC = b"FLUXMQ-MEMORY-STORE-1\n"
+_COPY_MAGIC = b"FLUXMQ-MEMORY-STORE-2\n"
 _COPY_LOG = struct.Struct(">QQQQ")
-_COPY_RECORD = struct.Struct(">I")
+_COPY_BATCH = struct.Struct(">QI")
 _COPY_KV = struct.Struct(">HI")
 _COPY_END_BYTES = hashlib.sha256().digest_size
 _COPY_BUFFER_BYTES = 1024 * 1024
@@ -82,19 +84,34 @@ _STALE = (
 
 
 class _LogState:
-    """The stored part of one log: encoded records by offset, and its watermarks."""
+    """The stored part of one log: its sealed batches by base offset, and its watermarks.
 
-    __slots__ = ("high", "low", "records", "size")
+    ``bases`` and ``batches`` run in step, by ascending base offset; the batches tile
+    [``bases[0]``, ``high``) and the first one holds ``low`` (none when ``low == high``).
+    Appends add at the end and truncations remove from the front, so two lists suffice.
+    """
+
+    __slots__ = ("bases", "batches", "high", "low", "size")
 
     def __init__(self) -> None:
         self.low = 0
         self.high = 0
         self.size = 0
-        self.records: dict[int, bytes] = {}
+        self.bases: list[int] = []
+        self.batches: list[bytes] = []
+
+    def index_of(self, offset: int) -> int:
+        """The index of the batch holding ``offset`` (which must lie in [low, high))."""
+        return bisect.bisect_right(self.bases, offset) - 1
+
+    def end_of(self, index: int) -> int:
+        """One past the last offset of batch ``index``: where the next batch begins."""
+        bases = self.bases
+        return bases[index + 1] if index + 1 < len(bases) else self.high
 
 
 class MemoryStore:
-    """A ``Store`` in memory. ``max_bytes`` bounds the encoded records plus key/value bytes
+    """A ``Store`` in memory. ``max_bytes`` bounds the stored batches plus key/value bytes
     (``StorageFullError`` beyond it), to exercise the store-full path without a disk."""
 
     __slots__ = (
@@ -199,10 +216,9 @@ class MemoryStore:
         for log_id in sorted(self._logs):
             state = self._logs[log_id]
             out.write(b"L" + _COPY_LOG.pack(log_id, state.low, state.high, state.size))
-            for offset in range(state.low, state.high):
-                record = state.records[offset]
-                out.write(_COPY_RECORD.pack(len(record)))
-                out.write(record)
+            for base, batch in zip(state.bases, state.batches, strict=True):
+                out.write(_COPY_BATCH.pack(base, len(batch)))
+                out.write(batch)
         for key in self._kv_keys:
             value = self._kv[key]
             out.write(b"K" + _COPY_KV.pack(len(key), len(value)))
@@ -238,8 +254,10 @@ class MemoryStore:
         for log_id in sorted(self._logs):
             state = self._logs[log_id]
             digest.log(log_id, state.low, state.high, state.size)
-            for offset in range(state.low, state.high):
-                digest.record(offset, state.records[offset])
+            for base, batch in zip(state.bases, state.batches, strict=True):
+                # Checked as LmdbStore checks it: a damaged batch is refused, never digested.
+                record_batch.read_header(log_id, base, batch)
+                digest.batch(base, batch)
         for key in self._kv_keys:
             if key not in exclude:
                 digest.kv(key, self._kv[key])
@@ -341,18 +359,36 @@ def _read_copy(source: _HashingReader) -> tuple[dict[int, _LogState], dict[bytes
 
 
 def _read_log(source: _HashingReader, log_id: int, low: int, high: int, size: int) -> _LogState:
+    """The batches of one log in a copy: each checked (crc at its position), tiling
+    [first base, high) with the first one holding ``low``, their sizes adding up to ``size``."""
     state = _LogState()
     state.low, state.high, state.size = low, high, size
     total = 0
-    for offset in range(low, high):
-        (length,) = _COPY_RECORD.unpack(source.read(_COPY_RECORD.size))
-        record = source.read(length)
+    expected: int | None = None  # where the next batch must begin; None before the first
+    end = low
+    while end < high:
+        base, length = _COPY_BATCH.unpack(source.read(_COPY_BATCH.size))
+        if expected is None and base > low:
+            raise source.refused(f"log {log_id}: its first batch at {base} is above low {low}")
+        if expected is not None and base != expected:
+            raise source.refused(
+                f"log {log_id}: a batch at {base} where the one before ends at {expected}"
+            )
+        batch = source.read(length)
         try:
-            checked_timestamp(position(log_id, offset), log_id, offset, record)
+            header = record_batch.read_header(log_id, base, batch)
         except CorruptRecordError as e:
             raise source.refused(str(e)) from e
-        state.records[offset] = record
+        end = header.last_offset + 1
+        if end <= low or end > high:
+            raise source.refused(
+                f"log {log_id}: the batch [{base}, {header.last_offset}] lies outside "
+                f"[low {low}, high {high})"
+            )
+        state.bases.append(base)
+        state.batches.append(batch)
         total += length
+        expected = end
     if total != size:
         raise source.refused(f"log {log_id} holds {total} bytes, its metadata says {size}")
     return state
@@ -534,33 +570,115 @@ class MemoryPartitionLogReader:
         check_read_limits(max_records, max_bytes)
         if state is None:
             return []
+        offset = max(start_offset, state.low)
+        end = min(state.high, offset + max_records)
+        if offset >= end:
+            return []
         log_id = self._log_id
-        stored = state.records
+        bases, batches = state.bases, state.batches
         records: list[Record] = []
         total = 0
-        first = max(start_offset, state.low)
-        for offset in range(first, min(state.high, first + max_records)):
-            buf = stored[offset]
-            total += len(buf)
-            if total > max_bytes and records:
-                break
-            records.append(decode_at(position(log_id, offset), log_id, offset, buf))
+        index = state.index_of(offset)
+        while offset < end:
+            # decode checks the whole batch, also the records it leaves out below offset.
+            for record in record_batch.decode(log_id, bases[index], batches[index], offset):
+                if record.offset >= end:
+                    return records
+                total += record.size_bytes
+                if total > max_bytes and records:
+                    return records
+                records.append(record)
+            offset = state.end_of(index)
+            index += 1
         return records
+
+    def read_batches(
+        self, start_offset: int, max_records: int, max_bytes: int
+    ) -> list[StoredBatch]:
+        state = self._state()
+        check_offset(start_offset, "start_offset")
+        check_read_limits(max_records, max_bytes)
+        if state is None:
+            return []
+        offset = max(start_offset, state.low)
+        if offset >= state.high:
+            return []
+        log_id = self._log_id
+        end = offset + max_records
+        out: list[StoredBatch] = []
+        total = 0
+        for index in range(state.index_of(offset), len(state.bases)):
+            base, stored = state.bases[index], state.batches[index]
+            # The crc is the reader's to check (as LmdbStore leaves it); the header must still
+            # fit where the batch lies, or the count handed on would be a lie.
+            header = record_batch.read_header(log_id, base, stored, check_crc=False)
+            if header.last_offset + 1 != state.end_of(index):
+                raise CorruptBatchError(
+                    log_id,
+                    base,
+                    header.last_offset,
+                    f"batch [{base}, {header.last_offset}] does not end where the next one "
+                    f"begins ({state.end_of(index)})",
+                )
+            total += len(stored)
+            if total > max_bytes and out:
+                break
+            out.append(StoredBatch(base, header.count, stored))
+            if header.last_offset + 1 >= end:
+                break
+        return out
+
+    def batch_headers(self, start_offset: int, max_batches: int) -> list[BatchHeader]:
+        state = self._state()
+        check_offset(start_offset, "start_offset")
+        if max_batches < 1:
+            raise ValueError(f"max_batches must be at least 1, got {max_batches}")
+        if state is None:
+            return []
+        offset = max(start_offset, state.low)
+        if offset >= state.high:
+            return []
+        log_id = self._log_id
+        first = state.index_of(offset)
+        return [
+            record_batch.read_header(log_id, base, batch)
+            for base, batch in zip(
+                state.bases[first : first + max_batches],
+                state.batches[first : first + max_batches],
+                strict=True,
+            )
+        ]
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         state = self._state()
-        if state is None:
-            return 0
+        if state is None or state.low >= state.high:
+            return 0 if state is None else state.high
         log_id = self._log_id
-        lo, hi = state.low, state.high
+        bases, batches = state.bases, state.batches
+        # The first batch whose last timestamp reaches timestamp_ms holds the answer; headers
+        # say that without decoding. Timestamps never decrease, so a binary search finds it.
+        lo, hi = state.index_of(state.low), len(bases)
         while lo < hi:
             mid = (lo + hi) // 2
-            ts = checked_timestamp(position(log_id, mid), log_id, mid, state.records[mid])
-            if ts < timestamp_ms:
+            if record_batch.read_header(log_id, bases[mid], batches[mid]).last_timestamp_ms < (
+                timestamp_ms
+            ):
                 lo = mid + 1
             else:
                 hi = mid
-        return lo
+        if lo == len(bases):
+            return state.high
+        header = record_batch.read_header(log_id, bases[lo], batches[lo])
+        start = max(header.base_offset, state.low)
+        if header.first_timestamp_ms >= timestamp_ms:
+            return start
+        # The batch straddles timestamp_ms: only its records say where.
+        for record in record_batch.decode(log_id, bases[lo], batches[lo], start):
+            if record.timestamp_ms >= timestamp_ms:
+                return record.offset
+        raise CorruptRecordError(
+            log_id, header.last_offset, "no record reaches the batch's last timestamp"
+        )
 
 
 class MemoryPartitionLog(MemoryPartitionLogReader):
@@ -571,28 +689,38 @@ class MemoryPartitionLog(MemoryPartitionLogReader):
         self._writer = owner
 
     def append(self, records: Sequence[NewRecord]) -> int:
-        return self._append(records, encode_at)
-
-    def append_prepared(self, timestamp_ms: int, prepared: Sequence[bytes]) -> int:
-        return self._append(prepared, lambda pos, body: seal_at(pos, timestamp_ms, body))
-
-    def _append(self, records: Sequence[_T], encode: Callable[[bytes, _T], bytes]) -> int:
         state = self._state()
         first = 0 if state is None else state.high
         count = len(records)
         if count == 0:
             return first
         check_append_room(first, count)
-        log_id = self._log_id
-        encoded = [
-            encode(position(log_id, offset), record) for offset, record in enumerate(records, first)
-        ]
-        return self._store_encoded(state, first, encoded)
+        # Encoded before anything changes, so a refused record leaves the transaction usable.
+        return self._store_batch(
+            state, first, count, record_batch.encode(self._log_id, first, records)
+        )
 
-    def _store_encoded(self, state: _LogState | None, first: int, encoded: list[bytes]) -> int:
+    def append_batch(
+        self,
+        timestamp_ms: int,
+        count: int,
+        records_section: bytes,
+        producer_id: int = 0,
+        producer_epoch: int = 0,
+        first_sequence: int = 0,
+    ) -> int:
+        state = self._state()
+        first = 0 if state is None else state.high
+        check_append_room(first, count)
+        sealed = record_batch.seal(
+            self._log_id, first, timestamp_ms, count, records_section,
+            producer_id, producer_epoch, first_sequence,
+        )  # fmt: skip
+        return self._store_batch(state, first, count, sealed)
+
+    def _store_batch(self, state: _LogState | None, first: int, count: int, sealed: bytes) -> int:
         log_id = self._log_id
-        count = len(encoded)
-        added = sum(map(len, encoded))
+        added = len(sealed)
         writer = self._writer
         writer._reserve(added)
         store = self._store
@@ -601,15 +729,15 @@ class MemoryPartitionLog(MemoryPartitionLogReader):
             target = store._logs[log_id] = _LogState()
         else:
             target = state
-        stored = target.records
-        stored.update(zip(range(first, first + count), encoded, strict=True))
+        target.bases.append(first)
+        target.batches.append(sealed)
         target.high += count
         target.size += added
         store._used += added
 
         def undo() -> None:
-            for offset in range(first, first + count):
-                del stored[offset]
+            target.bases.pop()
+            target.batches.pop()
             target.high -= count
             target.size -= added
             store._used -= added
@@ -656,17 +784,24 @@ class MemoryPartitionLog(MemoryPartitionLogReader):
         return True
 
     def _delete_from_low(self, state: _LogState, stop: int) -> int:
+        """Move low to ``stop`` and delete the batches that end below it; return the bytes
+        removed. A batch holding ``stop`` stays (its records below low are not read again)."""
         low = state.low
-        stored = state.records
-        removed = {offset: stored.pop(offset) for offset in range(low, stop)}
-        removed_bytes = sum(map(len, removed.values()))
+        # Every batch before the one holding stop ends at or below it; at high, all of them.
+        kept_from = len(state.bases) if stop >= state.high else state.index_of(stop)
+        removed_bases = state.bases[:kept_from]
+        removed_batches = state.batches[:kept_from]
+        del state.bases[:kept_from]
+        del state.batches[:kept_from]
+        removed_bytes = sum(map(len, removed_batches))
         state.low = stop
         state.size -= removed_bytes
         store = self._store
         store._used -= removed_bytes
 
         def undo() -> None:
-            stored.update(removed)
+            state.bases[:0] = removed_bases
+            state.batches[:0] = removed_batches
             state.low = low
             state.size += removed_bytes
             store._used += removed_bytes

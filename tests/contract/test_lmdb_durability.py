@@ -1,7 +1,9 @@
 """What LmdbStore promises about the disk: it survives a restart, and damage is detected.
 
 The damage tests edit the files behind the store's back (raw bytes, or raw LMDB writes), then
-check that the store refuses the damaged data instead of returning it.
+check that the store refuses the damaged data instead of returning it. A log is stored as record
+batches (one row of the ``batches`` database per append), so damage is reported for the whole
+batch that holds it.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from storage import (
     CorruptRecordError,
     LmdbStore,
     NewRecord,
+    OldFormatError,
     ReadTxn,
     Record,
     StorageError,
     Watermarks,
 )
 from storage.codec import decode, encode, position
+from storage.record_batch import CorruptBatchError
 
 CANARY = b"FLUXMQ-CANARY-" * 8
 
@@ -86,13 +90,37 @@ def test_reopen_preserves_watermarks_sizes_records_and_keys(tmp_path: Path) -> N
         reopened.close()
 
 
-def test_flipped_byte_in_lmdb_file_is_detected_by_crc(tmp_path: Path) -> None:
+def batch_rows(path: Path) -> list[bytes]:
+    """The keys of the ``batches`` database, read with raw LMDB (the store closed)."""
+    env = raw_env(path)
+    try:
+        with env.begin() as txn:
+            db = env.open_db(b"batches", txn=txn, create=False)
+            return [key for key, _value in txn.cursor(db=db)]
+    finally:
+        env.close()
+
+
+def test_each_append_is_one_row_of_the_batches_database(tmp_path: Path) -> None:
     path = tmp_path / "db"
     store = LmdbStore(str(path))
     with store.write() as txn:
-        values = [f"record {i}".encode() for i in range(10)]
-        values[5] = CANARY
-        txn.log(4).append([rec(v) for v in values])
+        txn.log(1).append([rec(bytes([i])) for i in range(100)])
+        txn.log(1).append([rec(b"one")])
+        txn.log(2).append([rec(b"a"), rec(b"b")])
+    store.close()
+    assert batch_rows(path) == [position(1, 0), position(1, 100), position(2, 0)]
+
+
+def test_flipped_byte_in_lmdb_file_is_detected_by_crc(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    store = LmdbStore(str(path))
+    values = [f"record {i}".encode() for i in range(10)]
+    values[5] = CANARY
+    with store.write() as txn:
+        txn.log(4).append([rec(v) for v in values[:4]])  # [0, 3]
+        txn.log(4).append([rec(v) for v in values[4:7]])  # [4, 6], the canary at 5
+        txn.log(4).append([rec(v) for v in values[7:]])  # [7, 9]
     store.close()
 
     data = bytearray((path / "data.mdb").read_bytes())
@@ -110,57 +138,64 @@ def test_flipped_byte_in_lmdb_file_is_detected_by_crc(tmp_path: Path) -> None:
     try:
         with store.read() as txn:
             log = txn.log(4)
-            with pytest.raises(CorruptRecordError) as caught:
-                log.read(5, 1, 2**40)
-            assert (caught.value.log_id, caught.value.offset) == (4, 5)
-            # A read that reaches the damaged record fails rather than stopping short silently.
+            for start in (5, 4, 6):
+                with pytest.raises(CorruptBatchError) as caught:
+                    log.read(start, 1, 2**40)
+                error = caught.value
+                # The whole batch holding the damage is refused, and says which offsets it held.
+                assert (error.log_id, error.first_offset, error.last_offset) == (4, 4, 6)
+            # A read that reaches the damaged batch fails rather than stopping short silently.
             with pytest.raises(CorruptRecordError):
                 log.read(0, 100, 2**40)
-            assert [r.value for r in log.read(0, 5, 2**40)] == values[:5]
-            assert [r.value for r in log.read(6, 100, 2**40)] == values[6:]
+            assert [r.value for r in log.read(0, 4, 2**40)] == values[:4]
+            assert [r.value for r in log.read(7, 100, 2**40)] == values[7:]
+        with pytest.raises(CorruptRecordError):
+            store.digest()
     finally:
         store.close()
 
 
-def test_record_moved_to_another_offset_or_log_is_detected(tmp_path: Path) -> None:
+def test_batch_moved_to_another_offset_or_log_is_detected(tmp_path: Path) -> None:
     path = tmp_path / "db"
     store = LmdbStore(str(path))
     with store.write() as txn:
-        txn.log(1).append([rec(f"one/{i}".encode()) for i in range(5)])
-        txn.log(2).append([rec(f"two/{i}".encode()) for i in range(5)])
+        for i in range(5):
+            txn.log(1).append([rec(f"one/{i}".encode())])
+            txn.log(2).append([rec(f"two/{i}".encode())])
     store.close()
 
     env = raw_env(path)
-    log_db = env.open_db(b"log")
     with env.begin(write=True) as txn:
+        batches_db = env.open_db(b"batches", txn=txn, create=False)
         # Intact bytes, valid crc for where they were written, but put at another position.
-        value = txn.get(position(1, 3), db=log_db)
+        value = txn.get(position(1, 3), db=batches_db)
         assert value is not None
-        txn.put(position(1, 4), value, db=log_db)
-        txn.put(position(2, 3), value, db=log_db)
+        txn.put(position(1, 4), value, db=batches_db)
+        txn.put(position(2, 3), value, db=batches_db)
     env.close()
 
     store = LmdbStore(str(path))
     try:
         assert read_one(store, 1, 3).value == b"one/3"
         for log_id, offset in ((1, 4), (2, 3)):
-            with store.read() as reader, pytest.raises(CorruptRecordError) as caught:
+            with store.read() as reader, pytest.raises(CorruptBatchError) as caught:
                 reader.log(log_id).read(offset, 1, 2**40)
-            assert (caught.value.log_id, caught.value.offset) == (log_id, offset)
+            assert (caught.value.log_id, caught.value.first_offset) == (log_id, offset)
     finally:
         store.close()
 
 
-def test_missing_record_below_high_is_detected(tmp_path: Path) -> None:
+def test_missing_batch_below_high_is_detected(tmp_path: Path) -> None:
     path = tmp_path / "db"
     store = LmdbStore(str(path))
     with store.write() as txn:
-        txn.log(1).append([rec(bytes([i]), timestamp_ms=i) for i in range(6)])
+        for i in range(0, 6, 2):
+            txn.log(1).append([rec(bytes([i]), timestamp_ms=i), rec(b"", timestamp_ms=i + 1)])
     store.close()
 
     env = raw_env(path)
     with env.begin(write=True) as txn:
-        assert txn.delete(position(1, 2), db=env.open_db(b"log", txn=txn))
+        assert txn.delete(position(1, 2), db=env.open_db(b"batches", txn=txn, create=False))
     env.close()
 
     store = LmdbStore(str(path))
@@ -170,7 +205,14 @@ def test_missing_record_below_high_is_detected(tmp_path: Path) -> None:
                 txn.log(1).read(0, 10, 2**40)
             assert caught.value.offset == 2
             with pytest.raises(CorruptRecordError):
+                txn.log(1).read(3, 10, 2**40)
+            with pytest.raises(CorruptRecordError):
                 txn.log(1).offset_for_timestamp(2)
+            with pytest.raises(CorruptRecordError):
+                txn.log(1).batch_headers(0, 10)
+            assert [r.offset for r in txn.log(1).read(4, 10, 2**40)] == [4, 5]
+        with pytest.raises(CorruptRecordError):
+            store.digest()
         with pytest.raises(CorruptRecordError), store.write() as wtxn:
             wtxn.log(1).truncate_before(4)
         # The failed truncation was rolled back with its transaction.
@@ -178,6 +220,53 @@ def test_missing_record_below_high_is_detected(tmp_path: Path) -> None:
             assert txn.log(1).watermarks() == Watermarks(0, 6)
     finally:
         store.close()
+
+
+def test_store_written_by_record_format_1_is_refused_naming_the_migration(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db"
+    env = raw_env(path)
+    with env.begin(write=True) as txn:
+        old_db = env.open_db(b"log", txn=txn)
+        env.open_db(b"logmeta", txn=txn)
+        env.open_db(b"kv", txn=txn)
+        txn.put(position(1, 0), encode(1, 0, rec(b"old")), db=old_db)
+    env.close()
+
+    with pytest.raises(OldFormatError, match="fluxmq migrate --data-dir") as caught:
+        LmdbStore(str(path))
+    assert isinstance(caught.value, StorageError)
+    # Refused before anything was written: the old rows are still there, nothing new was added.
+    env = raw_env(path)
+    try:
+        with env.begin() as txn:
+            names = sorted(key for key, _value in txn.cursor())
+            old_db = env.open_db(b"log", txn=txn, create=False)
+            assert txn.get(position(1, 0), db=old_db) == encode(1, 0, rec(b"old"))
+    finally:
+        env.close()
+    assert names == [b"kv", b"log", b"logmeta"]
+
+
+def test_copy_holds_exactly_the_batches_logmeta_and_kv_databases(tmp_path: Path) -> None:
+    store = LmdbStore(str(tmp_path / "db"))
+    try:
+        with store.write() as txn:
+            txn.log(1).append([rec(b"a"), rec(b"b")])
+            txn.put(b"k", b"v")
+        store.copy_to(str(tmp_path / "copy"))
+    finally:
+        store.close()
+    env = lmdb.open(str(tmp_path / "copy"), subdir=False, readonly=True, lock=False, max_dbs=8)
+    try:
+        with env.begin() as txn:
+            names = sorted(key for key, _value in txn.cursor())
+            batches_db = env.open_db(b"batches", txn=txn, create=False)
+            assert [key for key, _value in txn.cursor(db=batches_db)] == [position(1, 0)]
+    finally:
+        env.close()
+    assert names == [b"batches", b"kv", b"logmeta"]
 
 
 def test_damaged_log_metadata_is_refused(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ LmdbStore and MemoryStore holding the same content.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from hashlib import sha256
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import LmdbStore, MemoryStore, NewRecord, StorageError, Store
-from storage.codec import encode
+from storage import LmdbStore, MemoryStore, NewRecord, StorageError, Store, record_batch
+from storage.codec import position
 
 MiB = 1024 * 1024
 StoreFactory = Callable[[], Store]
@@ -57,7 +58,8 @@ def fill(store: Store) -> None:
         txn.put(b"a/b", b"")
         txn.put(b"z" * 511, b"x" * 1000)
     with store.write() as txn:
-        txn.log(1).truncate_before(20)  # low above 0
+        txn.log(1).append([rec(b"more", timestamp_ms=60)] * 5)  # a second batch: [50, 54]
+        txn.log(1).truncate_before(20)  # low above 0, inside the first batch [0, 49]
         txn.log(5).truncate_before(1)  # empty, but high remembered
         txn.log(9).append([rec(b"gone")])
     with store.write() as txn:
@@ -72,6 +74,7 @@ def content(store: Store) -> object:
                 txn.log(i).watermarks(),
                 txn.log(i).size_bytes(),
                 txn.log(i).read(0, 10**6, 2**62),
+                txn.log(i).batch_headers(0, 10**6),
             )
             for i in (*LOG_IDS, 9)
         ]
@@ -91,10 +94,18 @@ def test_copy_replaced_into_another_store_reproduces_it(
     target.replace_from(copy(source, tmp_path / "copy"))
     assert content(target) == content(source)
     assert target.digest() == source.digest()
+    with target.read() as txn:
+        # The batch that holds low came over whole, its records below low still unreadable.
+        assert txn.log(1).watermarks().low == 20
+        assert [(h.base_offset, h.count) for h in txn.log(1).batch_headers(0, 10)] == [
+            (0, 50),
+            (50, 5),
+        ]
+        assert txn.log(1).read(0, 1, 2**20)[0].offset == 20
     # The copy goes on like the original: same offsets for the next appends.
     for store in (source, target):
         with store.write() as txn:
-            assert txn.log(1).append([rec(b"next", timestamp_ms=99)]) == 50
+            assert txn.log(1).append([rec(b"next", timestamp_ms=99)]) == 55
             assert txn.log(5).append([rec(b"next")]) == 1
             assert txn.log(9).append([rec(b"next")]) == 0
     assert content(target) == content(source)
@@ -350,23 +361,128 @@ def test_digest_pins_the_documented_encoding() -> None:
     """The digest is compared across nodes and versions: it must not drift by accident."""
     store = MemoryStore()
     with store.write() as txn:
-        txn.log(3).append([rec(b"x")])
+        txn.log(3).append([rec(b"x"), rec(b"y")])
+        txn.log(3).append([rec(b"z")])
+        txn.log(3).truncate_before(1)
         txn.put(b"k", b"v")
-    record = encode(3, 0, rec(b"x"))
+    first = record_batch.encode(3, 0, [rec(b"x"), rec(b"y")])
+    second = record_batch.encode(3, 2, [rec(b"z")])
     expected = sha256(
         b"fluxmq-store-digest-1"
         + b"L"
         + (3).to_bytes(8, "big")
-        + (0).to_bytes(8, "big")
         + (1).to_bytes(8, "big")
-        + len(record).to_bytes(8, "big")
-        + b"R"
+        + (3).to_bytes(8, "big")
+        + (len(first) + len(second)).to_bytes(8, "big")
+        + b"B"
         + (0).to_bytes(8, "big")
-        + len(record).to_bytes(4, "big")
-        + record
+        + len(first).to_bytes(4, "big")
+        + first
+        + b"B"
+        + (2).to_bytes(8, "big")
+        + len(second).to_bytes(4, "big")
+        + second
         + b"K"
         + (1).to_bytes(2, "big")
         + (1).to_bytes(4, "big")
         + b"kv"
     ).hexdigest()
     assert store.digest() == expected
+
+
+def remove_batch(store: Store, log_id: int, base_offset: int) -> None:
+    """Delete one stored batch behind the store's back (a raw LMDB delete, or the twin's lists),
+    leaving its metadata as it was."""
+    if isinstance(store, LmdbStore):
+        env = store._env
+        with env.begin(write=True) as txn:
+            db = env.open_db(b"batches", txn=txn, create=False)
+            assert txn.delete(position(log_id, base_offset), db=db)
+        return
+    assert isinstance(store, MemoryStore)
+    state = store._logs[log_id]
+    index = state.bases.index(base_offset)
+    del state.bases[index]
+    del state.batches[index]
+
+
+def test_replace_from_refuses_a_copy_with_a_gap_between_batches(
+    make_store: StoreFactory, tmp_path: Path
+) -> None:
+    source, target = make_store(), make_store()
+    with source.write() as txn:
+        for base in range(0, 9, 3):
+            txn.log(1).append([rec(bytes([base + i])) for i in range(3)])
+    remove_batch(source, 1, 3)
+    with target.write() as txn:
+        txn.log(1).append([rec(b"mine")])
+    before = (content(target), target.digest())
+    try:
+        source.copy_to(str(tmp_path / "copy"))
+    except StorageError:
+        return  # refusing to copy a log with a hole is as good as refusing the copy
+    with pytest.raises(StorageError, match=r"missing|where the one before ends"):
+        target.replace_from(str(tmp_path / "copy"))
+    assert (content(target), target.digest()) == before
+
+
+# The twin's copy format, built by hand: each check of replace_from, alone, refuses a copy that
+# is otherwise sound (right magic, sizes and sha256).
+
+_COPY_MAGIC = b"FLUXMQ-MEMORY-STORE-2\n"
+
+
+def _memory_copy(
+    path: Path, log_id: int, low: int, high: int, batches: list[tuple[int, bytes]], size: int
+) -> str:
+    body = _COPY_MAGIC + b"L" + struct.pack(">QQQQ", log_id, low, high, size)
+    for base, batch in batches:
+        body += struct.pack(">QI", base, len(batch)) + batch
+    body += b"E"
+    path.write_bytes(body + sha256(body).digest())
+    return str(path)
+
+
+def _batch(log_id: int, base: int, count: int) -> bytes:
+    return record_batch.encode(log_id, base, [rec(bytes([base + i])) for i in range(count)])
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "layout", "problem"),
+    [
+        pytest.param(0, 6, [(0, 2, 0), (3, 3, 3)], "where the one before ends at 2", id="gap"),
+        pytest.param(0, 5, [(0, 3, 0), (2, 3, 2)], "where the one before ends at 3", id="overlap"),
+        pytest.param(1, 5, [(2, 3, 2)], "above low", id="first-above-low"),
+        pytest.param(3, 5, [(0, 2, 0), (2, 3, 2)], r"\[0, 1\] lies outside", id="below-low"),
+        pytest.param(0, 4, [(0, 2, 0), (2, 3, 2)], r"\[2, 4\] lies outside", id="past-high"),
+        pytest.param(0, 5, [(0, 2, 0), (2, 3, 1)], "crc32c", id="sealed-elsewhere"),
+    ],
+)
+def test_memory_replace_from_refuses_batches_that_do_not_tile_the_log(
+    tmp_path: Path,
+    low: int,
+    high: int,
+    layout: list[tuple[int, int, int]],
+    problem: str,
+) -> None:
+    """layout: (stored base, count, base the batch was sealed for)."""
+    batches = [(base, _batch(1, sealed_for, count)) for base, count, sealed_for in layout]
+    path = _memory_copy(tmp_path / "copy", 1, low, high, batches, sum(len(b) for _, b in batches))
+    store = MemoryStore()
+    with pytest.raises(StorageError, match=problem):
+        store.replace_from(path)
+    assert store.digest() == MemoryStore().digest()
+
+
+def test_memory_replace_from_refuses_sizes_that_do_not_add_up(tmp_path: Path) -> None:
+    batches = [(0, _batch(1, 0, 2)), (2, _batch(1, 2, 3))]
+    size = sum(len(b) for _, b in batches)
+    store = MemoryStore()
+    with pytest.raises(StorageError, match="its metadata says"):
+        store.replace_from(_memory_copy(tmp_path / "bad", 1, 0, 5, batches, size + 1))
+    # The same copy with the right size is accepted: only the size was wrong.
+    store.replace_from(_memory_copy(tmp_path / "good", 1, 1, 5, batches, size))
+    with store.read() as txn:
+        assert [r.value for r in txn.log(1).read(0, 10, 2**20)] == [
+            bytes([i]) for i in (1, 2, 3, 4)
+        ]
