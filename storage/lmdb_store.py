@@ -838,36 +838,42 @@ class LmdbPartitionLogReader:
         return headers
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """A binary search over batches: each step reads the header of the batch holding the
+        middle offset and moves past the whole batch; only a batch whose timestamps straddle
+        ``timestamp_ms`` is decoded."""
         self._owner._check()
         lo, hi = self._low, self._high
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._timestamp_at(mid) < timestamp_ms:
-                lo = mid + 1
+            header, stored = self._batch_holding(mid)
+            if header.last_timestamp_ms < timestamp_ms:
+                lo = header.last_offset + 1
+            elif header.first_timestamp_ms >= timestamp_ms:
+                hi = max(header.base_offset, lo)
             else:
-                hi = mid
+                # Timestamps never decrease: every record before this batch is below too.
+                start = max(header.base_offset, lo)
+                for record in record_batch.decode(self._log_id, header.base_offset, stored, start):
+                    if record.timestamp_ms >= timestamp_ms:
+                        return record.offset
+                return header.last_offset + 1
         return lo
 
-    def _timestamp_at(self, offset: int) -> int:
-        """The timestamp of the record at ``offset``: from its batch's header when the batch's
-        records share one (what a broker writes), else from the decoded batch."""
+    def _batch_holding(self, offset: int) -> tuple[BatchHeader, bytes]:
         log_id = self._log_id
         try:
             with self._txn.cursor(db=self._db) as cursor:
-                base = (
-                    _base_of(cursor.key(), log_id) if _seek_batch(cursor, log_id, offset) else None
-                )
+                found = _seek_batch(cursor, log_id, offset)
+                base = _base_of(cursor.key(), log_id) if found else None
                 if base is None or base > offset:
                     raise CorruptRecordError(log_id, offset, "batch missing below high")
-                stored = cursor.value()
+                stored: bytes = cursor.value()
         except lmdb.Error as e:
             raise _storage_error(e) from e
         header = record_batch.read_header(log_id, base, stored)
         if header.last_offset < offset:
             raise CorruptRecordError(log_id, offset, "batch missing below high")
-        if header.first_timestamp_ms == header.last_timestamp_ms:
-            return header.first_timestamp_ms
-        return record_batch.decode(log_id, base, stored, offset)[0].timestamp_ms
+        return header, stored
 
 
 class LmdbPartitionLog(LmdbPartitionLogReader):
