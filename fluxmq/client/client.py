@@ -40,7 +40,6 @@ from fluxmq.client.producer import (
     OutgoingMessage,
     PublishResult,
     fill,
-    publish_batch,
 )
 from fluxmq.client.record_batches import CorruptBatchError, records_of
 
@@ -219,6 +218,42 @@ class AsyncClient:
             message, self._codec(codec), self._keys, value, key, headers,
             partition, delay_ms, deliver_at_ms, idempotency_key, idempotent=False,
         )  # fmt: skip
+        return await self._pipeline(queue).publish(message, size_bytes)
+
+    async def publish_batch(
+        self,
+        queue: str,
+        messages: Iterable[OutgoingMessage | Any],
+        *,
+        codec: str | Codec | None = None,
+    ) -> list[PublishResult]:
+        """Publishes values (or :class:`OutgoingMessage`) in order, one result per message,
+        through the queue's pipeline as ``publish`` does (partitioned at the edge, in the
+        producer session, sharing requests with concurrent publishers); at most 1000 at a time
+        wait in the pipeline. Raises the first error once every message of the call is settled:
+        a message the broker refuses fails alone, the others are stored."""
+        encode = self._codec(codec)
+        pipeline = self._pipeline(queue)
+        results: list[PublishResult] = []
+        chunk: list[tuple[pb.PublishMessage, int]] = []
+        for item in messages:
+            m = pb.PublishMessage()
+            if isinstance(item, OutgoingMessage):
+                size = fill(
+                    m, encode, self._keys, item.value, item.key, item.headers, item.partition,
+                    item.delay_ms, item.deliver_at_ms, item.idempotency_key, idempotent=False,
+                )  # fmt: skip
+            else:
+                size = fill(m, encode, self._keys, item, idempotent=False)
+            chunk.append((m, size))
+            if len(chunk) == MAX_BATCH:
+                results.extend(await pipeline.publish_many(chunk))
+                chunk = []
+        if chunk:
+            results.extend(await pipeline.publish_many(chunk))
+        return results
+
+    def _pipeline(self, queue: str) -> PublishPipeline:
         pipeline = self._pipelines.get(queue)
         if pipeline is None:
             pipeline = self._pipelines[queue] = PublishPipeline(
@@ -228,18 +263,7 @@ class AsyncClient:
                 window=self._publish_window,
                 linger_ms=self._publish_linger_ms,
             )
-        return await pipeline.publish(message, size_bytes)
-
-    async def publish_batch(
-        self,
-        queue: str,
-        messages: Iterable[OutgoingMessage | Any],
-        *,
-        codec: str | Codec | None = None,
-    ) -> list[PublishResult]:
-        """Publishes values (or :class:`OutgoingMessage`) in requests of up to 1000, in order;
-        one result per message."""
-        return await publish_batch(self._transport, self._keys, self._codec(codec), queue, messages)
+        return pipeline
 
     def producer(
         self,

@@ -15,6 +15,7 @@ grow (never shrink), and keys move to the new mapping once the count is read aga
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import crc32c
@@ -40,19 +41,32 @@ class PartitionMap:
         self._queue = queue
         self._partitions = 0
         self._read_at = 0.0
+        self._reading: asyncio.Future[int] | None = None
         self.sticky = 0
 
     async def partitions(self) -> int:
-        """The queue's partition count; raises FluxMQError when GetQueue fails."""
-        now = time.monotonic()
-        if self._partitions == 0 or now - self._read_at > PARTITIONS_MAX_AGE_S:
-            queue = await self._transport.unary(
-                "queue", "GetQueue", pb.GetQueueRequest(name=self._queue), safe=True,
-                queue=self._queue,
-            )  # fmt: skip
-            self._partitions = max(1, int(queue.config.partitions))
-            self._read_at = now
-            self.sticky %= self._partitions
+        """The queue's partition count; raises FluxMQError when GetQueue fails. Callers that
+        ask while a read is on its way share it (one GetQueue, and they all queue their
+        messages together when it answers)."""
+        if self._partitions and time.monotonic() - self._read_at <= PARTITIONS_MAX_AGE_S:
+            return self._partitions
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read())
+        reading = self._reading
+        try:
+            return await asyncio.shield(reading)
+        finally:
+            if self._reading is reading and reading.done():
+                self._reading = None
+
+    async def _read(self) -> int:
+        queue = await self._transport.unary(
+            "queue", "GetQueue", pb.GetQueueRequest(name=self._queue), safe=True,
+            queue=self._queue,
+        )  # fmt: skip
+        self._partitions = max(1, int(queue.config.partitions))
+        self._read_at = time.monotonic()
+        self.sticky %= self._partitions
         return self._partitions
 
     def partition_of(self, message: pb.PublishMessage, partitions: int) -> int:

@@ -294,16 +294,57 @@ class PublishPipeline:
         self._maybe_schedule(loop)
         return await waiting.result
 
+    async def publish_many(
+        self, messages: list[tuple[pb.PublishMessage, int]]
+    ) -> list[PublishResult]:
+        """Send ``messages`` (message, size in bytes) in order, with whatever else is waiting;
+        -> their results, in order. Raises the first error once every message is settled
+        (the others may be stored: each message's fate is its own, as with ``publish``)."""
+        if self.closed or self._transport.closed:
+            raise RuntimeError("the client is closed")
+        if not messages:
+            return []
+        keyed = all(m.idempotency_key for m, _ in messages)
+        partitions = 0 if keyed else await self._partition_count()
+        loop = asyncio.get_running_loop()
+        waiting: list[_Waiting] = []
+        for message, size_bytes in messages:
+            w = _Waiting(message, size_bytes, loop.create_future())
+            self._pending.setdefault(self._bucket_in(message, partitions), deque()).append(w)
+            waiting.append(w)
+        self._waiting += len(waiting)
+        self._maybe_schedule(loop)
+        results: list[PublishResult] = []
+        error: BaseException | None = None
+        for w in waiting:
+            try:
+                results.append(await w.result)
+            except FluxMQError as err:
+                error = error or err
+        if error is not None:
+            raise error
+        return results
+
     async def _bucket_of(self, message: pb.PublishMessage) -> int:
+        if message.idempotency_key:
+            return _KEYED  # no partition count needed
+        return self._bucket_in(message, await self._partition_count())
+
+    async def _partition_count(self) -> int:
+        """The queue's partition count, or 0 when GetQueue failed (no such queue, no permission
+        to read it...): the Publish itself then gets the broker's answer in its own terms."""
+        try:
+            return await self._partitions.partitions()
+        except FluxMQError:
+            return 0
+
+    def _bucket_in(self, message: pb.PublishMessage, partitions: int) -> int:
         """The partition ``message`` goes to, written into it (partitioning at the edge), or
-        _KEYED for a message with its own idempotency key."""
+        _KEYED for a message with its own idempotency key (or when the count is unknown: then
+        it gets a generated one, which makes a resend safe)."""
         if message.idempotency_key:
             return _KEYED
-        try:
-            partitions = await self._partitions.partitions()
-        except FluxMQError:
-            # GetQueue failed (no such queue, no permission to read it...): the Publish itself
-            # gets the broker's answer in the Publish's terms. Its own key makes a resend safe.
+        if partitions == 0:
             message.idempotency_key = uuid.uuid4().hex
             return _KEYED
         partition = self._partitions.partition_of(message, partitions)
