@@ -50,7 +50,7 @@ from raft import LocalShard, Shard, ShardError
 from raft.driver import RaftDriver
 from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError
 from raft.wire_transport import WireTls
-from storage import LmdbStore, StorageError
+from storage import LmdbStore, OldFormatError, StorageError
 
 log = logging.getLogger("fluxmq")
 READINESS_INTERVAL_S = 0.2
@@ -555,6 +555,12 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
             # crash; alone, the store is the only copy.
             cache_of_log=cfg.cluster_mode,
         )
+    except OldFormatError as err:
+        # The way forward is in the message; "choose another directory" would lose the data.
+        raise StartupError(
+            f"cannot use the data directory {cfg.data_dir!r} ({config_mod.where_set('data_dir')}): "
+            f"{err}"
+        ) from None
     except (OSError, StorageError) as err:
         detail = (err.strerror or str(err)).lower() if isinstance(err, OSError) else str(err)
         raise StartupError(
@@ -700,11 +706,13 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
 
 
 USAGE = """\
-usage: fluxmq serve [--help] | fluxmq cluster up|down|status [--help] | fluxmq --version
+usage: fluxmq serve [--help] | fluxmq cluster up|down|status [--help]
+       | fluxmq migrate --data-dir DIR | fluxmq --version
 
   serve     run a node (single node by default; `fluxmq serve --help` lists every setting,
             its default and its FLUXMQ_* variable)
-  cluster   a local 3-node cluster on etcd for development (up, down, status)"""
+  cluster   a local 3-node cluster on etcd for development (up, down, status)
+  migrate   rewrite a stopped node's data directory from record format 1 to record batches"""
 
 
 def package_version() -> str:
@@ -720,6 +728,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fluxmq.cluster_cli import main as cluster_main
 
         return cluster_main(args[1:])
+    if args and args[0] == "migrate":
+        from fluxmq.migrate_cli import main as migrate_main
+
+        return migrate_main(args[1:])
     if args and args[0] in ("--version", "-V"):
         print(f"fluxmq {package_version()}")
         return 0
