@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.client.record_batches import records_of
 
 PUBLISH = "/fluxmq.v1.QueueService/Publish"
 FETCH = "/fluxmq.v1.QueueService/Fetch"
@@ -268,9 +269,19 @@ async def publish_workload(
 
 
 async def fetch_workload(
-    address: str, queue: str, partitions: int, *, batch: int, concurrency: int, messages_max: int
+    address: str,
+    queue: str,
+    partitions: int,
+    *,
+    batch: int,
+    concurrency: int,
+    messages_max: int,
+    record_batches: bool = True,
 ) -> RunResult:
-    """``concurrency`` readers, each reading whole partitions from offset 0 to the end."""
+    """``concurrency`` readers, each reading whole partitions from offset 0 to the end. With
+    ``record_batches`` (the SDK's way) the broker answers with its stored batches and the
+    readers check and decode them here (fluxmq/client/record_batches.py), so the client pays
+    the decoding as a real one does."""
     latencies: list[float] = []
     received = 0
     cpu0 = time.process_time()
@@ -291,13 +302,19 @@ async def fetch_workload(
                         offset=offset,
                         max_messages=batch,
                         max_bytes=16 * 1024 * 1024,
+                        record_batches=record_batches,
                     )
                     t0 = time.perf_counter()
                     resp = await call(req.SerializeToString(), timeout=30)
                     latencies.append((time.perf_counter() - t0) * 1000)
-                    if not resp.records:
+                    records = (
+                        records_of(resp.record_batches, resp.log_id, partition, offset)
+                        if record_batches
+                        else resp.records
+                    )
+                    if not records:
                         break
-                    received += len(resp.records)
+                    received += len(records)
                     offset = resp.next_offset
 
         await asyncio.gather(*(reader(k) for k in range(concurrency)))

@@ -21,6 +21,7 @@ from raft import (
     ShardRequestDeniedError,
 )
 from storage import CorruptRecordError, StorageBusyError, StorageFullError
+from storage.record_batch import CorruptBatchError
 
 DOMAIN = "fluxmq"
 
@@ -139,11 +140,12 @@ def domain_error(exc: BaseException) -> FluxError | None:
             retry_after_ms=100,
         )
     if isinstance(exc, CorruptRecordError):
-        return FluxError(
-            "DATA_CORRUPTED",
-            str(exc),
-            metadata={"log_id": str(exc.log_id), "offset": str(exc.offset)},
-        )
+        metadata = {"log_id": str(exc.log_id), "offset": str(exc.offset)}
+        if isinstance(exc, CorruptBatchError):
+            # The batch failed as a whole (its crc): every offset it holds is in doubt.
+            metadata["first_offset"] = str(exc.first_offset)
+            metadata["last_offset"] = str(exc.last_offset)
+        return FluxError("DATA_CORRUPTED", str(exc), metadata=metadata)
     return None
 
 

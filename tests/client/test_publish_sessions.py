@@ -126,3 +126,21 @@ async def test_one_caller_keeps_its_order_in_a_partition(broker: Node) -> None:
         p = key_partition(b"same-key", 3)
         fetched = await client.fetch("sess-order", p, 0)
         assert [int(r.value) for r in fetched.records] == list(range(30))
+
+
+async def test_publish_batch_travels_in_the_session_in_order(broker: Node) -> None:
+    async with AsyncClient(broker.address) as client:
+        await client.admin.create_queue("sess-batch", type="stream", partitions=1)
+        values = [f"b{i}" for i in range(2500)]
+        results = await client.publish_batch("sess-batch", values)
+        assert [r.offset for r in results] == list(range(2500))
+        fetched: list[Any] = []
+        offset = 0
+        while offset < 2500:
+            resp = await client.fetch("sess-batch", 0, offset, max_messages=1000)
+            fetched.extend(resp.records)
+            offset = resp.next_offset
+        assert [r.value.decode() for r in fetched] == values
+        assert all(not r.idempotency_key for r in fetched)
+        pipeline = client._pipelines["sess-batch"]
+        assert pipeline.requests_sent <= 6  # requests of up to 1000 messages
