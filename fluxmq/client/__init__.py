@@ -44,6 +44,7 @@ The SDK imports only grpc, the generated stubs (``fluxmq._pb``) and the standard
 from fluxmq.client._security import mask_key
 from fluxmq.client._transport import NO_RETRY, RetryPolicy
 from fluxmq.client.admin import Admin
+from fluxmq.client.buffered import BufferedProducer
 from fluxmq.client.client import AsyncClient, Client
 from fluxmq.client.codecs import Codec, get_codec
 from fluxmq.client.consumer import Consumer, ConsumerStats, Message
@@ -66,7 +67,7 @@ from fluxmq.client.errors import (
     Unavailable,
     from_rpc_error,
 )
-from fluxmq.client.producer import BufferedProducer, OutgoingMessage, PublishResult
+from fluxmq.client.producer import OutgoingMessage, PublishResult
 
 __all__ = [
     "NO_RETRY",

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client.admin import Admin
+from fluxmq.client.buffered import BufferedProducer
 from fluxmq.client.consumer import Consumer, Message
-from fluxmq.client.producer import BufferedProducer, PublishResult
+from fluxmq.client.producer import PublishResult
 
 T = TypeVar("T")
 _END = object()

@@ -20,6 +20,7 @@ from fluxmq.client._security import Credentials, PathLike
 from fluxmq.client._sync import LoopThread, SyncAdmin, SyncConsumer, SyncMessage, SyncProducer
 from fluxmq.client._transport import RetryPolicy, Transport
 from fluxmq.client.admin import Admin
+from fluxmq.client.buffered import BufferedProducer
 from fluxmq.client.codecs import Codec, get_codec
 from fluxmq.client.consumer import (
     DEFAULT_BATCH,
@@ -33,7 +34,6 @@ from fluxmq.client.errors import FluxMQError
 from fluxmq.client.pipeline import WINDOW_DEFAULT, LanePool, PublishPipeline
 from fluxmq.client.producer import (
     MAX_BATCH,
-    BufferedProducer,
     Headers,
     IdempotencyKeys,
     Key,
@@ -282,6 +282,7 @@ class AsyncClient:
             self._transport,
             queue,
             self._codec(codec),
+            lanes=self._lanes,
             max_messages=max_messages,
             max_bytes=max_bytes,
             linger_ms=linger_ms,

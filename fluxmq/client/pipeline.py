@@ -229,6 +229,9 @@ class _Waiting:
 # The bucket of messages that bring their own idempotency keys: sent without a session, the
 # broker partitions them (a session's request is one partition and carries no keys).
 _KEYED = -1
+# Messages sent with neither a session nor keys (BufferedProducer(idempotent=False)): unary
+# only, and repeated only when nothing was written (a lost answer is an error).
+_RAW = -2
 
 
 class PublishPipeline:
@@ -262,6 +265,10 @@ class PublishPipeline:
         self._pending_max = pending_max
         # Waiting messages by partition (or _KEYED), in the order partitions take turns.
         self._pending: dict[int, deque[_Waiting]] = {}
+        self._bucket_bytes: dict[int, int] = {}
+        self._full = False  # a bucket holds a full request
+        self._flushing = False  # flush_now() was called and messages still wait
+        self._timer: asyncio.TimerHandle | None = None
         self._waiting = 0
         self._partitions = PartitionMap(transport, queue)
         self.session = ProducerSession(transport, queue, producer_name)
@@ -281,18 +288,37 @@ class PublishPipeline:
 
     async def publish(self, message: pb.PublishMessage, size_bytes: int) -> PublishResult:
         """Send ``message`` with whatever else is waiting; -> its own result."""
+        return await (await self.submit(message, size_bytes))
+
+    async def submit(
+        self, message: pb.PublishMessage, size_bytes: int, *, raw: bool = False
+    ) -> asyncio.Future[PublishResult]:
+        """Queue ``message`` (waiting for room first); -> the future of its result. ``raw``:
+        neither a session nor a key (a resend only when nothing was written)."""
         if self.closed or self._transport.closed:
             raise RuntimeError("the client is closed")
         while self._waiting >= self._pending_max:
             self._room.clear()
             await self._room.wait()
-        bucket = await self._bucket_of(message)
+            if self.closed:
+                raise RuntimeError("the client is closed")
+        bucket = _RAW if raw and not message.idempotency_key else await self._bucket_of(message)
         loop = asyncio.get_running_loop()
         waiting = _Waiting(message, size_bytes, loop.create_future())
-        self._pending.setdefault(bucket, deque()).append(waiting)
+        self._enqueue(bucket, waiting)
         self._waiting += 1
         self._maybe_schedule(loop)
-        return await waiting.result
+        return waiting.result
+
+    def _enqueue(self, bucket: int, waiting: _Waiting) -> None:
+        queue = self._pending.get(bucket)
+        if queue is None:
+            queue = self._pending[bucket] = deque()
+        queue.append(waiting)
+        size = self._bucket_bytes.get(bucket, 0) + waiting.size_bytes
+        self._bucket_bytes[bucket] = size
+        if len(queue) >= self._messages_max or size >= self._bytes_max:
+            self._full = True
 
     async def publish_many(
         self, messages: list[tuple[pb.PublishMessage, int]]
@@ -310,7 +336,7 @@ class PublishPipeline:
         waiting: list[_Waiting] = []
         for message, size_bytes in messages:
             w = _Waiting(message, size_bytes, loop.create_future())
-            self._pending.setdefault(self._bucket_in(message, partitions), deque()).append(w)
+            self._enqueue(self._bucket_in(message, partitions), w)
             waiting.append(w)
         self._waiting += len(waiting)
         self._maybe_schedule(loop)
@@ -353,17 +379,31 @@ class PublishPipeline:
         return partition
 
     def _maybe_schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._scheduled or not self._waiting or self._in_flight >= self._window:
+        """Send what waits on the next loop turn, or after the linger; a full request (by count
+        or bytes) does not wait for the linger."""
+        if not self._waiting or self._in_flight >= self._window:
+            return
+        if self._scheduled:
+            if self._full and self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+                loop.call_soon(self._send_ready)
             return
         self._scheduled = True
-        if self._linger_s > 0:
-            loop.call_later(self._linger_s, self._send_ready)
+        if self._linger_s > 0 and not self._full:
+            self._timer = loop.call_later(self._linger_s, self._send_ready)
         else:
             loop.call_soon(self._send_ready)
+
+    def flush_now(self) -> None:
+        """Send what waits now, without the linger (a producer's flush), until nothing waits."""
+        self._flushing = self._full = bool(self._waiting)
+        self._maybe_schedule(asyncio.get_running_loop())
 
     def _send_ready(self) -> None:
         """Start requests for what is waiting, while request slots are free."""
         self._scheduled = False
+        self._timer = None
         while self._waiting and self._in_flight < self._window:
             bucket, taken = self._take()
             if not taken:
@@ -380,18 +420,27 @@ class PublishPipeline:
         queue = self._pending.pop(bucket)
         taken: list[_Waiting] = []
         size = 0
+        removed = 0
         while queue and len(taken) < self._messages_max:
             w = queue[0]
             if taken and size + w.size_bytes > self._bytes_max:
                 break
             queue.popleft()
             self._waiting -= 1
+            removed += w.size_bytes
             if w.result.done():
                 continue
             taken.append(w)
             size += w.size_bytes
         self._pending[bucket] = queue  # to the back: the next request is another bucket's
-        if bucket != _KEYED:
+        self._bucket_bytes[bucket] -= removed
+        if not self._waiting:
+            self._flushing = False
+        self._full = self._flushing or any(
+            len(q) >= self._messages_max or self._bucket_bytes.get(b, 0) >= self._bytes_max
+            for b, q in self._pending.items()
+        )
+        if bucket >= 0:
             self._partitions.request_formed(bucket)
         if self._waiting < self._pending_max:
             self._room.set()
@@ -401,6 +450,8 @@ class PublishPipeline:
         try:
             if bucket == _KEYED:
                 await self._send_request(taken)
+            elif bucket == _RAW:
+                await self._send_request(taken, safe=False)
             else:
                 await self._send_session_request(bucket, taken)
         except asyncio.CancelledError:
@@ -411,13 +462,14 @@ class PublishPipeline:
             self._in_flight -= 1
             self._maybe_schedule(asyncio.get_running_loop())
 
-    async def _send_request(self, taken: list[_Waiting]) -> None:
+    async def _send_request(self, taken: list[_Waiting], safe: bool = True) -> None:
         request = pb.PublishRequest(queue=self.queue)
         request.messages.extend(w.message for w in taken)
         try:
-            results = await self._streamed(request)
+            # A stream's lost answer is resent: only for messages a resend cannot duplicate.
+            results = await self._streamed(request) if safe else None
             if results is None:
-                results = await send_request(self._transport, request, safe=True)
+                results = await send_request(self._transport, request, safe=safe)
             else:
                 self.requests_streamed += 1
             if len(results) != len(taken):
@@ -432,7 +484,7 @@ class PublishPipeline:
                 self.requests_split += 1
                 for w in taken:
                     if not w.result.done():
-                        await self._send_request([w])
+                        await self._send_request([w], safe)
                 return
             _fail(taken, err)  # each caller of the request has the broker's answer
             return

@@ -144,3 +144,20 @@ async def test_publish_batch_travels_in_the_session_in_order(broker: Node) -> No
         assert all(not r.idempotency_key for r in fetched)
         pipeline = client._pipelines["sess-batch"]
         assert pipeline.requests_sent <= 6  # requests of up to 1000 messages
+
+
+async def test_buffered_producer_travels_in_a_session_and_keeps_order_with_requests_in_flight(
+    broker: Node,
+) -> None:
+    async with AsyncClient(broker.address) as client:
+        await client.admin.create_queue("sess-producer", type="stream", partitions=1)
+        async with client.producer(
+            "sess-producer", max_messages=50, linger_ms=1, max_in_flight=4
+        ) as producer:
+            futs = [await producer.send(f"p{i}") for i in range(600)]
+        results = [f.result() for f in futs]
+        assert [r.offset for r in results] == list(range(600))
+        assert producer.sent_requests >= 12
+        fetched = await client.fetch("sess-producer", 0, 0, max_messages=1000)
+        assert [r.value.decode() for r in fetched.records] == [f"p{i}" for i in range(600)]
+        assert all(not r.idempotency_key for r in fetched.records)

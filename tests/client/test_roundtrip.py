@@ -95,6 +95,8 @@ async def test_buffered_producer_flushes_on_count_bytes_and_time(broker: Node) -
         # count: 250 messages with max_messages=100 -> 3 requests
         async with client.producer("buf", max_messages=100, linger_ms=10_000) as p:
             futs = [await p.send(i) for i in range(250)]
+            # The first two requests also start the session; wait for both to be answered.
+            await asyncio.wait_for(asyncio.gather(*futs[:200]), 10)
             await asyncio.sleep(0.05)
             assert p.sent_requests == 2  # two full batches left; the rest waits for linger
         assert p.sent_requests == 3  # leaving the block flushed the rest
