@@ -4,10 +4,11 @@
   ``--batch`` 256-byte messages, ``--concurrency`` closed loops); SDK = one
   ``BufferedProducer`` (``max_messages=--batch``, ``max_in_flight=--concurrency``) sent the same
   number of messages of the same size, timed from the first ``send`` to the end of ``flush()``.
-  The SDK gives every message an idempotency key (so that its retries never duplicate), which
-  the broker stores (a dedup entry per message); two more runs tell the broker's share of the
-  difference from the SDK's: raw requests whose messages carry keys too, and the
-  BufferedProducer with ``idempotent=False`` (no keys: the raw run's broker work).
+  The SDK sends each partition's requests in an idempotent producer session (so that its
+  retries never duplicate: a few rows per request, not per message); two more runs tell the
+  session's share: raw requests whose messages carry idempotency keys (the broker work the SDK
+  did before sessions: a dedup entry per message), and the BufferedProducer with
+  ``idempotent=False`` (neither session nor keys: the raw run's broker work).
 - consume: a work queue (4 partitions) is filled once and drained by one fresh shared group per
   run: raw = ``bench.fluxmq_driver.lease_ack_workload`` (``--concurrency`` consumers looping
   Lease(--batch) + Ack); SDK = ``--concurrency`` ``AsyncClient.consume`` loops (one member
@@ -202,12 +203,11 @@ def markdown(
         f"- BufferedProducer with `idempotent=False` (no keys, the raw run's broker work) / raw "
         f"Publish: {loose:.2f}",
         "",
-        "Where the publish gap is: the SDK sends an idempotency key with every message (the "
-        "exactly-once retries of the issue), and the broker stores a dedup entry per key (two "
-        "LMDB reads and two writes in the publish transaction, plus their expiry later): raw "
-        "requests with keys lose about as much as the SDK does, and the same producer without "
-        "keys matches the raw stubs. The SDK's own cost is the client CPU column (building "
-        "messages, a future and a result per message), on the cores the broker uses too. The "
+        "Where the publish gap is: the SDK's exactly-once retries ride a producer session (one "
+        "row per request and partition on the broker, where per-message idempotency keys cost "
+        "a dedup entry per message: the raw-with-keys row shows that price), so the remaining "
+        "gap is the SDK's own cost, the client CPU column (building messages, a future and a "
+        "result per message), on the cores the broker uses too. The "
         "consumer's extra client CPU is membership (join, heartbeats), lease renewal, "
         "per-message dispatch to the handler and batched acks.",
     ]
