@@ -51,12 +51,19 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 # The code a run measures: a result is tied to these files' digest, and a run fails if they
 # change while it runs (the audit's worker processes would import a mix of versions).
-AUDIT_SOURCES = ("fluxmq/audit/*.py", "storage/lmdb_inspect.py", "storage/codec.py")
+AUDIT_SOURCES = (
+    "fluxmq/audit/*.py",
+    "storage/lmdb_inspect.py",
+    "storage/codec.py",
+    "storage/record_batch.py",
+)
 # bench/results is tracked by git, so the generated stores (GBs) live outside the repository.
 DATA_ROOT_DEFAULT = Path(tempfile.gettempdir()) / "fluxmq-bench-audit"
 SIZES_DEFAULT = "1000000,3000000,10000000"
 
-FORMAT = 1  # bump when the generated data changes: cached data of another format is rebuilt
+# Bump when the generated data changes: cached data of another format is rebuilt. 2: record
+# batches (one stored batch per partition per Append command), format-1 stores are refused.
+FORMAT = 2
 REPLICAS = ("n1", "n2", "n3")
 REPLICATION_GROUP = "g-bench"
 QUEUE = "audit-bench"

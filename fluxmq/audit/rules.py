@@ -6,8 +6,9 @@ at one kind of damage, so that one injected fault is reported by one rule:
 
 ==================  =====================================================================
 crc_valid           a stored record fails its crc32c (bit rot, a torn write): per replica
-offset_contiguity   a log's stored offsets are not exactly [low, high) (a lost record, a
-                    record outside the watermarks, damaged log metadata)
+offset_contiguity   a log's stored offsets are not exactly [low, high) (a lost batch, a
+                    record outside the watermarks, an offset stored twice by overlapping
+                    batches, damaged log metadata)
 replica_agreement   replicas of one group hold different records (by their stored crc32c)
                     at the same offset; only offsets stored on two or more replicas count
 dedup_window        two records of a queue carry the same idempotency key less than the
@@ -120,9 +121,19 @@ def offset_contiguity(t: Tables) -> DataFrame:
         .select(*_LOG, "offset", "low", "high")
     )
     w = Window.partitionBy(*_LOG).orderBy("offset")
+    lagged = walk.withColumn("prev", F.lag("offset").over(w))
+    # Overlapping batches store an offset twice: a log can come out long, or short and long.
+    twice = _violations(
+        lagged.where(F.col("prev") == F.col("offset"))
+        .select(*_LOG, "offset")
+        .distinct()
+        .join(F.broadcast(good.select(*_LOG, "queue")), _LOG),
+        "offset_contiguity",
+        F.col("offset"),
+        F.format_string("offset %d is stored more than once (overlapping batches)", "offset"),
+    )
     inner = (
-        walk.withColumn("prev", F.lag("offset").over(w))
-        .withColumn("from", F.coalesce(F.col("prev") + 1, F.col("low")))
+        lagged.withColumn("from", F.coalesce(F.col("prev") + 1, F.col("low")))
         .where(F.col("offset") > F.col("from"))
         .select(*_LOG, "from", (F.col("offset") - 1).alias("to"))
     )
@@ -153,7 +164,7 @@ def offset_contiguity(t: Tables) -> DataFrame:
             )
         ),
     )
-    return damaged.unionByName(outside).unionByName(missing)
+    return damaged.unionByName(outside).unionByName(missing).unionByName(twice)
 
 
 AGREEMENT_BLOCK_OFFSETS = 4096

@@ -8,11 +8,13 @@ Options:
 ``table``
     ``records`` (default), ``logs`` or ``groups`` (schemas in ``fluxmq.audit.tables``).
 ``split_records``
-    Offsets per Spark partition of the records table (default 1,000,000).
+    Offsets per Spark partition of the records table (default 1,000,000). A split holds the
+    stored batches whose base offset falls in its range, so it cuts at batch boundaries.
 
 The schema may be narrowed with ``.schema("node string, offset bigint, ...")`` (any subset of the
-table's columns, same types); only those columns are decoded and shipped to the JVM, which is
-how the audit skips the payloads.
+table's columns, same types); only those columns are kept and shipped to the JVM, which is how
+the audit leaves the payloads behind (each record batch is still decoded whole, since its crc
+covers all of it).
 
 One Spark partition is one (node, store, queue, partition, offset range) of the records table,
 or one store of the small tables. Each reads in its own LMDB read transaction; the log metadata

@@ -1,14 +1,23 @@
 """The audit's three tables, read straight from a store (pyarrow, no Spark).
 
-``records``: one row per stored record
+``records``: one row per stored record, decoded from the stored record batches
     node, replication_group, queue (null for a log no queue owns), queue_id, partition, offset,
     timestamp_ms, ts_prev (the timestamp of the nearest earlier record of the log that passed
     its check: a timestamp below it means the log is out of time order), key, value, headers
-    (name -> bytes), idempotency_key, crc (the stored crc32c),
-    crc_ok (the record passed its checksum and decodes), size_bytes, error (why not), and, for a
+    (name -> bytes), idempotency_key, crc (the stored crc32c of the record's batch, the same for
+    all its records), crc_ok (the record's batch passed its checksum and decodes), size_bytes
+    (the record's share of its batch, see ``storage.record_batch``), error (why not), and, for a
     dead letter, origin_queue, origin_partition, origin_offset and dead_group (from its
-    ``fluxmq-original-*`` and ``fluxmq-group`` headers). A record that fails its check has null
-    fields but for its position, crc and size: nothing it says can be believed.
+    ``fluxmq-original-*`` and ``fluxmq-group`` headers).
+
+    A batch that fails its check gives one row per offset it covers, each with crc_ok false and
+    the error, and null fields but for position and crc (nothing it says can be believed; its
+    first row carries the batch's stored size, the others none). The offsets it covers are
+    base..last from its header's count, bounded by what the stored bytes can hold, by the
+    base of the log's next stored batch and by the high watermark; a header too damaged to
+    give a count gives one row, at the base offset. A batch that holds the low watermark shows
+    only its records from low up (the ones below were truncated, see ``storage.api``); a batch
+    wholly below low, or records at or past high, are shown: they are damage.
 ``logs``: one row per partition log
     its watermarks (low: first stored offset, high: next to be written), size, the metadata
     check's error, and the owning queue's partition count, dedup window and type.
@@ -35,12 +44,13 @@ from fluxmq.audit.layout import StoreRef
 from fluxmq.core import keys
 from fluxmq.core.delivery import LEASED, SCHEDULED
 from fluxmq.core.queue_config import policy_of
-from storage.api import CorruptRecordError
-from storage.codec import decode_at, decode_lean_at
+from storage import record_batch
+from storage.api import CorruptRecordError, Record
 from storage.lmdb_inspect import InspectView
+from storage.record_batch import CorruptBatchError
 
 OFFSET_END = 2**64 - 1  # the last split of a log reads to here, so stray records are seen too
-BATCH_ROWS = 8192  # rows per Arrow batch handed to Spark
+BATCH_ROWS = 8192  # rows per Arrow batch handed to Spark (reached at a stored batch's end)
 SPLITS_PER_LOG_MAX = 4096
 
 _STR, _I32, _I64, _BIN, _BOOL = pa.string(), pa.int32(), pa.int64(), pa.binary(), pa.bool_()
@@ -171,18 +181,23 @@ def split_log_id(log_id: int) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    """One Spark partition of the records table: records of one log at offsets [start, end)."""
+    """One Spark partition of the records table: the stored batches of one log whose base
+    offset is in [start, end), every record of each (a split cuts at batch boundaries, so no
+    record is read twice or missed, and a batch's records may reach past ``end``). ``low`` and
+    ``high`` are the log's watermarks (0 when its metadata is damaged)."""
 
     store: StoreRef
     queue: str | None
     log_id: int
     start: int
     end: int
+    low: int = 0
+    high: int = 0
 
 
 def splits(store: StoreRef, view: InspectView, split_records: int) -> list[Split]:
     """The record splits of one store: each log's [low, high) cut in ``split_records`` pieces,
-    the first reaching down to 0 and the last up to the end of the offset space (records stored
+    the first reaching down to 0 and the last up to the end of the offset space (batches stored
     outside the watermarks are damage the audit must see)."""
     queues = catalog(view)
     gone = trash(view)
@@ -197,7 +212,10 @@ def splits(store: StoreRef, view: InspectView, split_records: int) -> list[Split
         # damaged watermark may span the whole u64 space).
         step = max(split_records, -(-(meta.high - meta.low) // SPLITS_PER_LOG_MAX))
         bounds = [0, *range(meta.low + step, meta.high, step), OFFSET_END]
-        out.extend(Split(store, name, meta.log_id, a, b) for a, b in itertools.pairwise(bounds))
+        out.extend(
+            Split(store, name, meta.log_id, a, b, meta.low, meta.high)
+            for a, b in itertools.pairwise(bounds)
+        )
     return out
 
 
@@ -226,83 +244,117 @@ def read_split(split: Split, view: InspectView, names: list[str]) -> Iterator[pa
         "queue_id": queue_id,
         "partition": partition,
     }
-    lean = not ({"value", "headers"} & set(names))
-    last_ts = _timestamp_before(view, split.log_id, split.start)
-    cols = _RecordColumns(lean, last_ts)
-    for offset, pos, buf in view.records(split.log_id, split.start, split.end):
-        cols.add(split.log_id, offset, pos, buf)
-        if cols.rows == BATCH_ROWS:
+    payload = bool({"value", "headers"} & set(names))
+    last_ts = _timestamp_before(view, split.log_id, split.start, split.low)
+    cols = _RecordColumns(payload, last_ts)
+    for base, buf, next_base in view.batches(split.log_id, split.start, split.end):
+        cols.add_batch(split, base, buf, next_base)
+        if cols.rows >= BATCH_ROWS:
             yield cols.batch(schema, names, constant)
-            cols = _RecordColumns(lean, cols.last_ts)
+            cols = _RecordColumns(payload, cols.last_ts)
     if cols.rows:
         yield cols.batch(schema, names, constant)
 
 
-PREVIOUS_LOOKBACK_MAX = 64  # damaged records skipped looking for the previous good timestamp
+PREVIOUS_LOOKBACK_MAX = 64  # damaged batches skipped looking for the previous good timestamp
 
 
-def _timestamp_before(view: InspectView, log_id: int, offset: int) -> int | None:
-    """The timestamp of the nearest record below ``offset`` that passes its check (the split
-    before this one read it), so ``ts_prev`` is right across split boundaries."""
-    for n, (off, pos, buf) in enumerate(view.records_before(log_id, offset)):
+def _timestamp_before(view: InspectView, log_id: int, offset: int, low: int) -> int | None:
+    """The timestamp of the last record shown below ``offset`` (by the split before this one)
+    that passed its check, so ``ts_prev`` is right across split boundaries."""
+    for n, (base, buf) in enumerate(view.batches_before(log_id, offset)):
         if n >= PREVIOUS_LOOKBACK_MAX:
             return None
         try:
-            return decode_at(pos, log_id, off, buf).timestamp_ms
+            shown = _shown(record_batch.decode(log_id, base, buf), low)
         except CorruptRecordError:
             continue
+        if shown:
+            return shown[-1].timestamp_ms
     return None
 
 
-class _RecordColumns:
-    """Column lists of up to BATCH_ROWS decoded records (one list per field: appending to lists
-    and building each Arrow array once is several times faster than a dict per row). ``lean``:
-    the value and headers are not wanted, so records without headers are checked without
-    copying their value out."""
+def _shown(records: list[Record], low: int) -> list[Record]:
+    """The records of one good batch that the table shows: all of them, but for a batch that
+    holds ``low``, whose records below it were truncated."""
+    if records[0].offset < low <= records[-1].offset:
+        return records[low - records[0].offset :]
+    return records
 
-    def __init__(self, lean: bool, last_ts: int | None) -> None:
+
+def _damaged_offsets(
+    err: CorruptRecordError, split: Split, base: int, buf: bytes, next_base: int | None
+) -> range:
+    """The offsets a batch that failed its check stands for (see the module docstring)."""
+    if isinstance(err, CorruptBatchError):
+        last = err.last_offset
+    else:  # a record inside failed, after the crc (so the header's count) held
+        last = record_batch.read_header(split.log_id, base, buf, check_crc=False).last_offset
+    if last is None:
+        return range(base, base + 1)
+    holds_max = max(1, (len(buf) - record_batch.HEADER_SIZE) // record_batch.RECORD_HEAD_SIZE)
+    last = min(last, base + holds_max - 1)
+    if next_base is not None and next_base > base:
+        last = min(last, next_base - 1)
+    if base < split.high:
+        last = min(last, split.high - 1)
+    first = split.low if base < split.low <= last else base
+    return range(first, last + 1)
+
+
+class _RecordColumns:
+    """Column lists of about BATCH_ROWS decoded records (one list per field: appending to lists
+    and building each Arrow array once is several times faster than a dict per row).
+    ``payload``: the value and headers are wanted; without it they are not kept (the origin
+    columns of dead letters are still read from the headers)."""
+
+    def __init__(self, payload: bool, last_ts: int | None) -> None:
         self.rows = 0
-        self.lean = lean
+        self.payload = payload
         self.last_ts = last_ts
         self.c: dict[str, list[Any]] = {n: [] for n, _ in RECORDS}
 
-    def add(self, log_id: int, offset: int, pos: bytes, buf: bytes) -> None:
-        c = self.c
-        self.rows += 1
-        c["offset"].append(offset)
-        c["crc"].append(int.from_bytes(buf[:4], "big") if len(buf) >= 4 else None)
-        c["size_bytes"].append(len(buf))
+    def add_batch(self, split: Split, base: int, buf: bytes, next_base: int | None) -> None:
+        crc = int.from_bytes(buf[:4], "big") if len(buf) >= 4 else None
         try:
-            lean = decode_lean_at(pos, log_id, offset, buf) if self.lean else None
-            record = None if lean is not None else decode_at(pos, log_id, offset, buf)
+            records = _shown(record_batch.decode(split.log_id, base, buf), split.low)
         except CorruptRecordError as err:
+            self._add_damaged(
+                _damaged_offsets(err, split, base, buf, next_base), crc, len(buf), err
+            )
+            return
+        for record in records:
+            self._add_record(record, crc)
+
+    def _add_damaged(self, offsets: range, crc: int | None, size: int, err: Exception) -> None:
+        c = self.c
+        error = str(err)
+        for offset in offsets:
+            self.rows += 1
+            c["offset"].append(offset)
+            c["crc"].append(crc)
+            c["size_bytes"].append(size if offset == offsets.start else None)
             c["crc_ok"].append(False)
-            c["error"].append(str(err))
+            c["error"].append(error)
             for n in _RECORD_FIELDS:
                 c[n].append(None)
-            return
+
+    def _add_record(self, record: Record, crc: int | None) -> None:
+        c = self.c
+        self.rows += 1
+        c["offset"].append(record.offset)
+        c["crc"].append(crc)
+        c["size_bytes"].append(record.size_bytes)
         c["crc_ok"].append(True)
         c["error"].append(None)
         c["ts_prev"].append(self.last_ts)
-        if lean is not None:
-            timestamp_ms, key, idempotency_key = lean
-            self.last_ts = timestamp_ms
-            c["timestamp_ms"].append(timestamp_ms)
-            c["key"].append(key)
-            c["idempotency_key"].append(idempotency_key)
-            c["value"].append(None)
-            c["headers"].append(())
-            for n in _ORIGIN_FIELDS:
-                c[n].append(None)
-            return
-        assert record is not None
         self.last_ts = record.timestamp_ms
         c["timestamp_ms"].append(record.timestamp_ms)
         c["key"].append(record.key)
-        c["value"].append(record.value)
         c["idempotency_key"].append(record.idempotency_key)
         headers = record.headers
-        c["headers"].append(headers)
+        c["value"].append(record.value if self.payload else None)
+        c["headers"].append(headers if self.payload else ())
         origin = _header(headers, "fluxmq-original-queue") if headers else None
         if origin is None:
             for n in _ORIGIN_FIELDS:

@@ -4,7 +4,12 @@ The same workload runs on a single node and on three Raft replicas: a keyed work
 consumer groups (acks, dead letters, leases still out), a queue whose retention removed records
 that had been dead-lettered, a stream queue with committed offsets, and two queues sharing one
 DLQ, one of which purged its letters (kept in the log behind the other's). The nodes are stopped
-before their directories are used, so every store is complete and at rest.
+before their directories are used, so every store is complete and at rest. Each publish is one
+record batch per partition; BATCHED gets publishes of several messages, so some of its batches
+hold several records.
+
+``build_batch_store`` writes a small store straight through ``LmdbStore`` (no broker): one
+stream queue whose log holds batches of known sizes, for tests of the batch layout itself.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from pathlib import Path
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
+from fluxmq.core import keys
+from storage import LmdbStore
+from storage.api import NewRecord
 from tests.integration.cluster import Cluster
 from tests.integration.conftest import Node
 from tests.integration.delivery_helpers import (
@@ -33,6 +41,8 @@ EVENTS = "events"  # stream queue with a group that committed offsets
 LEFT, RIGHT = "left", "right"  # work queues sharing the DLQ SHARED_DLQ
 SHARED_DLQ = "common-dlq"  # offsets: 0 right-0, 1 left-0 (purged), 2 left-1 (purged), 3 right-1
 ORDERS_PARTITIONS = 3
+BATCHED = "batched"  # stream queue, 1 partition: publishes of BATCHED_SIZES messages
+BATCHED_SIZES = (3, 5, 4, 1, 6)  # one batch each: [0, 2], [3, 7], [8, 11], [12], [13, 18]
 
 
 def workload(stub: Stub) -> None:
@@ -83,6 +93,18 @@ def workload(stub: Stub) -> None:
     purged = stub.PurgeDeadLetters(pb.PurgeDeadLettersRequest(queue=LEFT, all=True))
     assert purged.purged == 2
 
+    stub.CreateQueue(
+        pb.CreateQueueRequest(
+            config=pb.QueueConfig(name=BATCHED, partitions=1, type=pb.QUEUE_TYPE_STREAM)
+        )
+    )
+    sent = 0
+    for size in BATCHED_SIZES:
+        values = [b"batched-%d" % i for i in range(sent, sent + size)]
+        results = publish(stub, BATCHED, *values, key=b"b")
+        assert [r.offset for r in results] == list(range(sent, sent + size))
+        sent += size
+
 
 def _wait_low(stub: Stub, queue: str, low: int, timeout_s: float = 20.0) -> None:
     """Retention runs on the leader's timer: wait until it removed up to ``low``."""
@@ -119,3 +141,49 @@ def build_cluster(root: Path) -> list[Path]:
     finally:
         cluster.stop()
     return [n.data_dir for n in cluster.nodes]
+
+
+STORE_QUEUE = "stored"  # the queue of build_batch_store
+STORE_QUEUE_ID = 7
+STORE_BATCHES = (
+    3,
+    5,
+    4,
+    1,
+    6,
+)  # records per append: batches [0, 2], [3, 7], [8, 11], [12], [13, 18]
+STORE_T0_MS = 1_700_000_000_000
+
+
+def build_batch_store(data_dir: Path, truncate_before: int = 0) -> int:
+    """A store with one stream queue (STORE_QUEUE, one partition) holding STORE_BATCHES, one
+    append each, timestamps rising by 1 ms per record, truncated below ``truncate_before``.
+    -> the log's id."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = pb.QueueConfig(name=STORE_QUEUE, partitions=1, type=pb.QUEUE_TYPE_STREAM)
+    queue = pb.Queue(queue_id=STORE_QUEUE_ID, config=config)
+    log_id = keys.log_id(STORE_QUEUE_ID, 0)
+    store = LmdbStore(str(data_dir))
+    try:
+        with store.write() as txn:
+            txn.put(keys.queue_key(STORE_QUEUE), queue.SerializeToString())
+            log = txn.log(log_id)
+            offset = 0
+            for size in STORE_BATCHES:
+                records = [
+                    NewRecord(
+                        STORE_T0_MS + i,
+                        b"value-%d" % i,
+                        key=b"k%d" % (i % 2),
+                        headers=(("h", b"%d" % i),),
+                        idempotency_key=f"id-{i}",
+                    )
+                    for i in range(offset, offset + size)
+                ]
+                assert log.append(records) == offset
+                offset += size
+            if truncate_before:
+                log.truncate_before(truncate_before)
+    finally:
+        store.close()
+    return log_id

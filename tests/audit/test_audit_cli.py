@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from fluxmq.audit import rules
@@ -117,6 +118,22 @@ def test_a_directory_that_is_not_a_fluxmq_data_dir_is_a_usage_error(tmp_path: Pa
     res = cli("--data-dir", str(tmp_path / "photos"), "--out", str(tmp_path / "r"))
     assert res.returncode == 1
     assert "is not a FluxMQ data directory" in res.stderr
+
+
+def test_a_data_dir_of_record_format_1_is_a_usage_error_naming_fluxmq_migrate(
+    tmp_path: Path,
+) -> None:
+    old = tmp_path / "old"
+    old.mkdir()
+    env = lmdb.open(str(old), subdir=True, max_dbs=8)
+    for name in (b"log", b"logmeta", b"kv"):  # what a format-1 node created
+        env.open_db(name)
+    env.close()
+    res = cli("--data-dir", str(old), "--out", str(tmp_path / "r"))
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "record format 1" in res.stderr and "fluxmq migrate --data-dir" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_non_empty_out_dir_is_refused_unless_overwrite(

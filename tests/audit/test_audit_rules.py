@@ -11,9 +11,19 @@ import pytest
 
 from fluxmq.audit import job, rules
 from fluxmq.audit.job import SparkSettings
+from storage.api import NewRecord
 from tests.audit import inject
 from tests.audit.conftest import Copier
-from tests.audit.data import EVENTS, LEFT, ORDERS, ORDERS_PARTITIONS, RIGHT, SHARED_DLQ, SHORT
+from tests.audit.data import (
+    BATCHED,
+    EVENTS,
+    LEFT,
+    ORDERS,
+    ORDERS_PARTITIONS,
+    RIGHT,
+    SHARED_DLQ,
+    SHORT,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -78,17 +88,23 @@ def _inject_common(d: Path, *, flip: bool, delete: bool, committed: bool) -> Fou
     p, q = busiest_partitions(d)[:2]
     expected: Found = set()
     if flip:
-        inject.flip_value_byte(d, ORDERS, p, 1)
-        expected.add(("crc_valid", node, ORDERS, p, 1))
+        first, last = inject.flip_value_byte(d, ORDERS, p, 1)
+        expected |= {("crc_valid", node, ORDERS, p, o) for o in range(first, last + 1)}
+        # Inside a batch of five records (one Publish): all five are reported, no other.
+        assert inject.flip_value_byte(d, BATCHED, 0, 5) == (3, 7)
+        expected |= {("crc_valid", node, BATCHED, 0, o) for o in (3, 4, 5, 6, 7)}
     if delete:
-        inject.delete_offset(d, ORDERS, p, 3)
-        expected.add(("offset_contiguity", node, ORDERS, p, 3))
+        first, _last = inject.delete_batch(d, ORDERS, p, 3)
+        expected.add(("offset_contiguity", node, ORDERS, p, first))
+        # A lost batch of four records is one gap, reported at its first offset.
+        assert inject.delete_batch(d, BATCHED, 0, 9) == (8, 11)
+        expected.add(("offset_contiguity", node, BATCHED, 0, 8))
     if committed:
         past = inject.high(d, ORDERS, p) + 10
         inject.edit_group_row(d, ORDERS, "billing", p, committed=past)
         expected.add(("group_consistency", node, ORDERS, p, past))
-    first = inject.read(d, ORDERS, q, 1)
-    inject.rewrite(d, ORDERS, q, 2, idempotency_key=first.idempotency_key)
+    original = inject.read(d, ORDERS, q, 1)
+    inject.rewrite(d, ORDERS, q, 2, idempotency_key=original.idempotency_key)
     expected.add(("dedup_window", node, ORDERS, q, 2))
     inject.set_header(d, f"{ORDERS}.dlq", 0, 0, "fluxmq-original-offset", b"999999")
     expected.add(("dlq_conservation", node, f"{ORDERS}.dlq", 0, 0))
@@ -123,6 +139,50 @@ def test_each_fault_in_replicas_is_reported_by_its_rule_only(
     assert found == expected
     (agreement,) = [r for r in summary.rules if r.name == "replica_agreement"]
     assert "n0,n1" in agreement.sample[0]["detail"]  # the majority it disagrees with
+
+
+def test_a_misplaced_batch_and_damaged_log_metadata_are_reported_where_they_are(
+    single_copy: Copier, tmp_path: Path
+) -> None:
+    """A batch copied to a place past the high watermark fails its crc there (the crc covers
+    its position) and lies outside the watermarks; damaged metadata of a log is reported for
+    the log, with no offset."""
+    (d,) = single_copy("placement")
+    high = inject.high(d, BATCHED, 0)
+    first, last = inject.misplace_batch(d, BATCHED, 0, 4, to_base=high + 2)
+    assert (first, last) == (high + 2, high + 6)
+    inject.damage_logmeta(d, EVENTS, 1)
+    summary, found = run(tmp_path / "report", data_dirs=[str(d)])
+    node = d.name
+    misplaced = range(first, last + 1)
+    assert found == {
+        *(("crc_valid", node, BATCHED, 0, o) for o in misplaced),
+        *(("offset_contiguity", node, BATCHED, 0, o) for o in misplaced),
+        ("offset_contiguity", node, EVENTS, 1, None),
+    }
+    (contiguity,) = [r for r in summary.rules if r.name == "offset_contiguity"]
+    assert any("log metadata is damaged" in v["detail"] for v in contiguity.sample)
+
+
+def test_an_intact_batch_overlapping_another_fails_offset_contiguity_at_each_offset_twice(
+    single_copy: Copier, tmp_path: Path
+) -> None:
+    """Two stored batches that both hold offsets 5 and 6, each with a valid crc (a batch
+    written twice at different bases): the log stores those offsets twice."""
+    (d,) = single_copy("overlap")
+    assert inject.batch_range(d, BATCHED, 0, 5) == (3, 7)
+    again = [inject.read(d, BATCHED, 0, o) for o in (5, 6)]
+    inject.put_batch(
+        d,
+        BATCHED,
+        0,
+        [NewRecord(r.timestamp_ms, r.value, r.key, r.headers, r.idempotency_key) for r in again],
+        base=5,
+    )
+    summary, found = run(tmp_path / "report", data_dirs=[str(d)])
+    assert found == {("offset_contiguity", d.name, BATCHED, 0, o) for o in (5, 6)}
+    (contiguity,) = [r for r in summary.rules if r.name == "offset_contiguity"]
+    assert all("stored more than once" in v["detail"] for v in contiguity.sample)
 
 
 def test_an_export_archive_audits_like_the_data_dirs(single_copy: Copier, tmp_path: Path) -> None:

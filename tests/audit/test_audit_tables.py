@@ -9,13 +9,11 @@ import pytest
 
 from fluxmq.audit import layout, tables
 from fluxmq.audit.layout import AuditUsageError, StoreRef
-from fluxmq.core import keys
 from storage.api import NewRecord
-from storage.codec import encode, position
 from storage.lmdb_inspect import LmdbInspector
 from tests.audit import inject
 from tests.audit.conftest import Copier
-from tests.audit.data import ORDERS
+from tests.audit.data import BATCHED, BATCHED_SIZES, ORDERS
 
 
 def test_layout_doctests() -> None:
@@ -62,20 +60,42 @@ def test_every_record_is_read_once_and_a_damaged_one_is_flagged_not_dropped(
     single_copy: Copier,
 ) -> None:
     (d,) = single_copy("read")
-    inject.flip_value_byte(d, ORDERS, 0, 2)
+    first, last = inject.flip_value_byte(d, ORDERS, 0, 2)
     (store,) = [s for s in layout.discover([str(d)])]
     rows = _records(store, [n for n, _ in tables.RECORDS])
     orders = [r for r in rows if r["queue"] == ORDERS]
     keys = [(r["partition"], r["offset"]) for r in orders]
     assert len(keys) == len(set(keys)) == 80  # small splits, none read twice
-    (bad,) = [r for r in orders if not r["crc_ok"]]
-    assert (bad["partition"], bad["offset"]) == (0, 2)
-    assert bad["value"] is None and bad["crc"] is not None and "crc32c" in str(bad["error"])
+    bad = [r for r in orders if not r["crc_ok"]]
+    assert [(r["partition"], r["offset"]) for r in bad] == [(0, o) for o in range(first, last + 1)]
+    assert all(r["value"] is None and r["crc"] is not None for r in bad)
+    assert all("crc32c" in str(r["error"]) for r in bad)
     good = [r for r in orders if r["crc_ok"]]
     assert all(r["value"] and r["idempotency_key"] for r in good)
     dead = [r for r in rows if r["queue"] == f"{ORDERS}.dlq"]
     assert len(dead) == 5 and all(r["origin_queue"] == ORDERS for r in dead)
     assert all(r["dead_group"] == "billing" and r["origin_offset"] is not None for r in dead)
+
+
+def test_a_flipped_byte_in_a_multi_record_batch_of_broker_data_fails_that_batch_only(
+    single_copy: Copier,
+) -> None:
+    """One Publish of 5 messages is one stored batch [3, 7]: a byte flipped in the value of
+    offset 5 makes every record of that batch unreadable, and no other."""
+    (d,) = single_copy("batch")
+    assert inject.batch_range(d, BATCHED, 0, 5) == (3, 7)
+    assert inject.flip_value_byte(d, BATCHED, 0, 5) == (3, 7)
+    (store,) = layout.discover([str(d)])
+    rows = [
+        r
+        for r in _records(store, ["queue", "offset", "crc_ok", "crc", "error"])
+        if r["queue"] == BATCHED
+    ]
+    assert [r["offset"] for r in rows] == list(range(sum(BATCHED_SIZES)))
+    bad = [r for r in rows if not r["crc_ok"]]
+    assert [r["offset"] for r in bad] == [3, 4, 5, 6, 7]
+    assert len({r["crc"] for r in bad}) == 1
+    assert all("crc32c mismatch in batch [3, 7]" in str(r["error"]) for r in bad)
 
 
 def test_a_narrow_schema_decodes_only_its_columns(single_pristine: list[Path]) -> None:
@@ -88,21 +108,20 @@ def test_records_stored_outside_the_watermarks_are_read(single_copy: Copier) -> 
     (d,) = single_copy("stray")
     high = inject.high(d, ORDERS, 0)
     last = inject.read(d, ORDERS, 0, high - 1)
-    log_id = keys.log_id(inject.queue_id(d, ORDERS), 0)
-    with inject._env(d) as (txn, log, _kv):  # a copy of the last record, past the watermark
-        record = NewRecord(last.timestamp_ms, last.value, last.key, last.headers, None)
-        txn.put(position(log_id, high + 5), encode(log_id, high + 5, record), db=log)
+    # A batch of two copies of the last record, past the watermark.
+    record = NewRecord(last.timestamp_ms, last.value, last.key, last.headers, None)
+    inject.put_batch(d, ORDERS, 0, [record, record], base=high + 5)
     (store,) = layout.discover([str(d)])
     rows = _records(store, ["queue", "partition", "offset"])
     offsets = [r["offset"] for r in rows if r["queue"] == ORDERS and r["partition"] == 0]
-    assert offsets == [*range(high), high + 5]
+    assert offsets == [*range(high), high + 5, high + 6]
 
 
 def test_ts_prev_is_the_previous_good_timestamp_across_splits_and_damage(
     single_copy: Copier,
 ) -> None:
     (d,) = single_copy("tsprev")
-    inject.flip_value_byte(d, ORDERS, 0, 3)
+    first, last = inject.flip_value_byte(d, ORDERS, 0, 3)
     (store,) = layout.discover([str(d)])
     rows = [
         r
@@ -110,8 +129,8 @@ def test_ts_prev_is_the_previous_good_timestamp_across_splits_and_damage(
         if r["queue"] == ORDERS and r["partition"] == 0
     ]
     previous = None
-    for r in rows:  # splits of 7 offsets: several boundaries, one damaged record at offset 3
-        if r["offset"] == 3:
+    for r in rows:  # splits of 7 offsets: several boundaries, one damaged batch holding 3
+        if r["offset"] in range(first, last + 1):
             assert r["timestamp_ms"] is None and r["ts_prev"] is None
             continue
         assert r["ts_prev"] == previous, r
