@@ -433,7 +433,8 @@ class Broker:
                     "REPLICATION_TIMEOUT",
                     "the write was not confirmed by a majority within the queue's "
                     "replication.ack_timeout or the request timeout; it may or may not have been "
-                    "written: retry with the same idempotency keys",
+                    "written: send the same request again (same idempotency keys, or the same "
+                    "producer session stamp), which stores it at most once",
                     retriable=True,
                     retry_after_ms=200,
                 ) from err
