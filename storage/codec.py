@@ -1,4 +1,8 @@
-"""The on-disk encoding of one log record, and the argument checks both stores share.
+"""Record format 1 (one row per record), and the argument checks both stores share.
+
+Partitions store record batches now (``storage.record_batch``, format 2). Format 1 stays for
+what still carries it: log entries written before batches and requests with idempotency keys
+hold records ``prepare``d in it, and ``storage.migrate`` reads format-1 stores.
 
 Layout of format 1 (all integers big-endian)::
 
@@ -136,11 +140,7 @@ def position(log_id: int, offset: int) -> bytes:
 
 def encode(log_id: int, offset: int, record: NewRecord) -> bytes:
     """Encode ``record`` for storage at (``log_id``, ``offset``); ValueError past any limit."""
-    return encode_at(position(log_id, offset), record)
-
-
-def encode_at(pos: bytes, record: NewRecord) -> bytes:
-    """Encode ``record`` for the position ``pos`` (as made by :func:`position`)."""
+    pos = position(log_id, offset)
     body = _encode_body(
         record.timestamp_ms, record.value, record.key, record.headers, record.idempotency_key
     )
@@ -307,46 +307,6 @@ def decode_at(pos: bytes, log_id: int, offset: int, buf: bytes) -> Record:
     return _make_record(offset, timestamp_ms, value, key, headers, idempotency_key, size)
 
 
-def decode_lean_at(
-    pos: bytes, log_id: int, offset: int, buf: bytes
-) -> tuple[int, bytes | None, str | None] | None:
-    """(timestamp_ms, key, idempotency_key) of a stored record without headers, checked exactly
-    as :func:`decode_at` checks it but without copying out the value: for readers that scan
-    many records and need only these fields (the audit). Returns None for a record that has
-    headers (call :func:`decode_at` for it); raises ``CorruptRecordError`` like it."""
-    size = len(buf)
-    if size < _HEAD_SIZE:
-        raise CorruptRecordError(log_id, offset, f"{size} bytes, shorter than a record head")
-    crc, fmt, timestamp_ms, key_len, value_len, header_count, idem_len = _unpack_head(buf)
-    if crc32c(memoryview(buf)[4:], crc32c(pos)) != crc:
-        raise CorruptRecordError(log_id, offset, "crc32c mismatch")
-    if header_count:
-        return None
-    if fmt != FORMAT_V1:
-        raise CorruptRecordError(log_id, offset, f"unknown record format {fmt}")
-    at = _HEAD_SIZE
-    if key_len == _NO_KEY:
-        key = None
-    elif key_len > RECORD_KEY_BYTES_MAX:
-        raise CorruptRecordError(log_id, offset, f"key length {key_len} over the limit")
-    else:
-        key = buf[at : at + key_len]
-        at += key_len
-    at += value_len
-    if idem_len == _NO_IDEMPOTENCY_KEY:
-        idempotency_key = None
-    elif idem_len > IDEMPOTENCY_KEY_BYTES_MAX:
-        raise CorruptRecordError(
-            log_id, offset, f"idempotency key length {idem_len} over the limit"
-        )
-    else:
-        idempotency_key = _text(buf[at : at + idem_len], log_id, offset)
-        at += idem_len
-    if at != size:
-        raise CorruptRecordError(log_id, offset, f"lengths add up to {at} bytes, record has {size}")
-    return timestamp_ms, key, idempotency_key
-
-
 def _decode_headers(
     buf: bytes, at: int, count: int, log_id: int, offset: int
 ) -> tuple[_Headers, int]:
@@ -372,23 +332,6 @@ def _text(raw: bytes, log_id: int, offset: int) -> str:
         return raw.decode()
     except UnicodeDecodeError:
         raise CorruptRecordError(log_id, offset, "text field is not valid utf-8") from None
-
-
-def checked_timestamp(pos: bytes, log_id: int, offset: int, buf: bytes) -> int:
-    """The timestamp of a stored record, after the same crc check :func:`decode` does.
-
-    The timestamp search probes a few records and needs nothing else of them; skipping the full
-    decode avoids slicing out values it would throw away, while a corrupt record still raises.
-    """
-    size = len(buf)
-    if size < _HEAD_SIZE:
-        raise CorruptRecordError(log_id, offset, f"{size} bytes, shorter than a record head")
-    if crc32c(memoryview(buf)[4:], crc32c(pos)) != _unpack_crc(buf)[0]:
-        raise CorruptRecordError(log_id, offset, "crc32c mismatch")
-    if buf[4] != FORMAT_V1:
-        raise CorruptRecordError(log_id, offset, f"unknown record format {buf[4]}")
-    timestamp_ms: int = _unpack_timestamp(buf, _TIMESTAMP_AT)[0]
-    return timestamp_ms
 
 
 # Argument checks shared by both stores, so that they refuse exactly the same calls.
