@@ -23,11 +23,11 @@ it the result is opened with ``LmdbStore`` and read back in full: every log's wa
 every record (offset, timestamp, value, key, headers, idempotency key) must match a fingerprint
 taken of the source, and the key/value table must be byte-identical.
 
-Batches of a migrated log: consecutive records, at most ``BATCH_RECORDS_MAX`` of them, about
-``BATCH_BYTES_MAX`` bytes (a bigger record gets a batch of its own), with the timestamps a batch
-allows (never decreasing, a span of at most 2**32 - 1 ms): a record that breaks a rule starts a
-new batch. The broker's own batches (one per publish) are not recoverable from format 1, which
-kept no trace of them.
+Batches of a migrated log: one per record. Format 1 kept no trace of which records a publish
+wrote together, and a Raft replica that stopped behind the others replays its last format-1 log
+entries after the migration: the state machine stores records that come one by one (format 1)
+one batch each, so a replica that migrated a record and one that replayed it hold the same
+batch, and the replicas' digests and byte retention agree.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from storage.lmdb_store import (
     _unpack_meta,
 )
 
-BATCH_RECORDS_MAX = 1000
+BATCH_RECORDS_MAX = 1  # see the module docstring: what replaying a format-1 entry stores
 BATCH_BYTES_MAX = 1024 * 1024
 TEMP_PREFIX = ".fluxmq-migrate-"
 

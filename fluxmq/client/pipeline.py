@@ -53,7 +53,12 @@ from fluxmq.client._transport import Transport
 from fluxmq.client.errors import FluxMQError, from_request_error
 from fluxmq.client.partitioning import PartitionMap
 from fluxmq.client.producer import MAX_BATCH, PublishResult, results_of, send_request
-from fluxmq.client.sessions import RESTAMP_REASONS, ProducerSession, Stamp
+from fluxmq.client.sessions import (
+    RESTAMP_REASONS,
+    UNKNOWN_PRODUCER,
+    ProducerSession,
+    Stamp,
+)
 
 log = logging.getLogger("fluxmq.client")
 
@@ -497,64 +502,120 @@ class PublishPipeline:
             if not w.result.done():
                 w.result.set_result(r)
 
-    async def _send_session_request(self, partition: int, taken: list[_Waiting]) -> None:
+    async def _send_session_request(
+        self, partition: int, taken: list[_Waiting], stamp: Stamp | None = None
+    ) -> None:
         """``_send_request`` for messages of one partition under the producer session (see
-        fluxmq/client/sessions.py): a resend keeps its stamp, so it is never stored twice."""
+        fluxmq/client/sessions.py): a resend keeps its stamp, so it is never stored twice.
+        ``stamp``: a request sent again one message at a time has its place already."""
         request = pb.PublishRequest(queue=self.queue)
         request.messages.extend(w.message for w in taken)
         session = self.session
         try:
-            for _ in range(RESTAMPS_MAX):
+            if stamp is None:
                 stamp = await session.stamp(partition, len(taken))
-                request.producer.CopyFrom(stamp.session)
-
-                def stale(err: FluxMQError, stamp: Stamp = stamp) -> bool:
-                    return session.is_stale(stamp) and err.reason in RESTAMP_REASONS
-
-                try:
-                    results = await self._streamed(request)
-                    if results is None:
-                        results = await send_request(
-                            self._transport, request, safe=True, give_up=stale
-                        )
-                    else:
-                        self.requests_streamed += 1
-                except FluxMQError as err:
-                    if session.restamp_after(err, stamp):
-                        continue
-                    # Whatever became of it, the partition's next sequence must not wait behind
-                    # it: later requests move to the next epoch.
-                    session.renew(stamp)
-                    if len(taken) > 1 and _about_one_message(err):
-                        self.requests_split += 1
-                        for w in taken:
-                            if not w.result.done():
-                                await self._send_session_request(partition, [w])
-                        return
-                    raise
-                break
-            else:
-                raise FluxMQError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"the producer session of {self.queue!r} was renewed {RESTAMPS_MAX} times "
-                    "while this request waited",
-                )
+        except FluxMQError as err:  # the session could not start (InitProducer refused)
+            _fail(taken, err)
+            return
+        except BaseException as err:
+            _fail(taken, err)
+            raise
+        try:
+            results = await self._stamped(request, stamp)
             if len(results) != len(taken):
                 raise FluxMQError(
                     grpc.StatusCode.INTERNAL,
                     f"{len(results)} results for {len(taken)} messages",
                 )
+        except _Restamped as moved:
+            # Its last stamp was never sent: later requests must not wait behind it.
+            session.renew(moved.stamp)
+            session.release(moved.stamp)
+            _fail(taken, moved.error)
+            return
         except FluxMQError as err:
+            # Whatever became of it, the partition's next sequence must not wait behind it:
+            # later requests move to the next epoch.
+            failed = moved_stamp(err, stamp)
+            session.renew(failed)
+            if len(taken) > 1 and _about_one_message(err) and not session_field(err):
+                # All or nothing on the broker: find out whose message it was, one request at
+                # a time (this slot of the window), each in this request's place.
+                self.requests_split += 1
+                session.split(failed, len(taken))
+                for part, w in enumerate(taken, start=1):
+                    if w.result.done():  # its caller gave up: no stamp (a stamp is sent)
+                        session.forget(failed, part)
+                        continue
+                    single = await session.restamp(failed, 1, part)
+                    await self._send_session_request(partition, [w], single)
+                return
+            session.release(failed)
             _fail(taken, err)
             return
         except BaseException as err:  # cancelled, or a bug: every caller hears of it
+            session.renew(stamp)  # it may have gone unsent: nothing may wait behind it
+            session.release(stamp)
             _fail(taken, err)
             raise
+        session.release(results_stamp(results, stamp))
         self.requests_sent += 1
         self.messages_sent += len(results)
         for w, r in zip(taken, results, strict=True):
             if not w.result.done():
                 w.result.set_result(r)
+
+    async def _stamped(self, request: pb.PublishRequest, stamp: Stamp) -> _Results:
+        """Send ``request`` under ``stamp``, stamping it again (in its order) when the broker
+        says a stamp of an older epoch was not stored; -> its results (carrying the stamp that
+        was stored). Raises FluxMQError (``.stamp`` attribute: the stamp last used)."""
+        session = self.session
+        for _ in range(RESTAMPS_MAX):
+            request.producer.CopyFrom(stamp.session)
+
+            def stale(err: FluxMQError, stamp: Stamp = stamp) -> bool:
+                return session.is_stale(stamp) and err.reason in RESTAMP_REASONS
+
+            try:
+                results = await self._streamed(request)
+                if results is None:
+                    results = await send_request(self._transport, request, safe=True, give_up=stale)
+                else:
+                    self.requests_streamed += 1
+                return _Results(results, stamp)
+            except FluxMQError as err:
+                if err.reason == UNKNOWN_PRODUCER:
+                    # The broker forgot the session (idle expiry): nothing is stored under it.
+                    session.renew(stamp)
+                    stamp = await session.restamp(stamp, len(request.messages))
+                    continue
+                if not stale(err):
+                    err.stamp = stamp  # type: ignore[attr-defined]
+                    raise
+            # An older epoch's refusal says nothing of an earlier attempt: once the new epoch
+            # is granted, ask again with the old stamp. A stored request is answered with its
+            # offsets; anything else is fenced, and only then stamped again.
+            await session.renewed()
+            try:
+                results = await send_request(
+                    self._transport, request, safe=True,
+                    give_up=lambda err: err.reason in RESTAMP_REASONS,
+                )  # fmt: skip
+                return _Results(results, stamp)
+            except FluxMQError as err:
+                if err.reason not in RESTAMP_REASONS:
+                    err.stamp = stamp  # type: ignore[attr-defined]
+                    raise
+            stamp = await session.restamp(stamp, len(request.messages))
+        raise _Restamped(
+            stamp,
+            FluxMQError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the producer session of {self.queue!r} was renewed {RESTAMPS_MAX} times while "
+                "this request waited; it was not stored",
+                retriable=True,
+            ),
+        )
 
     async def _streamed(self, request: pb.PublishRequest) -> list[PublishResult] | None:
         """Send ``request`` on the lane; -> its results, or None when the unary path is to
@@ -596,6 +657,36 @@ class PublishPipeline:
                 await asyncio.sleep(0.001)  # a linger timer is due
         if self._own_lanes:
             await self._lanes.close()
+
+
+class _Results(list[PublishResult]):
+    """A request's results and the stamp it was stored under."""
+
+    def __init__(self, results: list[PublishResult], stamp: Stamp) -> None:
+        super().__init__(results)
+        self.stamp = stamp
+
+
+class _Restamped(Exception):
+    def __init__(self, stamp: Stamp, error: FluxMQError) -> None:
+        super().__init__(str(error))
+        self.stamp = stamp
+        self.error = error
+
+
+def moved_stamp(err: FluxMQError, stamp: Stamp) -> Stamp:
+    """The stamp a request failed under (it may have been stamped again on the way)."""
+    moved = getattr(err, "stamp", None)
+    return moved if isinstance(moved, Stamp) else stamp
+
+
+def results_stamp(results: list[PublishResult], stamp: Stamp) -> Stamp:
+    return results.stamp if isinstance(results, _Results) else stamp
+
+
+def session_field(err: FluxMQError) -> bool:
+    """A refusal of the session's own fields (not of one message): never split on it."""
+    return any(v.field.startswith("producer.") for v in err.field_violations)
 
 
 def _about_one_message(err: FluxMQError) -> bool:

@@ -136,13 +136,6 @@ def check_sequence(
             metadata={"producer_id": str(producer_id)},
         )
     current = _PRODUCER.unpack_from(row)[0]
-    if epoch < current:
-        raise FluxError(
-            "PRODUCER_FENCED",
-            f"producer {producer_id} epoch {epoch} was fenced by epoch {current}: another "
-            "instance started with the same producer name; this one must stop",
-            metadata={"producer_id": str(producer_id), "epoch": str(current)},
-        )
     if epoch > current:
         raise invalid_argument(
             "producer.producer_epoch", f"epoch {epoch} was never granted (current {current})"
@@ -156,6 +149,19 @@ def check_sequence(
             batches = tuple(
                 _BATCH.unpack_from(raw, _PARTITION.size + i * _BATCH.size) for i in range(n)
             )
+    if epoch < current:
+        # A request of a fenced epoch that was stored before the fence is still answered with
+        # its offsets (its answer may have been lost): what a producer needs to tell, after it
+        # moved to a new epoch itself, which of its old requests it must send again.
+        for seq, n, base, ts in batches:
+            if seq == first_sequence and n == count:
+                return Retry(base, ts)
+        raise FluxError(
+            "PRODUCER_FENCED",
+            f"producer {producer_id} epoch {epoch} was fenced by epoch {current}: a newer "
+            "InitProducer of the same producer name; this request was not stored",
+            metadata={"producer_id": str(producer_id), "epoch": str(current)},
+        )
     expected = batches[-1][0] + batches[-1][1] if batches else 0
     if first_sequence == expected:
         return Admit(key, epoch, batches, first_sequence, count)

@@ -603,19 +603,20 @@ class QueueStateMachine:
         for partition, indexes in by_partition.items():
             log = txn.log(keys.log_id(queue_id, partition))
             ts = max(now_ms, self._last_timestamp(batch, log))
-            section = prepare_records([_fields_of(records[i]) for i in indexes])
-            if admit is not None:  # entries from before record batches: one partition
-                base = log.append_batch(
-                    ts, len(indexes), section, cmd.producer_id, cmd.producer_epoch,
-                    cmd.first_sequence,
-                )  # fmt: skip
-                producers.record(txn, admit, base, ts, now_ms)
-            else:
-                base = log.append_batch(ts, len(indexes), section)
+            # Records that came one by one (format 1: entries from before record batches, and
+            # requests with idempotency keys) are stored one batch each: the layout
+            # `fluxmq migrate` gives format-1 rows, so a replica that replays old entries after
+            # its migration holds the same batches as one that migrated them.
+            first = log.watermarks().high
+            # (No producer fields in their headers either: format 1 kept none.)
+            for i in indexes:
+                log.append_batch(ts, 1, prepare_records([_fields_of(records[i])]))
+            if admit is not None:
+                producers.record(txn, admit, first, ts, now_ms)
             for n, i in enumerate(indexes):
-                out_offsets[i] = base + n
+                out_offsets[i] = first + n
                 out_timestamps[i] = ts
-            highs[partition] = base + len(indexes)
+            highs[partition] = first + len(indexes)
             batch.last_ts[log.log_id] = ts
 
         for i, j in later_duplicates:
@@ -1285,6 +1286,9 @@ def _fields_of(prepared: bytes) -> RecordFields:
     return record.value, record.key, record.headers, record.idempotency_key
 
 
+RETENTION_HEADERS_PER_READ = 16
+
+
 def retention_cut(reader: PartitionLogReader, policy: QueuePolicy, now_ms: int) -> int:
     """The offset below which ``policy`` says records of ``log`` must go (>= low).
 
@@ -1300,10 +1304,18 @@ def retention_cut(reader: PartitionLogReader, policy: QueuePolicy, now_ms: int) 
     if policy.max_bytes and wm.high > cut:
         # Whole batches, oldest first (what deleting them frees), within the per-pass budget.
         excess = reader.size_bytes() - policy.max_bytes
-        if excess > 0:
-            for header in reader.batch_headers(wm.low, limits.RETENTION_BATCHES_PER_PASS_MAX):
+        offset = wm.low
+        examined = 0
+        # A few headers at a time: reading one checks its whole batch, so read what is cut.
+        while excess > 0 and offset < wm.high and examined < limits.RETENTION_BATCHES_PER_PASS_MAX:
+            headers = reader.batch_headers(offset, RETENTION_HEADERS_PER_READ)
+            if not headers:
+                break
+            for header in headers:
+                examined += 1
                 excess -= header.size_bytes
-                cut = max(cut, header.last_offset + 1)
+                offset = header.last_offset + 1
+                cut = max(cut, offset)
                 if excess <= 0:
                     break
     return cut

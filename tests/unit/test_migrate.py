@@ -50,7 +50,7 @@ def test_migrated_store_reads_every_record_and_kv_row_back_identical(env_dir: Pa
     report = migrate_environment(str(env_dir))
     assert report.migrated
     assert (report.logs, report.records) == (3, 250 + 40)
-    assert report.batches == 1 + 1  # 250 and 40 records, timestamps rising: one batch each
+    assert report.batches == 250 + 40  # one batch per record (see storage/migrate.py)
     assert f1.db_names(str(env_dir)) == {b"batches", b"logmeta", b"kv"}
     store = LmdbStore(str(env_dir))
     try:
@@ -76,44 +76,94 @@ def test_migrated_store_accepts_appends_after_the_migrated_records(env_dir: Path
         store.close()
 
 
-def test_big_log_is_cut_into_batches_at_the_count_and_timestamp_rules(tmp_path: Path) -> None:
-    """5,000 records: a batch ends after 1,000 records, before a timestamp that goes back and
-    before one more than 2**32 - 1 ms after the batch's first."""
-    count = 5_000
-    back_at = {1_500, 3_210}  # the timestamp drops here
-    jump_at = 4_100  # the timestamp leaps past the u32 span here
+def test_each_record_becomes_a_batch_of_its_own_whatever_its_timestamps(tmp_path: Path) -> None:
+    """Timestamps that go back or leap are kept as they were: one record per batch."""
+    count = 2_000
     stamps = []
     now = 1_000_000
     for i in range(count):
-        if i in back_at:
-            now -= 5_000
-        elif i == jump_at:
-            now += U32_MAX + 1
-        else:
-            now += i % 3
+        now += -5_000 if i in (500, 1_210) else (U32_MAX + 1 if i == 1_700 else i % 3)
         stamps.append(now)
     records = [
         NewRecord(timestamp_ms=ts, value=i.to_bytes(4, "big")) for i, ts in enumerate(stamps)
     ]
     path = tmp_path / "big"
     f1.write_env(str(path), Format1Content(logs={7: Format1Log(0, records)}))
-    # 1,000 records; a drop; 1,000 more; a drop; then the leap (a cut restarts the count).
-    expected_bases = [0, 1_000, 1_500, 2_500, 3_210, 4_100]
 
     report = migrate_environment(str(path))
 
-    assert report.batches == len(expected_bases)
+    assert report.batches == count
     store = LmdbStore(str(path))
     try:
         with store.read() as txn:
-            log = txn.log(7)
-            headers = log.batch_headers(0, 100)
-            assert [h.base_offset for h in headers] == expected_bases
-            assert all(h.count <= BATCH_RECORDS_MAX for h in headers)
-            assert [h.first_timestamp_ms for h in headers] == [stamps[b] for b in expected_bases]
+            headers = txn.log(7).batch_headers(0, count + 1)
+            assert [h.base_offset for h in headers] == list(range(count))
+            assert all(h.count == BATCH_RECORDS_MAX == 1 for h in headers)
+            assert [h.first_timestamp_ms for h in headers] == stamps
         f1.assert_store_holds(store, Format1Content(logs={7: Format1Log(0, records)}))
     finally:
         store.close()
+
+
+def test_a_replica_that_replays_format_1_entries_holds_what_one_that_migrated_them_holds(
+    tmp_path: Path,
+) -> None:
+    """Replicas stop at different applied indexes: one migrates the records the other still
+    has to replay from its format-1 log entries. Both end with the same batches (digest)."""
+    from fluxmq._pb.internal import commands_pb2 as cpb
+    from fluxmq._pb.v1 import queue_pb2 as pb
+    from fluxmq.core import commands
+    from fluxmq.core.queue_config import normalize_new
+    from fluxmq.core.state_machine import QueueStateMachine
+    from storage.codec import prepare
+
+    class E:
+        def __init__(self, index: int, payload: bytes) -> None:
+            self.index, self.payload = index, payload
+
+    cfg = normalize_new(pb.QueueConfig(name="q", partitions=1))
+    create = cpb.CreateQueueCmd(config=cfg, now_ms=1_000)
+    # Format-1 entries as a version before record batches proposed them: prepared records.
+    appends = [
+        cpb.AppendCmd(
+            queue="q",
+            queue_id=1,
+            now_ms=2_000 + n,
+            records=[prepare(b"v%d-%d" % (n, k)) for k in range(3)],
+            partitions=[0, 0, 0],
+        )  # fmt: skip
+        for n in range(4)
+    ]
+    entries = [E(i + 1, commands.encode(c)) for i, c in enumerate([create, *appends])]
+    # Replica A applied everything; replica B stopped two entries behind. In format 1 both
+    # held the records of what they applied; model that by migrating a format-1 copy of it.
+    digests = []
+    for applied in (len(entries), len(entries) - 2):
+        live = LmdbStore(str(tmp_path / f"live{applied}"))
+        sm = QueueStateMachine(live)
+        sm.apply_batch(entries[:applied])
+        with live.read() as txn:
+            log = txn.log(1 << 20)
+            wm = log.watermarks()
+            records = log.read(wm.low, 1000, 1 << 30) if wm.high else []
+            kv = list(txn.scan(b""))
+        live.close()
+        content = Format1Content(
+            logs={1 << 20: Format1Log(0, [
+                NewRecord(r.timestamp_ms, r.value, r.key, r.headers, r.idempotency_key)
+                for r in records
+            ])} if records else {},
+            kv=dict(kv),
+        )  # fmt: skip
+        path = tmp_path / f"f1-{applied}"
+        f1.write_env(str(path), content)
+        migrate_environment(str(path))
+        store = LmdbStore(str(path))
+        sm = QueueStateMachine(store)
+        sm.apply_batch(entries[applied:])  # B replays its last format-1 entries now
+        digests.append(sm.digest())
+        store.close()
+    assert digests[0] == digests[1]
 
 
 def test_damaged_row_refuses_the_migration_naming_log_and_offset_and_changes_nothing(
@@ -296,7 +346,7 @@ def test_kill_9_in_the_middle_of_the_migration_leaves_the_format_1_store_whole(
     with pytest.raises(OldFormatError):
         LmdbStore(str(path))
     report = migrate_environment(str(path))
-    assert (report.records, report.batches) == (5_000, 5)
+    assert (report.records, report.batches) == (5_000, 5_000)
     store = LmdbStore(str(path))
     try:
         f1.assert_store_holds(store, content)

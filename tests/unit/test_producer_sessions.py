@@ -241,3 +241,23 @@ def test_session_state_is_in_the_digest_and_equal_on_replicas(tmp_path: object) 
         digests.append(d.sm.digest())
         s.close()
     assert digests[0] == digests[1]
+
+
+def test_request_stored_before_its_epoch_was_fenced_is_still_answered_as_a_retry(
+    store: Store,
+) -> None:
+    d = Driver(store)
+    q = d.create()
+    old = init(d, q, "sdk")
+    first = d.one(session_cmd(q, old, 0, [b"a", b"b"]))
+    assert isinstance(first, AppendResult)
+    new = init(d, q, "sdk")  # the producer moved to the next epoch (its answer was lost)
+    again = d.one(session_cmd(q, old, 0, [b"a", b"b"]))
+    assert isinstance(again, AppendResult)
+    assert again.offsets == first.offsets and again.duplicates == [True, True]
+    # A request of the old epoch that was not stored is fenced (and never will be stored).
+    fenced = d.one(session_cmd(q, old, 2, [b"c"]))
+    assert isinstance(fenced, FluxError) and fenced.reason == "PRODUCER_FENCED"
+    assert stored_values(d, q) == [b"a", b"b"]
+    res = d.one(session_cmd(q, new, 0, [b"c"]))
+    assert isinstance(res, AppendResult) and res.offsets == [2]

@@ -1,0 +1,267 @@
+"""The SDK's producer session recovering from failures, against a broker twin that runs the
+real state machine (in memory): a request whose answer was lost is never stored twice, and
+requests stamped again keep their order (fluxmq/client/sessions.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from fluxmq._pb.internal import commands_pb2 as cpb
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.client.errors import FieldViolation, FluxMQError
+from fluxmq.client.pipeline import PublishPipeline
+from fluxmq.core import commands, keys
+from fluxmq.core.errors import FluxError
+from fluxmq.core.partitioner import prepare_append
+from fluxmq.core.producers import ProducerGrant
+from fluxmq.core.queue_config import normalize_new, policy_of
+from fluxmq.core.state_machine import AppendResult, QueueStateMachine
+from fluxmq.server.errors import status_code
+from storage import MemoryStore
+
+T0 = 1_700_000_000_000
+Hook = Callable[[pb.PublishRequest, int], Any]
+
+
+class Entry:
+    def __init__(self, index: int, payload: bytes) -> None:
+        self.index = index
+        self.payload = payload
+
+
+class BrokerTwin:
+    """One node, one queue ``q``: the real state machine behind a transport's interface. A
+    retriable refusal is retried (as the real transport does) unless ``give_up`` says not to.
+    ``hook(request, attempt)`` may raise to lose an answer (after the apply) or await to delay.
+    """
+
+    closed = False
+    timeout_s = 5.0
+
+    def __init__(self, partitions: int = 1) -> None:
+        self.sm = QueueStateMachine(MemoryStore())
+        self.index = 0
+        cfg = normalize_new(pb.QueueConfig(name="q", partitions=partitions))
+        self.queue = self.apply(cpb.CreateQueueCmd(config=cfg, now_ms=T0))
+        self.hook: Callable[[pb.PublishRequest, int], Any] | None = None
+        self.lost_after_apply: set[bytes] = set()  # first values whose first answer is lost
+
+    def apply(self, cmd: Any) -> Any:
+        self.index += 1
+        (result,) = self.sm.apply_batch([Entry(self.index, commands.encode(cmd))])
+        if isinstance(result, FluxError):
+            raise _client_error(result)
+        return result
+
+    def leader_of(self, queue: str) -> str:
+        return "twin"
+
+    def target(self, queue: str) -> str:
+        return "twin"
+
+    def publish_stream(self, address: str) -> Any:
+        return RefusedStream()
+
+    async def unary(self, service: str, method: str, request: Any, **kw: Any) -> Any:
+        await asyncio.sleep(0)
+        if method == "GetQueue":
+            return self.queue
+        if method == "InitProducer":
+            grant = self.apply(
+                cpb.InitProducerCmd(
+                    queue="q", queue_id=self.queue.queue_id, now_ms=T0,
+                    producer_name=request.producer_name,
+                )
+            )  # fmt: skip
+            assert isinstance(grant, ProducerGrant)
+            return pb.InitProducerResponse(
+                producer_id=grant.producer_id, producer_epoch=grant.producer_epoch
+            )
+        assert method == "Publish"
+        give_up = kw.get("give_up")
+        for attempt in range(1, 50):
+            try:
+                return await self._publish(request, attempt)
+            except FluxMQError as err:
+                if not err.retriable or (give_up is not None and give_up(err)) or attempt > 40:
+                    raise
+                await asyncio.sleep(0.002)
+        raise AssertionError("unreachable")
+
+    async def _publish(self, request: pb.PublishRequest, attempt: int) -> pb.PublishResponse:
+        if self.hook is not None:
+            await self.hook(request, attempt)
+        producer = request.producer if request.HasField("producer") else None
+        try:
+            prepared = prepare_append(
+                "q", self.queue.queue_id, policy_of(self.queue.config), request.messages, 0, T0,
+                producer,
+            )  # fmt: skip
+        except FluxError as err:
+            raise _client_error(err) from None
+        result = self.apply(prepared.command)
+        assert isinstance(result, AppendResult)
+        first = request.messages[0].value
+        if first in self.lost_after_apply:
+            self.lost_after_apply.discard(first)
+            raise FluxMQError(grpc.StatusCode.UNAVAILABLE, "answer lost", retriable=True)
+        resp = pb.PublishResponse()
+        for p, o, ts, dup in zip(
+            result.partitions, result.offsets, result.timestamps_ms, result.duplicates, strict=True
+        ):
+            resp.results.add(partition=p, offset=o, timestamp_ms=ts, duplicate=dup)
+        return resp
+
+    def stored(self, partition: int = 0) -> list[bytes]:
+        with self.sm.store.read() as txn:
+            log = txn.log(keys.log_id(self.queue.queue_id, partition))
+            wm = log.watermarks()
+            return [r.value for r in log.read(wm.low, 100_000, 1 << 40)] if wm.high else []
+
+
+class RefusedStream:
+    def __aiter__(self) -> RefusedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        raise FluxMQError(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many streams")
+
+    async def write(self, request: Any) -> None:
+        await asyncio.sleep(0)
+
+    def cancel(self) -> None:
+        pass
+
+
+def _client_error(err: FluxError) -> FluxMQError:
+    return FluxMQError(
+        status_code(err), err.message, reason=err.reason, retriable=err.retriable,
+        field_violations=tuple(FieldViolation(v.field, v.description) for v in err.violations),
+        metadata=dict(err.metadata),
+    )  # fmt: skip
+
+
+def message(value: bytes, bad: bool = False) -> pb.PublishMessage:
+    m = pb.PublishMessage(value=value)
+    if bad:
+        m.headers["fluxmq-reserved"] = b"x"  # refused: INVALID_ARGUMENT naming the header
+    return m
+
+
+async def test_a_request_stored_before_the_session_moved_on_is_answered_not_stored_again() -> None:
+    broker = BrokerTwin()
+    pipe = PublishPipeline(broker, "q", window=4, messages_max=2)  # type: ignore[arg-type]
+    await pipe.publish(message(b"warm"), 4)
+    # A's answers are all lost (it is stored, its caller hears UNAVAILABLE at last): the session
+    # moves to its next epoch. B is stored too, its first answer lost, and its resend arrives
+    # only after the new epoch: the broker must answer it, and the SDK must not store it again.
+    lost = {b"a1"}
+    a_failed = asyncio.Event()
+
+    async def hook(request: pb.PublishRequest, attempt: int) -> None:
+        first = request.messages[0].value
+        if first in lost:
+            broker.lost_after_apply.add(first)
+            if attempt >= 3:
+                lost.discard(first)
+                a_failed.set()
+                raise FluxMQError(grpc.StatusCode.UNAVAILABLE, "gave up", retriable=False)
+        if first == b"b1" and attempt == 1:
+            broker.lost_after_apply.add(first)
+        if first == b"b1" and attempt > 1:
+            await a_failed.wait()  # B's resend comes after A's failure renewed the session
+            await asyncio.sleep(0.01)
+
+    broker.hook = hook
+    calls = [pipe.publish(message(v), 2) for v in (b"a1", b"a2", b"b1", b"b2")]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(o, FluxMQError) for o in outcomes[:2]), outcomes
+    b1, b2 = outcomes[2:]
+    assert not isinstance(b1, BaseException) and not isinstance(b2, BaseException)
+    assert (b1.offset, b2.offset) == (3, 4) and b1.duplicate and b2.duplicate
+    assert pipe.session.renewals == 1
+    broker.hook = None
+    after = await pipe.publish(message(b"after"), 5)
+    assert after.offset == 5
+    assert broker.stored() == [b"warm", b"a1", b"a2", b"b1", b"b2", b"after"]
+
+
+async def test_requests_stamped_again_keep_their_order() -> None:
+    broker = BrokerTwin()
+    pipe = PublishPipeline(broker, "q", window=4, messages_max=1)  # type: ignore[arg-type]
+    await pipe.publish(message(b"warm"), 4)
+    release_b = asyncio.Event()
+
+    async def hook(request: pb.PublishRequest, attempt: int) -> None:
+        if request.messages[0].value == b"b" and attempt == 1:
+            await release_b.wait()  # B's first answer comes after C's
+
+    broker.hook = hook
+
+    async def c_then_b() -> None:
+        await asyncio.sleep(0.05)
+        release_b.set()
+
+    outcomes = await asyncio.gather(
+        pipe.publish(message(b"a", bad=True), 1),  # refused: nothing stored, session renewed
+        pipe.publish(message(b"b"), 1),
+        pipe.publish(message(b"c"), 1),
+        c_then_b(),
+        return_exceptions=True,
+    )
+    assert (
+        isinstance(outcomes[0], FluxMQError)
+        and outcomes[0].code == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert not any(isinstance(o, BaseException) for o in outcomes[1:3]), outcomes
+    assert pipe.session.renewals == 1
+    assert broker.stored() == [b"warm", b"b", b"c"]
+
+
+async def test_a_refused_message_of_a_request_is_found_alone_and_its_neighbours_keep_order() -> (
+    None
+):
+    broker = BrokerTwin()
+    pipe = PublishPipeline(broker, "q", window=4, messages_max=3)  # type: ignore[arg-type]
+    await pipe.publish(message(b"warm"), 4)
+    calls = [pipe.publish(message(v, bad=v == b"x2"), 2) for v in (b"x1", b"x2", b"x3")]
+    calls += [pipe.publish(message(v), 2) for v in (b"y1", b"y2", b"y3")]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(outcomes[1], FluxMQError)
+    assert not any(isinstance(o, BaseException) for i, o in enumerate(outcomes) if i != 1)
+    assert broker.stored() == [b"warm", b"x1", b"x3", b"y1", b"y2", b"y3"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_random_lost_answers_store_every_message_once_in_order(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    broker = BrokerTwin()
+    pipe = PublishPipeline(broker, "q", window=4, messages_max=rng.choice([1, 2, 5]))  # type: ignore[arg-type]
+    values = [b"m%03d" % i for i in range(60)]
+    bad = {v for v in values if rng.random() < 0.05}
+
+    async def hook(request: pb.PublishRequest, attempt: int) -> None:
+        await asyncio.sleep(rng.random() * 0.003)
+        if rng.random() < 0.2:
+            broker.lost_after_apply.add(request.messages[0].value)
+
+    broker.hook = hook
+    outcomes = await asyncio.gather(
+        *(pipe.publish(message(v, bad=v in bad), 4) for v in values), return_exceptions=True
+    )
+    stored = broker.stored()
+    assert len(stored) == len(set(stored)), f"seed {seed}: a message stored twice"
+    assert stored == sorted(stored), f"seed {seed}: order broken {stored}"
+    for v, o in zip(values, outcomes, strict=True):
+        if isinstance(o, BaseException):
+            assert v in bad or isinstance(o, FluxMQError), (seed, v, o)
+        else:
+            assert v in stored and stored.index(v) == o.offset, (seed, v, o)
+    assert not (bad & set(stored)), f"seed {seed}"
