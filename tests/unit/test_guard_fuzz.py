@@ -140,7 +140,7 @@ def test_malformed_input_never_crashes_and_never_bypasses_auth(
     assert method in METHOD_ACTIONS
     if identity.role == "producer":
         assert (
-            method in ("Publish", "PublishStream", "GetQueue", "ListQueues")
+            method in ("Publish", "PublishStream", "InitProducer", "GetQueue", "ListQueues")
             or METHOD_ACTIONS[method].value == "read"
         )
     if METHOD_ACTIONS[method].value == "cluster":  # shared shards: the operators' keys only
