@@ -131,7 +131,7 @@ def test_a_replica_that_replays_format_1_entries_holds_what_one_that_migrated_th
             now_ms=2_000 + n,
             records=[prepare(b"v%d-%d" % (n, k)) for k in range(3)],
             partitions=[0, 0, 0],
-        )  # fmt: skip
+        )
         for n in range(4)
     ]
     entries = [E(i + 1, commands.encode(c)) for i, c in enumerate([create, *appends])]
