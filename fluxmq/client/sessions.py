@@ -35,8 +35,9 @@ from fluxmq.client._transport import Transport
 # stamped again with the current epoch).
 RESTAMP_REASONS = frozenset({"PRODUCER_FENCED", "OUT_OF_ORDER_SEQUENCE"})
 UNKNOWN_PRODUCER = "UNKNOWN_PRODUCER"
-# Requests in flight per partition at most: the broker remembers 5, and a request whose answer
-# was lost must still be among them when it is asked about again.
+# Requests per partition stamped from the oldest one not settled on, at most: the broker
+# remembers 5, and a request whose answer was lost must still be among them when it is asked
+# about again, however many later ones were stored meanwhile.
 IN_FLIGHT_PER_PARTITION_MAX = 4
 
 Order = tuple[int, int]  # a request's place in its partition: (when first stamped, part)
@@ -68,6 +69,10 @@ class ProducerSession:
         self._starting: asyncio.Future[None] | None = None
         self._orders = itertools.count(1)
         self._open: dict[int, dict[Order, _Open]] = {}  # partition -> requests not settled
+        # Per partition, this epoch's stamps from the oldest one not settled on: a request may
+        # be settled only after many later ones were stored, and the broker remembers 5.
+        self._window: dict[int, list[Order]] = {}
+        self._settled: set[Order] = set()
         self._changed: asyncio.Condition | None = None
         self._wakers: set[asyncio.Task[None]] = set()
         self.generation = 0  # bumped by every renewal, before the broker is asked
@@ -116,6 +121,8 @@ class ProducerSession:
         opened = self._open.get(stamp.partition)
         if opened is not None:
             opened.pop(stamp.order, None)
+        if stamp.generation == self.generation:
+            self._settled.add(stamp.order)
         self._notify()
 
     def _notify(self) -> None:
@@ -147,6 +154,7 @@ class ProducerSession:
                     first = self._next.get(partition, 0)
                     self._next[partition] = first + count
                     opened[order] = _Open(generation)
+                    self._window.setdefault(partition, []).append(order)
                     session = pb.ProducerSession(
                         producer_id=self._producer_id,
                         producer_epoch=self._epoch,
@@ -164,7 +172,6 @@ class ProducerSession:
         """No request of the partition is still out under an older epoch, none in line comes
         before ``order``, and the partition has room in flight."""
         current = self.generation
-        in_flight = 0
         for other_order, entry in self._open.get(partition, {}).items():
             if other_order == order:
                 continue
@@ -173,9 +180,13 @@ class ProducerSession:
                     return False
             elif entry.generation != current:
                 return False
-            else:
-                in_flight += 1
-        return in_flight < IN_FLIGHT_PER_PARTITION_MAX
+        window = self._window.get(partition)
+        if window:
+            settled = self._settled
+            while window and window[0] in settled:
+                settled.discard(window.pop(0))
+            return len(window) < IN_FLIGHT_PER_PARTITION_MAX
+        return True
 
     def is_stale(self, stamp: Stamp) -> bool:
         return stamp.generation != self.generation
@@ -188,6 +199,8 @@ class ProducerSession:
         self.renewals += 1
         self._producer_id = 0
         self._next.clear()
+        self._window.clear()
+        self._settled.clear()
         self._notify()
 
     async def renewed(self) -> None:

@@ -237,7 +237,7 @@ async def test_a_refused_message_of_a_request_is_found_alone_and_its_neighbours_
     assert broker.stored() == [b"warm", b"x1", b"x3", b"y1", b"y2", b"y3"]
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(40))
 async def test_random_lost_answers_store_every_message_once_in_order(seed: int) -> None:
     import random
 
