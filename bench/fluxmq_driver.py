@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.client.record_batches import records_of
+from fluxmq.client.record_batches import encode_records, records_of
 
 PUBLISH = "/fluxmq.v1.QueueService/Publish"
 FETCH = "/fluxmq.v1.QueueService/Fetch"
@@ -221,6 +221,18 @@ def publish_request(queue: str, batch: int, size: int) -> bytes:
     return bytes(req.SerializeToString())
 
 
+def encoded_publish_request(queue: str, batch: int, size: int, partition: int) -> bytes:
+    """A Publish of ``batch`` records the client encoded (``PublishRequest.encoded``), for one
+    partition: what the SDK sends."""
+    value = os.urandom(size)
+    records = encode_records([pb.PublishMessage(value=value)] * batch)
+    req = pb.PublishRequest(
+        queue=queue,
+        encoded=pb.EncodedRecords(partition=partition, count=batch, records=records),
+    )
+    return bytes(req.SerializeToString())
+
+
 async def publish_workload(
     address: str,
     queue: str,
@@ -231,10 +243,19 @@ async def publish_workload(
     duration_s: float,
     messages_max: int,
     rate_max: float | None = None,
+    encoded_partitions: int = 0,
 ) -> RunResult:
     """``concurrency`` publishers, each a closed loop of Publish calls (or paced to ``rate_max``
-    messages/s in total, for latency at a given load). Bounded by time and by count."""
-    body = publish_request(queue, batch, size)
+    messages/s in total, for latency at a given load). Bounded by time and by count.
+    ``encoded_partitions``: each call carries encoded records (``PublishRequest.encoded``) of
+    one partition, the calls taking the partitions in turn; 0: messages, partitioned by the
+    broker."""
+    if encoded_partitions:
+        bodies = [encoded_publish_request(queue, batch, size, p) for p in range(encoded_partitions)]
+    else:
+        bodies = [publish_request(queue, batch, size)]
+    body = bodies[0]
+    turn = 0
     latencies: list[float] = []
     sent = 0
     cpu0 = time.process_time()
@@ -248,9 +269,10 @@ async def publish_workload(
         interval = None if rate_max is None else batch * concurrency / rate_max
 
         async def publish_once() -> None:
-            nonlocal sent
+            nonlocal sent, turn
+            turn += 1
             t0 = time.perf_counter()
-            await call(body, timeout=30)
+            await call(bodies[turn % len(bodies)], timeout=30)
             latencies.append((time.perf_counter() - t0) * 1000)
             sent += batch
 

@@ -106,6 +106,14 @@ _FIRST_TIMESTAMP_DELTA_AT = HEADER_SIZE + 4
 _OFFSET_END = OFFSET_MAX + 1  # offsets and sequences of a batch stay below it
 _COPY_BYTES_MAX = 4096
 
+# For readers that walk a records section without decoding it (the broker's check of records a
+# client encoded): a record's fixed head, a header's head (name length, value length), and the
+# lengths that mean "absent".
+RECORD_HEAD = _RECORD
+RECORD_HEADER_HEAD = struct.Struct(">HI")
+NO_KEY_LENGTH = _NO_KEY
+NO_IDEMPOTENCY_KEY_LENGTH = _NO_IDEMPOTENCY_KEY
+
 _pack_crc = _CRC.pack
 _pack_fields = _FIELDS.pack
 _unpack_head = _HEAD.unpack_from

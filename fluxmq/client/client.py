@@ -235,8 +235,12 @@ class AsyncClient:
         encode = self._codec(codec)
         pipeline = self._pipeline(queue)
         results: list[PublishResult] = []
+        items = list(messages)
+        if not any(isinstance(item, OutgoingMessage) for item in items):
+            # Values alone (the common case): encoded into records once, no message objects.
+            return await pipeline.publish_values([encode.encode(item) for item in items])
         chunk: list[tuple[pb.PublishMessage, int]] = []
-        for item in messages:
+        for item in items:
             m = pb.PublishMessage()
             if isinstance(item, OutgoingMessage):
                 size = fill(

@@ -40,6 +40,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import struct
 import time
 import uuid
 from collections import deque
@@ -50,9 +52,14 @@ import grpc
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._transport import Transport
-from fluxmq.client.errors import FluxMQError, from_request_error
+from fluxmq.client.errors import FieldViolation, FluxMQError, from_request_error
 from fluxmq.client.partitioning import PartitionMap
 from fluxmq.client.producer import MAX_BATCH, PublishResult, results_of, send_request
+from fluxmq.client.record_batches import (
+    NO_IDEMPOTENCY_KEY_LENGTH,
+    NO_KEY_LENGTH,
+    encode_records,
+)
 from fluxmq.client.sessions import (
     RESTAMP_REASONS,
     UNKNOWN_PRODUCER,
@@ -226,9 +233,15 @@ class LanePool:
 
 @dataclass(slots=True)
 class _Waiting:
-    message: pb.PublishMessage
+    """One message waiting for a request, or (``bodies``) a run of values of one
+    ``publish_values`` call, already encoded: its result is then the list of their results."""
+
+    message: pb.PublishMessage | None
     size_bytes: int
-    result: asyncio.Future[PublishResult]
+    result: asyncio.Future[Any]
+    delayed: bool = False  # delay_ms or deliver_at_ms: sent as a message, not encoded
+    count: int = 1
+    bodies: list[bytes] | None = None  # encoded records without their offset_delta
 
 
 # The bucket of messages that bring their own idempotency keys: sent without a session, the
@@ -271,6 +284,7 @@ class PublishPipeline:
         # Waiting messages by partition (or _KEYED), in the order partitions take turns.
         self._pending: dict[int, deque[_Waiting]] = {}
         self._bucket_bytes: dict[int, int] = {}
+        self._bucket_count: dict[int, int] = {}  # messages waiting in each bucket
         self._full = False  # a bucket holds a full request
         self._flushing = False  # flush_now() was called and messages still wait
         self._timer: asyncio.TimerHandle | None = None
@@ -309,7 +323,7 @@ class PublishPipeline:
                 raise RuntimeError("the client is closed")
         bucket = _RAW if raw and not message.idempotency_key else await self._bucket_of(message)
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(message, size_bytes, loop.create_future())
+        waiting = _Waiting(message, size_bytes, loop.create_future(), _delayed(message))
         self._enqueue(bucket, waiting)
         self._waiting += 1
         self._maybe_schedule(loop)
@@ -322,7 +336,8 @@ class PublishPipeline:
         queue.append(waiting)
         size = self._bucket_bytes.get(bucket, 0) + waiting.size_bytes
         self._bucket_bytes[bucket] = size
-        if len(queue) >= self._messages_max or size >= self._bytes_max:
+        self._bucket_count[bucket] = count = self._bucket_count.get(bucket, 0) + waiting.count
+        if count >= self._messages_max or size >= self._bytes_max:
             self._full = True
 
     async def publish_many(
@@ -340,7 +355,7 @@ class PublishPipeline:
         loop = asyncio.get_running_loop()
         waiting: list[_Waiting] = []
         for message, size_bytes in messages:
-            w = _Waiting(message, size_bytes, loop.create_future())
+            w = _Waiting(message, size_bytes, loop.create_future(), _delayed(message))
             self._enqueue(self._bucket_in(message, partitions), w)
             waiting.append(w)
         self._waiting += len(waiting)
@@ -350,6 +365,58 @@ class PublishPipeline:
         for w in waiting:
             try:
                 results.append(await w.result)
+            except FluxMQError as err:
+                error = error or err
+        if error is not None:
+            raise error
+        return results
+
+    async def publish_values(self, values: list[bytes]) -> list[PublishResult]:
+        """Send ``values`` (already encoded by the codec; no key, headers or delay) in order,
+        to the queue's current partition, each encoded into a record here once, in runs of a
+        request's size at most; -> their results. Raises the first error once every value is
+        settled (as ``publish_many``)."""
+        if self.closed or self._transport.closed:
+            raise RuntimeError("the client is closed")
+        if not values:
+            return []
+        partitions = await self._partition_count()
+        if partitions == 0:  # unknown count: the broker partitions them (generated keys)
+            return await self.publish_many([(pb.PublishMessage(value=v), len(v)) for v in values])
+        partition = self._partitions.partition_of(_NO_KEY_MESSAGE, partitions)
+        loop = asyncio.get_running_loop()
+        runs: list[_Waiting] = []
+        bodies: list[bytes] = []
+        size = 0
+        for value in values:
+            if bodies and (
+                len(bodies) >= self._messages_max or size + len(value) > self._bytes_max
+            ):
+                runs.append(
+                    _Waiting(None, size, loop.create_future(), count=len(bodies), bodies=bodies)
+                )
+                bodies, size = [], 0
+            bodies.append(_value_body(value))
+            size += len(value)
+        runs.append(_Waiting(None, size, loop.create_future(), count=len(bodies), bodies=bodies))
+        for run in runs:
+            while self._waiting and self._waiting + run.count > self._pending_max:
+                self._maybe_schedule(loop)
+                self._room.clear()
+                await self._room.wait()  # pending_max: wait for the runs before to leave
+                if self.closed:
+                    _fail(runs, RuntimeError("the client is closed"))
+                    break
+            if run.result.done():
+                continue
+            self._enqueue(partition, run)
+            self._waiting += run.count
+        self._maybe_schedule(loop)
+        results: list[PublishResult] = []
+        error: BaseException | None = None
+        for run in runs:
+            try:
+                results.extend(await run.result)
             except FluxMQError as err:
                 error = error or err
         if error is not None:
@@ -426,23 +493,31 @@ class PublishPipeline:
         taken: list[_Waiting] = []
         size = 0
         removed = 0
-        while queue and len(taken) < self._messages_max:
+        removed_count = 0
+        taken_count = 0
+        while queue:
             w = queue[0]
-            if taken and size + w.size_bytes > self._bytes_max:
+            if taken and (
+                size + w.size_bytes > self._bytes_max or taken_count + w.count > self._messages_max
+            ):
                 break
             queue.popleft()
-            self._waiting -= 1
+            self._waiting -= w.count
             removed += w.size_bytes
+            removed_count += w.count
             if w.result.done():
                 continue
             taken.append(w)
             size += w.size_bytes
+            taken_count += w.count
         self._pending[bucket] = queue  # to the back: the next request is another bucket's
         self._bucket_bytes[bucket] -= removed
+        self._bucket_count[bucket] -= removed_count
         if not self._waiting:
             self._flushing = False
         self._full = self._flushing or any(
-            len(q) >= self._messages_max or self._bucket_bytes.get(b, 0) >= self._bytes_max
+            self._bucket_count.get(b, 0) >= self._messages_max
+            or self._bucket_bytes.get(b, 0) >= self._bytes_max
             for b, q in self._pending.items()
         )
         if bucket >= 0:
@@ -469,7 +544,7 @@ class PublishPipeline:
 
     async def _send_request(self, taken: list[_Waiting], safe: bool = True) -> None:
         request = pb.PublishRequest(queue=self.queue)
-        request.messages.extend(w.message for w in taken)
+        request.messages.extend(w.message for w in taken if w.message is not None)
         try:
             # A stream's lost answer is resent: only for messages a resend cannot duplicate.
             results = await self._streamed(request) if safe else None
@@ -508,12 +583,12 @@ class PublishPipeline:
         """``_send_request`` for messages of one partition under the producer session (see
         fluxmq/client/sessions.py): a resend keeps its stamp, so it is never stored twice.
         ``stamp``: a request sent again one message at a time has its place already."""
-        request = pb.PublishRequest(queue=self.queue)
-        request.messages.extend(w.message for w in taken)
+        request = _session_request(self.queue, partition, taken)
+        count = _count_of(request)
         session = self.session
         try:
             if stamp is None:
-                stamp = await session.stamp(partition, len(taken))
+                stamp = await session.stamp(partition, count)
         except FluxMQError as err:  # the session could not start (InitProducer refused)
             _fail(taken, err)
             return
@@ -522,10 +597,9 @@ class PublishPipeline:
             raise
         try:
             results = await self._stamped(request, stamp)
-            if len(results) != len(taken):
+            if len(results) != count:
                 raise FluxMQError(
-                    grpc.StatusCode.INTERNAL,
-                    f"{len(results)} results for {len(taken)} messages",
+                    grpc.StatusCode.INTERNAL, f"{len(results)} results for {count} messages"
                 )
         except _Restamped as moved:
             # Its last stamp was never sent: later requests must not wait behind it.
@@ -534,14 +608,17 @@ class PublishPipeline:
             _fail(taken, moved.error)
             return
         except FluxMQError as err:
+            if request.HasField("encoded"):
+                _in_message_terms(err)
             # Whatever became of it, the partition's next sequence must not wait behind it:
             # later requests move to the next epoch.
             failed = moved_stamp(err, stamp)
             session.renew(failed)
-            if len(taken) > 1 and _about_one_message(err) and not session_field(err):
+            if count > 1 and _about_one_message(err) and not session_field(err):
                 # All or nothing on the broker: find out whose message it was, one request at
                 # a time (this slot of the window), each in this request's place.
                 self.requests_split += 1
+                taken = _one_each(taken)
                 session.split(failed, len(taken))
                 for part, w in enumerate(taken, start=1):
                     if w.result.done():  # its caller gave up: no stamp (a stamp is sent)
@@ -561,9 +638,7 @@ class PublishPipeline:
         session.release(results_stamp(results, stamp))
         self.requests_sent += 1
         self.messages_sent += len(results)
-        for w, r in zip(taken, results, strict=True):
-            if not w.result.done():
-                w.result.set_result(r)
+        _settle(taken, results)
 
     async def _stamped(self, request: pb.PublishRequest, stamp: Stamp) -> _Results:
         """Send ``request`` under ``stamp``, stamping it again (in its order) when the broker
@@ -587,7 +662,7 @@ class PublishPipeline:
                 if err.reason == UNKNOWN_PRODUCER:
                     # The broker forgot the session (idle expiry): nothing is stored under it.
                     session.renew(stamp)
-                    stamp = await session.restamp(stamp, len(request.messages))
+                    stamp = await session.restamp(stamp, _count_of(request))
                     continue
                 if not stale(err):
                     err.stamp = stamp  # type: ignore[attr-defined]
@@ -606,7 +681,7 @@ class PublishPipeline:
                 if err.reason not in RESTAMP_REASONS:
                     err.stamp = stamp  # type: ignore[attr-defined]
                     raise
-            stamp = await session.restamp(stamp, len(request.messages))
+            stamp = await session.restamp(stamp, _count_of(request))
         raise _Restamped(
             stamp,
             FluxMQError(
@@ -672,6 +747,162 @@ class _Restamped(Exception):
         super().__init__(str(error))
         self.stamp = stamp
         self.error = error
+
+
+def _session_request(queue: str, partition: int, taken: list[_Waiting]) -> pb.PublishRequest:
+    """A session's request for ``taken`` (all of ``partition``): their records encoded
+    (``PublishRequest.encoded``: the broker checks them without reading each message), or the
+    messages themselves when one of them carries what a record cannot (a delivery delay)."""
+    request = pb.PublishRequest(queue=queue)
+    if not any(w.delayed for w in taken):
+        try:
+            records, count = _encoded(taken)
+        except struct.error:  # a length past the format's fields: the broker names it
+            pass
+        else:
+            request.encoded.partition = partition
+            request.encoded.count = count
+            request.encoded.records = records
+            return request
+    for w in taken:
+        if w.message is not None:
+            request.messages.append(w.message)
+        else:
+            assert w.bodies is not None
+            request.messages.extend(_message_of(body) for body in w.bodies)
+    return request
+
+
+def _encoded(taken: list[_Waiting]) -> tuple[bytes, int]:
+    """The records section of ``taken`` and its record count."""
+    parts: list[bytes] = []
+    append = parts.append
+    index = 0
+    for w in taken:
+        if w.bodies is None:
+            assert w.message is not None
+            append(encode_records([w.message], index))
+            index += 1
+            continue
+        for body in w.bodies:
+            append(_pack_offset_delta(index))
+            append(body)
+            index += 1
+    return b"".join(parts), index
+
+
+_pack_offset_delta = struct.Struct(">I").pack
+# A record's head after its offset_delta, for a value alone: timestamp_delta 0, no key, the
+# value's length, no headers, no idempotency key (RECORD_BATCH.md).
+_pack_value_head = struct.Struct(">IIIHH").pack
+_NO_KEY_MESSAGE = pb.PublishMessage()
+
+
+def _value_body(value: bytes) -> bytes:
+    return _pack_value_head(0, NO_KEY_LENGTH, len(value), 0, NO_IDEMPOTENCY_KEY_LENGTH) + value
+
+
+def _message_of(body: bytes) -> pb.PublishMessage:
+    """The message of a value's record body (``_value_body``)."""
+    return pb.PublishMessage(value=body[_VALUE_AT:])
+
+
+_VALUE_AT = struct.calcsize(">IIIHH")
+
+
+def _one_each(taken: list[_Waiting]) -> list[_Waiting]:
+    """``taken`` with each run of values (``publish_values``) cut into one waiting entry per
+    value, its run's result gathered from theirs: the entries a split request sends one by
+    one."""
+    if all(w.bodies is None for w in taken):
+        return taken
+    out: list[_Waiting] = []
+    loop = asyncio.get_running_loop()
+    for w in taken:
+        if w.bodies is None:
+            out.append(w)
+            continue
+        singles = [
+            _Waiting(None, len(body) - _VALUE_AT, loop.create_future(), bodies=[body])
+            for body in w.bodies
+        ]
+        out.extend(singles)
+        _gather_into(w.result, [single.result for single in singles])
+    return out
+
+
+def _gather_into(run: asyncio.Future[Any], parts: list[asyncio.Future[Any]]) -> None:
+    """Settle ``run`` once every one of ``parts`` is: with their results (each a one-element
+    list), or with the first error among them; a cancelled run cancels its parts."""
+    left = len(parts)
+
+    def done(_: asyncio.Future[Any]) -> None:
+        nonlocal left
+        left -= 1
+        if left or run.done():
+            return
+        results: list[PublishResult] = []
+        for part in parts:
+            if part.cancelled():
+                run.cancel()
+                return
+            if part.exception() is not None:
+                run.set_exception(part.exception())  # type: ignore[arg-type]
+                return
+            results.extend(part.result())
+        run.set_result(results)
+
+    for part in parts:
+        part.add_done_callback(done)
+    run.add_done_callback(lambda r: [p.cancel() for p in parts] if r.cancelled() else None)
+
+
+def _settle(taken: list[_Waiting], results: list[PublishResult]) -> None:
+    """Each entry of ``taken`` gets its results: a message its own, a run of values the list
+    of theirs."""
+    at = 0
+    for w in taken:
+        if w.bodies is None:
+            if not w.result.done():
+                w.result.set_result(results[at])
+            at += 1
+        else:
+            if not w.result.done():
+                w.result.set_result(results[at : at + w.count])
+            at += w.count
+    assert at == len(results)
+
+
+def _delayed(message: pb.PublishMessage) -> bool:
+    return bool(message.delay_ms or message.deliver_at_ms)
+
+
+_ENCODED_FIELD = re.compile(r"encoded\.(?:records\[(\d+)\]|(partition)|count)")
+
+
+def _in_message_terms(err: FluxMQError) -> None:
+    """Name the fields of a refused request of encoded records as the messages the caller
+    published (``encoded.records[3].value`` -> ``messages[3].value``; the partition is
+    ``messages[0].partition``): the encoding is the SDK's business, not the caller's."""
+
+    def rename(field: str) -> str:
+        def message(match: re.Match[str]) -> str:
+            if match.group(1) is not None:
+                return f"messages[{match.group(1)}]"
+            return "messages[0].partition" if match.group(2) else "messages"
+
+        return _ENCODED_FIELD.sub(message, field, count=1)
+
+    err.field_violations = tuple(
+        FieldViolation(rename(v.field), v.description) for v in err.field_violations
+    )
+    if "field" in err.metadata:
+        err.metadata["field"] = rename(err.metadata["field"])
+    err.message = rename(err.message)
+
+
+def _count_of(request: pb.PublishRequest) -> int:
+    return request.encoded.count if request.HasField("encoded") else len(request.messages)
 
 
 def moved_stamp(err: FluxMQError, stamp: Stamp) -> Stamp:

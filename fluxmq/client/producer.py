@@ -106,7 +106,15 @@ def fill(
     return size
 
 
-def results_of(resp: pb.PublishResponse) -> list[PublishResult]:
+def results_of(resp: pb.PublishResponse | pb.PublishStreamResponse) -> list[PublishResult]:
+    if resp.HasField("batch"):  # the answer to encoded records: one range
+        b = resp.batch
+        if b.pending:
+            return [PublishResult(b.partition, 0, 0, False, True)] * b.count
+        return [
+            PublishResult(b.partition, offset, b.timestamp_ms, b.duplicate)
+            for offset in range(b.base_offset, b.base_offset + b.count)
+        ]
     return [
         PublishResult(r.partition, r.offset, r.timestamp_ms, r.duplicate, r.pending)
         for r in resp.results

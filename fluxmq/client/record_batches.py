@@ -1,4 +1,5 @@
-"""Decoding the record batches a Fetch answers with (``FetchRequest.record_batches``).
+"""Decoding the record batches a Fetch answers with (``FetchRequest.record_batches``), and
+encoding the records section a Publish can carry instead of messages (``PublishRequest.encoded``).
 
 The broker hands batches on as it stores them, without opening them; the client checks each
 batch's crc32c and decodes its records. The format is the broker's storage format 2,
@@ -24,6 +25,53 @@ _HEADER = struct.Struct(">HI")
 _NO_KEY = 0xFFFFFFFF
 _NO_IDEMPOTENCY_KEY = 0xFFFF
 _COMPRESSION_MASK = 0x0007
+
+
+_pack_record = _RECORD.pack
+_pack_header = _HEADER.pack
+
+
+NO_KEY_LENGTH = _NO_KEY
+NO_IDEMPOTENCY_KEY_LENGTH = _NO_IDEMPOTENCY_KEY
+
+
+def encode_records(messages: Iterable[pb.PublishMessage], first_index: int = 0) -> bytes:
+    """The records section of ``messages`` (value, key, headers; nothing else of them), for
+    ``PublishRequest.encoded``: record i has offset_delta i (counted from ``first_index``, for
+    records that join others) and timestamp_delta 0, headers go by name in ascending byte
+    order, no idempotency key. The broker checks the limits."""
+    parts: list[bytes] = []
+    append = parts.append
+    for index, m in enumerate(messages, first_index):
+        value = m.value
+        key = m.key if m.HasField("key") else None
+        headers = m.headers
+        if not headers:
+            append(
+                _pack_record(
+                    index, 0, _NO_KEY if key is None else len(key), len(value), 0,
+                    _NO_IDEMPOTENCY_KEY,
+                )
+            )  # fmt: skip
+            if key:
+                append(key)
+            append(value)
+            continue
+        named = sorted((name.encode(), v) for name, v in headers.items())
+        append(
+            _pack_record(
+                index, 0, _NO_KEY if key is None else len(key), len(value), len(named),
+                _NO_IDEMPOTENCY_KEY,
+            )
+        )  # fmt: skip
+        if key:
+            append(key)
+        append(value)
+        for name, v in named:
+            append(_pack_header(len(name), len(v)))
+            append(name)
+            append(v)
+    return b"".join(parts)
 
 
 class CorruptBatchError(ValueError):

@@ -20,6 +20,7 @@ import crc32c
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import limits
+from fluxmq.core.encoded_records import RESERVED_HEADER_PREFIX, check_encoded
 from fluxmq.core.errors import invalid_argument, message_too_large, partition_out_of_range
 from fluxmq.core.queue_config import QueuePolicy
 from storage.codec import prepare
@@ -37,7 +38,6 @@ class PreparedAppend:
     payload_bytes: int  # key + value + header bytes, for metrics
 
 
-RESERVED_HEADER_PREFIX = "fluxmq-"
 DELIVER_AT_HEADER = "fluxmq-deliver-at"  # decimal ms: the message is invisible to groups until
 
 
@@ -145,6 +145,35 @@ def prepare_append(
         _add_batches(command, fields, partitions)
     if producer is not None:
         _check_session(messages, producer)
+        command.producer_id = producer.producer_id
+        command.producer_epoch = producer.producer_epoch
+        command.first_sequence = producer.first_sequence
+    return PreparedAppend(command, cursor, total)
+
+
+def prepare_encoded_append(
+    queue: str,
+    queue_id: int,
+    policy: QueuePolicy,
+    encoded: pb.EncodedRecords,
+    cursor: int,
+    now_ms: int,
+    producer: pb.ProducerSession | None = None,
+) -> PreparedAppend:
+    """The Append command of records the client encoded (``PublishRequest.encoded``): checked
+    record by record (fluxmq/core/encoded_records.py), stored as they came; the partition is
+    the one the request names (no partitioning here)."""
+    total = check_encoded(queue, policy, encoded)
+    command = cpb.AppendCmd(
+        queue=queue,
+        queue_id=queue_id,
+        now_ms=now_ms,
+        partitions=[encoded.partition] * encoded.count,
+    )
+    command.batches.add(partition=encoded.partition, count=encoded.count, records=encoded.records)
+    if producer is not None:
+        if producer.producer_id == 0:
+            raise invalid_argument("producer.producer_id", "set it to the id InitProducer gave")
         command.producer_id = producer.producer_id
         command.producer_epoch = producer.producer_epoch
         command.first_sequence = producer.first_sequence

@@ -17,7 +17,7 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys, validation
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument, queue_not_found
-from fluxmq.core.partitioner import prepare_append
+from fluxmq.core.partitioner import prepare_append, prepare_encoded_append
 from fluxmq.core.producers import ProducerGrant, check_name
 from fluxmq.core.queue_config import merge_update, normalize_new
 from fluxmq.core.reader import FetchResult, QueueReader
@@ -408,17 +408,34 @@ class Broker:
         messages: Sequence[pb.PublishMessage],
         timeout_ms: int,
         producer: pb.ProducerSession | None = None,
+        encoded: pb.EncodedRecords | None = None,
     ) -> AppendResult:
+        """Store ``messages``, or the records a client ``encoded`` (one of the two)."""
         entry = self.reader.entry(queue)
-        prepared = prepare_append(
-            queue,
-            entry.queue_id,
-            entry.policy,
-            messages,
-            self._rr_cursor.get(entry.queue_id, 0),
-            self._clock_ms(),
-            producer,
-        )
+        if encoded is not None:
+            if messages:
+                raise invalid_argument(
+                    "encoded", "send messages or encoded records in one request, not both"
+                )
+            prepared = prepare_encoded_append(
+                queue,
+                entry.queue_id,
+                entry.policy,
+                encoded,
+                self._rr_cursor.get(entry.queue_id, 0),
+                self._clock_ms(),
+                producer,
+            )
+        else:
+            prepared = prepare_append(
+                queue,
+                entry.queue_id,
+                entry.policy,
+                messages,
+                self._rr_cursor.get(entry.queue_id, 0),
+                self._clock_ms(),
+                producer,
+            )
         self._rr_cursor[entry.queue_id] = prepared.cursor
         self.check_in_sync(entry.policy.min_in_sync)
         try:
@@ -451,7 +468,7 @@ class Broker:
             )
         assert isinstance(result, AppendResult)
         duplicates = sum(result.duplicates)
-        metrics.PUBLISHED_MESSAGES.labels(queue).inc(len(messages) - duplicates)
+        metrics.PUBLISHED_MESSAGES.labels(queue).inc(len(result.partitions) - duplicates)
         metrics.PUBLISHED_BYTES.labels(queue).inc(prepared.payload_bytes)
         if duplicates:
             metrics.DUPLICATE_MESSAGES.labels(queue).inc(duplicates)

@@ -443,6 +443,11 @@ class Consumers:
                     f"publishes[{i}].producer",
                     "a transaction is all or nothing already; producer sessions are for Publish",
                 )
+            if pub.HasField("encoded"):
+                raise invalid_argument(
+                    f"publishes[{i}].encoded",
+                    "a transaction's publishes carry messages; encoded records are for Publish",
+                )
             try:
                 entry = self._reader.entry(pub.queue)
                 prepared = prepare_append(

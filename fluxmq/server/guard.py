@@ -207,9 +207,9 @@ def queues_of(request: Any) -> list[str]:
 
 def _cost(method: str, request: Any) -> int:
     if isinstance(request, pb.PublishRequest):
-        return max(1, len(request.messages))
+        return max(1, len(request.messages) + request.encoded.count)
     if isinstance(request, pb.PublishStreamRequest):
-        return max(1, len(request.publish.messages))
+        return max(1, len(request.publish.messages) + request.publish.encoded.count)
     if isinstance(request, pb.TransactRequest):
         return max(1, sum(len(p.messages) for p in request.publishes))
     return 1

@@ -49,7 +49,26 @@ def _fill_records(out: Any, partition: int, records: list[Record], single: bool 
             rec.idempotency_key = r.idempotency_key
 
 
-def _publish_response(result: AppendResult) -> pb.PublishResponse:
+def _published_batch(result: AppendResult) -> pb.PublishedBatch:
+    """The answer to a request of encoded records: they are one partition's, stored together
+    (or, for a session's retry, remembered together), so one range says where each went."""
+    count = len(result.partitions)
+    if result.pending:
+        return pb.PublishedBatch(partition=result.partitions[0], count=count, pending=True)
+    base = result.offsets[0]
+    assert result.offsets[-1] == base + count - 1, "an encoded request's records are contiguous"
+    return pb.PublishedBatch(
+        partition=result.partitions[0],
+        base_offset=base,
+        count=count,
+        timestamp_ms=result.timestamps_ms[0],
+        duplicate=result.duplicates[0],
+    )
+
+
+def _publish_response(result: AppendResult, encoded: bool = False) -> pb.PublishResponse:
+    if encoded:
+        return pb.PublishResponse(batch=_published_batch(result))
     resp = pb.PublishResponse()
     add = resp.results.add
     if result.pending:
@@ -213,8 +232,11 @@ class QueueService(pb_grpc.QueueServiceServicer):
         if remaining is not None:
             timeout_ms = min(timeout_ms, max(1, int(remaining * 1000)))
         producer = request.producer if request.HasField("producer") else None
-        result = await self._broker.publish(request.queue, request.messages, timeout_ms, producer)
-        return _publish_response(result)
+        encoded = request.encoded if request.HasField("encoded") else None
+        result = await self._broker.publish(
+            request.queue, request.messages, timeout_ms, producer, encoded
+        )
+        return _publish_response(result, encoded is not None)
 
     async def InitProducer(
         self, request: pb.InitProducerRequest, context: Any
@@ -248,10 +270,13 @@ class QueueService(pb_grpc.QueueServiceServicer):
                     )
                     resp = pb.PublishStreamResponse(sequence=req.sequence)
                     resp.results.extend(forwarded.results)
+                    if forwarded.HasField("batch"):
+                        resp.batch.CopyFrom(forwarded.batch)
                     return resp
                 producer = req.publish.producer if req.publish.HasField("producer") else None
+                encoded = req.publish.encoded if req.publish.HasField("encoded") else None
                 result = await target.publish(
-                    req.publish.queue, req.publish.messages, timeout_ms, producer
+                    req.publish.queue, req.publish.messages, timeout_ms, producer, encoded
                 )
             except Exception as exc:
                 rid = request_id_var.get()
@@ -270,6 +295,10 @@ class QueueService(pb_grpc.QueueServiceServicer):
                         reason=err.reason,
                         status_details=status.SerializeToString(),
                     ),
+                )
+            if encoded is not None:
+                return pb.PublishStreamResponse(
+                    sequence=req.sequence, batch=_published_batch(result)
                 )
             resp = pb.PublishStreamResponse(sequence=req.sequence)
             resp.results.extend(_publish_response(result).results)

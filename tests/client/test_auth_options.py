@@ -150,6 +150,14 @@ class FakeBroker(queue_pb2_grpc.QueueServiceServicer, admin_pb2_grpc.AdminServic
         if self.leader:
             context.set_trailing_metadata((("x-fluxmq-leader", self.leader),))
         n = len(self.of("Publish"))
+        if request.HasField("encoded"):
+            return queue_pb2.PublishResponse(
+                batch=queue_pb2.PublishedBatch(
+                    partition=request.encoded.partition,
+                    base_offset=n * 1000,
+                    count=request.encoded.count,
+                )
+            )
         return queue_pb2.PublishResponse(
             results=[
                 queue_pb2.PublishResult(partition=0, offset=n * 1000 + i)

@@ -24,7 +24,7 @@ def count_publish_requests(client: AsyncClient, monkeypatch: pytest.MonkeyPatch)
 
     async def unary(service: str, method: str, request: Any, **kw: Any) -> Any:
         if method == "Publish":
-            sizes.append(len(request.messages))
+            sizes.append(len(request.messages) + request.encoded.count)
         return await real_unary(service, method, request, **kw)
 
     monkeypatch.setattr(client.transport, "unary", unary)

@@ -18,6 +18,7 @@ import pytest
 from fluxmq._pb.v1 import admin_pb2 as apb
 from fluxmq._pb.v1 import admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.client.record_batches import encode_records
 from fluxmq.core.auth import new_key
 from tests.etcd_server import EtcdServer
 from tests.integration.cluster import Cluster, started
@@ -255,13 +256,21 @@ def test_a_publish_stream_is_checked_like_publish_for_environment_and_rate(
     assert stored(api, admin, "rl") == 1000  # the first, on a full bucket; then 49 s of debt
 
 
+@pytest.mark.parametrize("form", ["messages", "encoded"])
 def test_a_batch_larger_than_the_burst_pays_for_every_message(
-    live: tuple[Node, str, Api],
+    live: tuple[Node, str, Api], form: str
 ) -> None:
     _node, admin, api = live
     api.q.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name="rl")), metadata=md(admin))
     tight = api.key(admin, "producer", tier="tight")  # publish 20/s, burst 20
-    thousand = pb.PublishRequest(queue="rl", messages=[pb.PublishMessage(value=b"x")] * 1000)
+    messages = [pb.PublishMessage(value=b"x")] * 1000
+    if form == "messages":
+        thousand = pb.PublishRequest(queue="rl", messages=messages)
+    else:  # records the client encoded cost a token each as well
+        thousand = pb.PublishRequest(
+            queue="rl",
+            encoded=pb.EncodedRecords(partition=0, count=1000, records=encode_records(messages)),
+        )
     api.q.Publish(thousand, metadata=md(tight), timeout=10)  # waited for a full bucket: passes
     time.sleep(1.05)  # 21 tokens back: once enough for a batch, not now
     err = refused(api.q.Publish, thousand, metadata=md(tight))

@@ -300,16 +300,44 @@ class PublishMessage(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, bytes]] = ..., partition: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., deliver_at_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("queue", "messages", "request_timeout_ms", "producer")
+    __slots__ = ("queue", "messages", "request_timeout_ms", "producer", "encoded")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_FIELD_NUMBER: _ClassVar[int]
     queue: str
     messages: _containers.RepeatedCompositeFieldContainer[PublishMessage]
     request_timeout_ms: int
     producer: ProducerSession
-    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[PublishMessage, _Mapping]]] = ..., request_timeout_ms: _Optional[int] = ..., producer: _Optional[_Union[ProducerSession, _Mapping]] = ...) -> None: ...
+    encoded: EncodedRecords
+    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[PublishMessage, _Mapping]]] = ..., request_timeout_ms: _Optional[int] = ..., producer: _Optional[_Union[ProducerSession, _Mapping]] = ..., encoded: _Optional[_Union[EncodedRecords, _Mapping]] = ...) -> None: ...
+
+class EncodedRecords(_message.Message):
+    __slots__ = ("partition", "count", "records")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    count: int
+    records: bytes
+    def __init__(self, partition: _Optional[int] = ..., count: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+
+class PublishedBatch(_message.Message):
+    __slots__ = ("partition", "base_offset", "count", "timestamp_ms", "duplicate", "pending")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    base_offset: int
+    count: int
+    timestamp_ms: int
+    duplicate: bool
+    pending: bool
+    def __init__(self, partition: _Optional[int] = ..., base_offset: _Optional[int] = ..., count: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ..., pending: _Optional[bool] = ...) -> None: ...
 
 class ProducerSession(_message.Message):
     __slots__ = ("producer_id", "producer_epoch", "first_sequence")
@@ -354,10 +382,12 @@ class PublishResult(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ..., pending: _Optional[bool] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "batch")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PublishResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[PublishResult, _Mapping]]] = ...) -> None: ...
+    batch: PublishedBatch
+    def __init__(self, results: _Optional[_Iterable[_Union[PublishResult, _Mapping]]] = ..., batch: _Optional[_Union[PublishedBatch, _Mapping]] = ...) -> None: ...
 
 class PublishStreamRequest(_message.Message):
     __slots__ = ("sequence", "publish")
@@ -368,14 +398,16 @@ class PublishStreamRequest(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., publish: _Optional[_Union[PublishRequest, _Mapping]] = ...) -> None: ...
 
 class PublishStreamResponse(_message.Message):
-    __slots__ = ("sequence", "results", "error")
+    __slots__ = ("sequence", "results", "error", "batch")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     results: _containers.RepeatedCompositeFieldContainer[PublishResult]
     error: RequestError
-    def __init__(self, sequence: _Optional[int] = ..., results: _Optional[_Iterable[_Union[PublishResult, _Mapping]]] = ..., error: _Optional[_Union[RequestError, _Mapping]] = ...) -> None: ...
+    batch: PublishedBatch
+    def __init__(self, sequence: _Optional[int] = ..., results: _Optional[_Iterable[_Union[PublishResult, _Mapping]]] = ..., error: _Optional[_Union[RequestError, _Mapping]] = ..., batch: _Optional[_Union[PublishedBatch, _Mapping]] = ...) -> None: ...
 
 class RequestError(_message.Message):
     __slots__ = ("code", "message", "reason", "status_details")
