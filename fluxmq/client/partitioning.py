@@ -74,6 +74,10 @@ class PartitionMap:
             return int(message.partition)
         if message.HasField("key"):
             return key_partition(message.key, partitions)
+        return self.keyless(partitions)
+
+    def keyless(self, partitions: int) -> int:
+        """The partition a message with neither a partition nor a key goes to now."""
         return self.sticky % partitions
 
     def request_formed(self, partition: int) -> None:

@@ -383,7 +383,7 @@ class PublishPipeline:
         partitions = await self._partition_count()
         if partitions == 0:  # unknown count: the broker partitions them (generated keys)
             return await self.publish_many([(pb.PublishMessage(value=v), len(v)) for v in values])
-        partition = self._partitions.partition_of(_NO_KEY_MESSAGE, partitions)
+        partition = self._partitions.keyless(partitions)
         loop = asyncio.get_running_loop()
         runs: list[_Waiting] = []
         bodies: list[bytes] = []
@@ -795,7 +795,6 @@ _pack_offset_delta = struct.Struct(">I").pack
 # A record's head after its offset_delta, for a value alone: timestamp_delta 0, no key, the
 # value's length, no headers, no idempotency key (RECORD_BATCH.md).
 _pack_value_head = struct.Struct(">IIIHH").pack
-_NO_KEY_MESSAGE = pb.PublishMessage()
 
 
 def _value_body(value: bytes) -> bytes:
