@@ -15,6 +15,7 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client.errors import FieldViolation, FluxMQError
 from fluxmq.client.pipeline import PublishPipeline
+from fluxmq.client.record_batches import decode
 from fluxmq.core import commands, keys
 from fluxmq.core.errors import FluxError
 from fluxmq.core.partitioner import prepare_append, prepare_encoded_append
@@ -22,7 +23,6 @@ from fluxmq.core.producers import ProducerGrant
 from fluxmq.core.queue_config import normalize_new, policy_of
 from fluxmq.core.state_machine import AppendResult, QueueStateMachine
 from fluxmq.server.errors import status_code
-from fluxmq.client.record_batches import decode
 from storage import MemoryStore
 from storage.record_batch import (
     NO_IDEMPOTENCY_KEY_LENGTH,
