@@ -308,7 +308,7 @@ async def test_random_lost_answers_store_every_message_once_in_order(seed: int) 
     assert not (bad & set(stored)), f"seed {seed}"
 
 
-async def test_a_refused_value_of_a_run_fails_alone_and_the_run_raises_once_the_rest_is_stored() -> (
+async def test_a_refused_value_of_a_run_fails_alone_and_the_run_raises_after_the_rest_is_in() -> (
     None
 ):
     broker = BrokerTwin(max_message_bytes=1024)
