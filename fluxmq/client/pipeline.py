@@ -11,9 +11,11 @@ adds a wait after the first message of a request, for callers that arrive in a t
 Each caller gets its own result and its own error. A request is all or nothing on the broker, so
 when one fails for a reason a retry cannot fix (one message too large, say) and it held more than
 one message, its messages are sent again one per request: each caller then learns the fate of its
-own message, and a neighbour's bad message never fails it. That is safe because every message
-carries an idempotency key (yours or a generated one): a message whose first request was in fact
-written is answered with its first position and ``duplicate=True``, never stored twice.
+own message, and a neighbour's bad message never fails it. That is safe because every request is
+stamped with the producer session (or its messages carry their own idempotency keys): a request
+that was in fact written is answered with its first positions and ``duplicate=True``, never
+stored twice. A session's request carries its messages as records encoded here
+(``PublishRequest.encoded``), which the broker checks without reading each message.
 
 Ordering: one caller awaiting each ``publish()`` in turn publishes in order. Between concurrent
 callers there is no order to keep (their calls race today, one request each); a caller that
@@ -360,16 +362,7 @@ class PublishPipeline:
             waiting.append(w)
         self._waiting += len(waiting)
         self._maybe_schedule(loop)
-        results: list[PublishResult] = []
-        error: BaseException | None = None
-        for w in waiting:
-            try:
-                results.append(await w.result)
-            except FluxMQError as err:
-                error = error or err
-        if error is not None:
-            raise error
-        return results
+        return await _outcomes(waiting)
 
     async def publish_values(self, values: list[bytes]) -> list[PublishResult]:
         """Send ``values`` (already encoded by the codec; no key, headers or delay) in order,
@@ -412,16 +405,7 @@ class PublishPipeline:
             self._enqueue(partition, run)
             self._waiting += run.count
         self._maybe_schedule(loop)
-        results: list[PublishResult] = []
-        error: BaseException | None = None
-        for run in runs:
-            try:
-                results.extend(await run.result)
-            except FluxMQError as err:
-                error = error or err
-        if error is not None:
-            raise error
-        return results
+        return await _outcomes(runs)
 
     async def _bucket_of(self, message: pb.PublishMessage) -> int:
         if message.idempotency_key:
@@ -854,6 +838,26 @@ def _gather_into(run: asyncio.Future[Any], parts: list[asyncio.Future[Any]]) -> 
     for part in parts:
         part.add_done_callback(done)
     run.add_done_callback(lambda r: [p.cancel() for p in parts] if r.cancelled() else None)
+
+
+async def _outcomes(waiting: list[_Waiting]) -> list[PublishResult]:
+    """The results of ``waiting``, in order (a run's list in its place); raises the first error
+    once every entry is settled (each message's fate is its own: the others may be stored)."""
+    results: list[PublishResult] = []
+    error: BaseException | None = None
+    for w in waiting:
+        try:
+            outcome = await w.result
+        except FluxMQError as err:
+            error = error or err
+            continue
+        if w.bodies is None:
+            results.append(outcome)
+        else:
+            results.extend(outcome)
+    if error is not None:
+        raise error
+    return results
 
 
 def _settle(taken: list[_Waiting], results: list[PublishResult]) -> None:

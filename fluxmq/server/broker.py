@@ -412,29 +412,18 @@ class Broker:
     ) -> AppendResult:
         """Store ``messages``, or the records a client ``encoded`` (one of the two)."""
         entry = self.reader.entry(queue)
-        if encoded is not None:
-            if messages:
-                raise invalid_argument(
-                    "encoded", "send messages or encoded records in one request, not both"
-                )
-            prepared = prepare_encoded_append(
-                queue,
-                entry.queue_id,
-                entry.policy,
-                encoded,
-                self._rr_cursor.get(entry.queue_id, 0),
-                self._clock_ms(),
-                producer,
+        cursor, now_ms = self._rr_cursor.get(entry.queue_id, 0), self._clock_ms()
+        if encoded is None:
+            prepared = prepare_append(
+                queue, entry.queue_id, entry.policy, messages, cursor, now_ms, producer
+            )
+        elif messages:
+            raise invalid_argument(
+                "encoded", "send messages or encoded records in one request, not both"
             )
         else:
-            prepared = prepare_append(
-                queue,
-                entry.queue_id,
-                entry.policy,
-                messages,
-                self._rr_cursor.get(entry.queue_id, 0),
-                self._clock_ms(),
-                producer,
+            prepared = prepare_encoded_append(
+                queue, entry.queue_id, entry.policy, encoded, cursor, now_ms, producer
             )
         self._rr_cursor[entry.queue_id] = prepared.cursor
         self.check_in_sync(entry.policy.min_in_sync)
