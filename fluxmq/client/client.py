@@ -229,9 +229,12 @@ class AsyncClient:
     ) -> list[PublishResult]:
         """Publishes values (or :class:`OutgoingMessage`) in order, one result per message,
         through the queue's pipeline as ``publish`` does (partitioned at the edge, in the
-        producer session, sharing requests with concurrent publishers); at most 1000 at a time
-        wait in the pipeline. Raises the first error once every message of the call is settled:
-        a message the broker refuses fails alone, the others are stored."""
+        producer session, sharing requests with concurrent publishers). Plain values go to one
+        partition, encoded into records once, in runs of a request's size (waiting for room
+        beyond the pipeline's ``pending_max``); with an :class:`OutgoingMessage` among them, at
+        most 1000 messages at a time wait in the pipeline. Raises the first error once every
+        message of the call is settled: a message the broker refuses fails alone, the others
+        are stored."""
         encode = self._codec(codec)
         pipeline = self._pipeline(queue)
         results: list[PublishResult] = []
