@@ -229,10 +229,9 @@ class AsyncClient:
     ) -> list[PublishResult]:
         """Publishes values (or :class:`OutgoingMessage`) in order, one result per message,
         through the queue's pipeline as ``publish`` does (partitioned at the edge, in the
-        producer session, sharing requests with concurrent publishers). Plain values go to one
-        partition, encoded into records once, in runs of a request's size (waiting for room
-        beyond the pipeline's ``pending_max``); with an :class:`OutgoingMessage` among them, at
-        most 1000 messages at a time wait in the pipeline. Raises the first error once every
+        producer session, sharing requests with concurrent publishers); at most 1000 at a time
+        wait in the pipeline (plain values are encoded into records once, each 1000 to one
+        partition, as a request of keyless messages goes). Raises the first error once every
         message of the call is settled: a message the broker refuses fails alone, the others
         are stored."""
         encode = self._codec(codec)
@@ -241,7 +240,10 @@ class AsyncClient:
         items = list(messages)
         if not any(isinstance(item, OutgoingMessage) for item in items):
             # Values alone (the common case): encoded into records once, no message objects.
-            return await pipeline.publish_values([encode.encode(item) for item in items])
+            values = [encode.encode(item) for item in items]
+            for at in range(0, len(values), MAX_BATCH):
+                results.extend(await pipeline.publish_values(values[at : at + MAX_BATCH]))
+            return results
         chunk: list[tuple[pb.PublishMessage, int]] = []
         for item in items:
             m = pb.PublishMessage()

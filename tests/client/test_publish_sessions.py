@@ -161,3 +161,34 @@ async def test_buffered_producer_travels_in_a_session_and_keeps_order_with_reque
         fetched = await client.fetch("sess-producer", 0, 0, max_messages=1000)
         assert [r.value.decode() for r in fetched.records] == [f"p{i}" for i in range(600)]
         assert all(not r.idempotency_key for r in fetched.records)
+
+
+async def test_publish_batch_of_values_travels_encoded_and_each_thousand_takes_the_next_partition(
+    broker: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with AsyncClient(broker.address) as client:
+        await client.admin.create_queue("sess-spread", type="stream", partitions=3)
+        encoded: list[bool] = []
+
+        def no_lane(address: str) -> Any:  # no stream: every request on the unary path
+            return None
+
+        monkeypatch.setattr(client._lanes, "lane", no_lane)
+        real_unary = client.transport.unary
+
+        async def unary(service: str, method: str, request: Any, **kw: Any) -> Any:
+            if method == "Publish":
+                encoded.append(request.HasField("encoded") and not request.messages)
+            return await real_unary(service, method, request, **kw)
+
+        monkeypatch.setattr(client.transport, "unary", unary)
+        results = await client.publish_batch("sess-spread", [b"v%d" % i for i in range(2500)])
+        partitions = [r.partition for r in results]
+        # As requests of keyless messages go (a sticky partition, the next one after each
+        # request): each 1000 of a call to one partition, in order, never two at once.
+        assert len(set(partitions[:1000])) == len(set(partitions[1000:2000])) == 1
+        assert len({partitions[0], partitions[1000], partitions[2000]}) == 3
+        for p in set(partitions):
+            offsets = [r.offset for r in results if r.partition == p]
+            assert offsets == list(range(len(offsets)))
+        assert len(encoded) == 3 and all(encoded)  # each 1000 one Publish of encoded records
