@@ -608,8 +608,16 @@ class PublishPipeline:
                     if w.result.done():  # its caller gave up: no stamp (a stamp is sent)
                         session.forget(failed, part)
                         continue
-                    single = await session.restamp(failed, 1, part)
-                    await self._send_session_request(partition, [w], single)
+                    try:
+                        single = await session.restamp(failed, 1, part)
+                        await self._send_session_request(partition, [w], single)
+                    except BaseException as unexpected:  # cancelled, or a bug
+                        # The parts not sent give their places up: later requests of the
+                        # partition wait for every place before theirs.
+                        for later in range(part + 1, len(taken) + 1):
+                            session.forget(failed, later)
+                        _fail(taken[part:], unexpected)
+                        raise
                 return
             session.release(failed)
             _fail(taken, err)

@@ -378,3 +378,23 @@ async def test_random_lost_answers_store_every_value_of_every_run_once_in_order(
         if not isinstance(outcome, BaseException):
             assert all(v in stored for v in good), (seed, run)
     assert not any(len(v) >= too_large for v in stored), f"seed {seed}"
+
+
+async def test_a_split_request_that_breaks_midway_does_not_hold_its_partition_up() -> None:
+    broker = BrokerTwin()
+    pipe = PublishPipeline(broker, "q", window=4, messages_max=3)  # type: ignore[arg-type]
+    await pipe.publish(message(b"warm"), 4)
+
+    async def hook(request: pb.PublishRequest, attempt: int) -> None:
+        if first_value(request) == b"x1" and request.encoded.count == 1:
+            raise RuntimeError("a bug in the transport")  # not a broker's answer
+
+    broker.hook = hook
+    calls = [pipe.publish(message(v, bad=v == b"x2"), 2) for v in (b"x1", b"x2", b"x3")]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    # x1's resend broke the split: x1 and the parts after it hear of it...
+    assert all(isinstance(o, BaseException) for o in outcomes), outcomes
+    # ...and the partition is not held up by the places they left.
+    broker.hook = None
+    after = await asyncio.wait_for(pipe.publish(message(b"after"), 5), 5)
+    assert broker.stored() == [b"warm", b"after"] and after.offset == 1
