@@ -832,16 +832,17 @@ def _gather_into(run: asyncio.Future[Any], parts: list[asyncio.Future[Any]]) -> 
         left -= 1
         if left or run.done():
             return
-        results: list[PublishResult] = []
-        for part in parts:
-            if part.cancelled():
-                run.cancel()
-                return
-            if part.exception() is not None:
-                run.set_exception(part.exception())  # type: ignore[arg-type]
-                return
-            results.extend(part.result())
-        run.set_result(results)
+        if any(part.cancelled() for part in parts):
+            run.cancel()
+            return
+        # Every part's exception is read, not only the first: an unread one is logged as
+        # "Future exception was never retrieved" when the part is collected.
+        errors = [part.exception() for part in parts]
+        first_error = next((error for error in errors if error is not None), None)
+        if first_error is not None:
+            run.set_exception(first_error)
+            return
+        run.set_result([result for part in parts for result in part.result()])
 
     for part in parts:
         part.add_done_callback(done)

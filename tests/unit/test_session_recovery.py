@@ -330,6 +330,31 @@ async def test_a_refused_value_of_a_run_fails_alone_and_the_run_raises_after_the
     assert pipe.requests_split == 1
 
 
+async def test_a_run_with_two_refused_values_leaves_no_error_unread() -> None:
+    """Every refused value's error is read when the run fails: an unread one is logged as
+    "Future exception was never retrieved" once it is collected, in the user's log."""
+    import gc
+
+    broker = BrokerTwin(max_message_bytes=1024)
+    too_large = b"x" * 1025
+    pipe = PublishPipeline(broker, "q", window=4, messages_max=8)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    unread: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unread.append(context))
+    try:
+        with pytest.raises(FluxMQError) as refused:
+            await pipe.publish_values([b"v1", too_large, too_large, b"v4"])
+        assert refused.value.reason == "MESSAGE_TOO_LARGE"
+        del refused
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert broker.stored() == [b"v1", b"v4"]
+    assert [c["message"] for c in unread] == []
+
+
 @pytest.mark.parametrize("seed", range(20))
 async def test_random_lost_answers_store_every_value_of_every_run_once_in_order(seed: int) -> None:
     import random
