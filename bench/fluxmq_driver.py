@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.client.record_batches import encode_records, records_of
+from fluxmq.client.record_batches import add_records, encode_records
 
 PUBLISH = "/fluxmq.v1.QueueService/Publish"
 FETCH = "/fluxmq.v1.QueueService/Fetch"
@@ -329,11 +330,7 @@ async def fetch_workload(
                     t0 = time.perf_counter()
                     resp = await call(req.SerializeToString(), timeout=30)
                     latencies.append((time.perf_counter() - t0) * 1000)
-                    records = (
-                        records_of(resp.record_batches, resp.log_id, partition, offset)
-                        if record_batches
-                        else resp.records
-                    )
+                    records = _decoded(resp, partition, offset) if record_batches else resp.records
                     if not records:
                         break
                     received += len(records)
@@ -349,6 +346,16 @@ async def fetch_workload(
         client_cpu_s=time.process_time() - cpu0,
         params={"batch": batch, "concurrency": concurrency},
     )
+
+
+def _decoded(
+    resp: pb.FetchResponse, partition: int, offset: int
+) -> RepeatedCompositeFieldContainer[pb.Record]:
+    """The records of ``resp``'s batches from ``offset`` on, decoded as ``Client.fetch`` does
+    (in place, in an answer's repeated field)."""
+    out = pb.FetchResponse()
+    add_records(out.records, resp.record_batches, resp.log_id, partition, offset)
+    return out.records
 
 
 # -- consumer groups ----------------------------------------------------------------------------

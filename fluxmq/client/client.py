@@ -41,7 +41,7 @@ from fluxmq.client.producer import (
     PublishResult,
     fill,
 )
-from fluxmq.client.record_batches import CorruptBatchError, records_of
+from fluxmq.client.record_batches import CorruptBatchError, add_records
 
 log = logging.getLogger("fluxmq.client")
 
@@ -337,15 +337,17 @@ class AsyncClient:
         if not resp.record_batches:
             return resp
         start = max(offset, resp.low_watermark)
+        out = pb.FetchResponse(high_watermark=resp.high_watermark, low_watermark=resp.low_watermark)
         try:
-            records = records_of(
-                resp.record_batches, resp.log_id, partition, start, max_messages or None
-            )
+            # Made in place in the answer's repeated field: a record made apart and then added
+            # is copied once more.
+            add_records(
+                out.records, resp.record_batches, resp.log_id, partition, start,
+                max_messages or None,
+            )  # fmt: skip
         except CorruptBatchError as err:
             raise FluxMQError(grpc.StatusCode.DATA_LOSS, str(err), reason="DATA_CORRUPTED") from err
-        out = pb.FetchResponse(high_watermark=resp.high_watermark, low_watermark=resp.low_watermark)
-        out.records.extend(records)
-        out.next_offset = records[-1].offset + 1 if records else resp.next_offset
+        out.next_offset = out.records[-1].offset + 1 if out.records else resp.next_offset
         return out
 
     # -- consuming -------------------------------------------------------------------------------

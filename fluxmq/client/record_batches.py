@@ -14,6 +14,7 @@ import struct
 from collections.abc import Iterable
 
 from crc32c import crc32c
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 
@@ -91,19 +92,57 @@ def records_of(
 ) -> list[pb.Record]:
     """The records of ``batches`` from ``start_offset`` on (at most ``max_messages``), each
     batch checked first. Raises CorruptBatchError."""
-    out: list[pb.Record] = []
+    response = pb.FetchResponse()
+    add_records(response.records, batches, log_id, partition, start_offset, max_messages)
+    return list(response.records)
+
+
+def add_records(
+    into: RepeatedCompositeFieldContainer[pb.Record],
+    batches: Iterable[pb.RecordBatch],
+    log_id: int,
+    partition: int,
+    start_offset: int,
+    max_messages: int | None = None,
+) -> int:
+    """Adds the records of ``batches`` from ``start_offset`` on (at most ``max_messages``) to
+    ``into`` (a message's repeated field: made in place, not copied in); returns how many.
+    Every batch is checked whole before any of its records is added. Raises
+    CorruptBatchError."""
+    room = len(into) + max_messages if max_messages is not None else _NO_LIMIT
+    added = 0
     for batch in batches:
-        for record in decode(log_id, batch.base_offset, batch.data, partition, start_offset):
-            if max_messages is not None and len(out) >= max_messages:
-                return out
-            out.append(record)
-    return out
+        if len(into) >= room:
+            break
+        added += _add_batch(
+            into, log_id, batch.base_offset, batch.data, partition, start_offset, room
+        )
+    return added
 
 
 def decode(
     log_id: int, base_offset: int, data: bytes, partition: int, start_offset: int = 0
 ) -> list[pb.Record]:
     """The records of one batch at or above ``start_offset``; the whole batch is checked."""
+    response = pb.FetchResponse()
+    _add_batch(response.records, log_id, base_offset, data, partition, start_offset, _NO_LIMIT)
+    return list(response.records)
+
+
+_NO_LIMIT = 1 << 62
+
+
+def _add_batch(
+    into: RepeatedCompositeFieldContainer[pb.Record],
+    log_id: int,
+    base_offset: int,
+    data: bytes,
+    partition: int,
+    start_offset: int,
+    room: int,
+) -> int:
+    """Checks one batch whole, then adds its records at or above ``start_offset`` to ``into``
+    while it holds fewer than ``room``; returns how many it added."""
     size = len(data)
     if size < _HEAD.size:
         raise CorruptBatchError(base_offset, f"{size} bytes, shorter than a batch header")
@@ -118,15 +157,54 @@ def decode(
         raise CorruptBatchError(base_offset, f"unknown compression {attributes & 7}")
     if count < 1 or _HEAD.size + section != size or last_ms < first_ms:
         raise CorruptBatchError(base_offset, "header does not fit the batch")
-    out: list[pb.Record] = []
+    before = len(into)
+    try:
+        _add_records(into, data, base_offset, count, first_ms, partition, start_offset, room)
+    except CorruptBatchError:
+        del into[before:]  # a corrupt batch adds nothing
+        raise
+    return len(into) - before
+
+
+def _add_records(
+    into: RepeatedCompositeFieldContainer[pb.Record],
+    data: bytes,
+    base_offset: int,
+    count: int,
+    first_ms: int,
+    partition: int,
+    start_offset: int,
+    room: int,
+) -> None:
+    """Walks the ``count`` records of a batch whose header was checked, adding those from
+    ``start_offset`` on while ``into`` holds fewer than ``room``; every record is checked."""
+    size = len(data)
+    unpack = _RECORD.unpack_from
+    record_size = _RECORD.size
+    add = into.add
+    room_left = room - len(into)
+    first_kept = start_offset - base_offset
     at = _HEAD.size
     for index in range(count):
-        if at + _RECORD.size > size:
+        if at + record_size > size:
             raise CorruptBatchError(base_offset, f"record {index} runs past the end")
-        delta, ts_delta, key_len, value_len, header_count, idem_len = _RECORD.unpack_from(data, at)
+        delta, ts_delta, key_len, value_len, header_count, idem_len = unpack(data, at)
         if delta != index:
             raise CorruptBatchError(base_offset, f"record {index} has offset delta {delta}")
-        at += _RECORD.size
+        at += record_size
+        if key_len == _NO_KEY and not header_count and idem_len == _NO_IDEMPOTENCY_KEY:
+            # A value alone (the common record): one step, one message made.
+            end = at + value_len
+            if end > size:
+                raise CorruptBatchError(base_offset, f"record {index} runs past the end")
+            if index >= first_kept and room_left > 0:
+                room_left -= 1
+                add(
+                    partition=partition, offset=base_offset + index,
+                    timestamp_ms=first_ms + ts_delta, value=data[at:end],
+                )  # fmt: skip
+            at = end
+            continue
         key: bytes | None = None
         if key_len != _NO_KEY:
             key = data[at : at + key_len]
@@ -151,22 +229,21 @@ def decode(
             at += idem_len
         if at > size:
             raise CorruptBatchError(base_offset, f"record {index} runs past the end")
-        offset = base_offset + index
-        if offset < start_offset:
+        if index < first_kept or room_left <= 0:
             continue
-        record = pb.Record(
-            partition=partition, offset=offset, timestamp_ms=first_ms + ts_delta, value=value
-        )
+        room_left -= 1
+        record = add(
+            partition=partition, offset=base_offset + index, timestamp_ms=first_ms + ts_delta,
+            value=value,
+        )  # fmt: skip
         if key is not None:
             record.key = key
         if headers:
             record.headers.update(headers)
         if idem:
             record.idempotency_key = idem
-        out.append(record)
     if at != size:
         raise CorruptBatchError(base_offset, f"records end at {at}, the batch at {size}")
-    return out
 
 
 def _text(raw: bytes, base_offset: int) -> str:

@@ -4,6 +4,7 @@ encodes exactly those bytes, and the broker's and the SDK's decoders read the sa
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,37 @@ def test_sdk_skips_records_below_the_start_and_stops_at_max_messages() -> None:
     assert [r.offset for r in got][:2] == [base + 1, base + 2]
     one = sdk.records_of([batch], case["log_id"], 0, base, max_messages=1)
     assert [r.offset for r in one] == [base]
+
+
+def _batch_of(base_offset: int, section: bytes, count: int) -> pb.RecordBatch:
+    return pb.RecordBatch(
+        base_offset=base_offset, data=broker.seal(7, base_offset, 1_700_000_000_000, count, section)
+    )
+
+
+def test_records_are_added_in_place_from_the_start_up_to_max_messages() -> None:
+    values = [f"v{i}".encode() for i in range(5)]
+    first = _batch_of(10, sdk.encode_records(pb.PublishMessage(value=v) for v in values), 5)
+    second = _batch_of(15, sdk.encode_records(pb.PublishMessage(value=v) for v in values), 5)
+    answer = pb.FetchResponse()
+    assert sdk.add_records(answer.records, [first, second], 7, 2, 12, max_messages=6) == 6
+    assert [(r.offset, r.value, r.partition) for r in answer.records] == [
+        (12, b"v2", 2), (13, b"v3", 2), (14, b"v4", 2), (15, b"v0", 2), (16, b"v1", 2),
+        (17, b"v2", 2),
+    ]  # fmt: skip
+    assert sdk.add_records(answer.records, [second], 7, 2, 18) == 2
+    assert [r.offset for r in answer.records][-2:] == [18, 19]
+
+
+def test_a_batch_that_breaks_midway_adds_none_of_its_records() -> None:
+    """A batch whose checksum holds but whose fifth record does not decode (a broker's bug,
+    not the disk's): its first four records, already made, are taken back out."""
+    good = _batch_of(0, sdk.encode_records([pb.PublishMessage(value=b"a")]), 1)
+    section = bytearray(sdk.encode_records(pb.PublishMessage(value=b"b") for _ in range(5)))
+    last = len(section) - (len(b"b") + struct.calcsize(">IIIIHH"))
+    section[last : last + 4] = struct.pack(">I", 9)  # record 4's offset delta says 9
+    broken = _batch_of(1, bytes(section), 5)
+    answer = pb.FetchResponse()
+    with pytest.raises(sdk.CorruptBatchError, match="record 4 has offset delta 9"):
+        sdk.add_records(answer.records, [good, broken], 7, 0, 0)
+    assert [r.value for r in answer.records] == [b"a"]
