@@ -21,7 +21,7 @@ from fluxmq.client._sync import LoopThread, SyncAdmin, SyncConsumer, SyncMessage
 from fluxmq.client._transport import RetryPolicy, Transport
 from fluxmq.client.admin import Admin
 from fluxmq.client.buffered import BufferedProducer
-from fluxmq.client.codecs import Codec, get_codec
+from fluxmq.client.codecs import Codec, encode_each, get_codec
 from fluxmq.client.consumer import (
     DEFAULT_BATCH,
     DEFAULT_WAIT_MS,
@@ -238,9 +238,9 @@ class AsyncClient:
         pipeline = self._pipeline(queue)
         results: list[PublishResult] = []
         items = list(messages)
-        if not any(isinstance(item, OutgoingMessage) for item in items):
+        if not any(issubclass(kind, OutgoingMessage) for kind in set(map(type, items))):
             # Values alone (the common case): encoded into records once, no message objects.
-            values = [encode.encode(item) for item in items]
+            values = encode_each(encode, items)
             for at in range(0, len(values), MAX_BATCH):
                 results.extend(await pipeline.publish_values(values[at : at + MAX_BATCH]))
             return results

@@ -46,8 +46,10 @@ import re
 import struct
 import time
 import uuid
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import grpc
@@ -57,11 +59,7 @@ from fluxmq.client._transport import Transport
 from fluxmq.client.errors import FieldViolation, FluxMQError, from_request_error
 from fluxmq.client.partitioning import PartitionMap
 from fluxmq.client.producer import MAX_BATCH, PublishResult, results_of, send_request
-from fluxmq.client.record_batches import (
-    NO_IDEMPOTENCY_KEY_LENGTH,
-    NO_KEY_LENGTH,
-    encode_records,
-)
+from fluxmq.client.record_batches import encode_records, encode_values
 from fluxmq.client.sessions import (
     RESTAMP_REASONS,
     UNKNOWN_PRODUCER,
@@ -235,15 +233,15 @@ class LanePool:
 
 @dataclass(slots=True)
 class _Waiting:
-    """One message waiting for a request, or (``bodies``) a run of values of one
-    ``publish_values`` call, already encoded: its result is then the list of their results."""
+    """One message waiting for a request, or (``values``) a run of values of one
+    ``publish_values`` call: its result is then the list of their results."""
 
     message: pb.PublishMessage | None
     size_bytes: int
     result: asyncio.Future[Any]
     delayed: bool = False  # delay_ms or deliver_at_ms: sent as a message, not encoded
     count: int = 1
-    bodies: list[bytes] | None = None  # encoded records without their offset_delta
+    values: list[bytes] | None = None  # encoded into records when a request is formed
 
 
 # The bucket of messages that bring their own idempotency keys: sent without a session, the
@@ -378,20 +376,10 @@ class PublishPipeline:
             return await self.publish_many([(pb.PublishMessage(value=v), len(v)) for v in values])
         partition = self._partitions.keyless(partitions)
         loop = asyncio.get_running_loop()
-        runs: list[_Waiting] = []
-        bodies: list[bytes] = []
-        size = 0
-        for value in values:
-            if bodies and (
-                len(bodies) >= self._messages_max or size + len(value) > self._bytes_max
-            ):
-                runs.append(
-                    _Waiting(None, size, loop.create_future(), count=len(bodies), bodies=bodies)
-                )
-                bodies, size = [], 0
-            bodies.append(_value_body(value))
-            size += len(value)
-        runs.append(_Waiting(None, size, loop.create_future(), count=len(bodies), bodies=bodies))
+        runs = [
+            _Waiting(None, size, loop.create_future(), count=len(run), values=run)
+            for run, size in runs_of(values, self._messages_max, self._bytes_max)
+        ]
         for run in runs:
             while self._waiting and self._waiting + run.count > self._pending_max:
                 self._maybe_schedule(loop)
@@ -741,6 +729,31 @@ class _Restamped(Exception):
         self.error = error
 
 
+def runs_of(values: list[bytes], count_max: int, bytes_max: int) -> list[tuple[list[bytes], int]]:
+    """``values`` cut in order into runs of at most ``count_max`` values and ``bytes_max`` bytes
+    (a value larger than that alone): each run and its size in bytes.
+
+    >>> runs_of([b"a", b"bb", b"ccc", b"d", b"e"], count_max=2, bytes_max=4)
+    [([b'a', b'bb'], 3), ([b'ccc', b'd'], 4), ([b'e'], 1)]
+    >>> runs_of([b"long", b"longer", b"x"], count_max=8, bytes_max=5)
+    [([b'long'], 4), ([b'longer'], 6), ([b'x'], 1)]
+    """
+    assert count_max >= 1 and bytes_max >= 1
+    lengths = list(map(len, values))
+    out: list[tuple[list[bytes], int]] = []
+    start = 0
+    while start < len(values):
+        end = min(len(values), start + count_max)
+        size = sum(lengths[start:end])
+        if size > bytes_max:
+            sizes = list(accumulate(lengths[start:end]))
+            taken = max(1, bisect_right(sizes, bytes_max))
+            end, size = start + taken, sizes[taken - 1]
+        out.append((values[start:end], size))
+        start = end
+    return out
+
+
 def _session_request(queue: str, partition: int, taken: list[_Waiting]) -> pb.PublishRequest:
     """A session's request for ``taken`` (all of ``partition``): their records encoded
     (``PublishRequest.encoded``: the broker checks them without reading each message), or the
@@ -760,62 +773,40 @@ def _session_request(queue: str, partition: int, taken: list[_Waiting]) -> pb.Pu
         if w.message is not None:
             request.messages.append(w.message)
         else:
-            assert w.bodies is not None
-            request.messages.extend(_message_of(body) for body in w.bodies)
+            assert w.values is not None
+            request.messages.extend(pb.PublishMessage(value=value) for value in w.values)
     return request
 
 
 def _encoded(taken: list[_Waiting]) -> tuple[bytes, int]:
     """The records section of ``taken`` and its record count."""
     parts: list[bytes] = []
-    append = parts.append
     index = 0
     for w in taken:
-        if w.bodies is None:
+        if w.values is None:
             assert w.message is not None
-            append(encode_records([w.message], index))
+            parts.append(encode_records([w.message], index))
             index += 1
             continue
-        for body in w.bodies:
-            append(_pack_offset_delta(index))
-            append(body)
-            index += 1
+        parts += encode_values(w.values, index)
+        index += w.count
     return b"".join(parts), index
-
-
-_pack_offset_delta = struct.Struct(">I").pack
-# A record's head after its offset_delta, for a value alone: timestamp_delta 0, no key, the
-# value's length, no headers, no idempotency key (RECORD_BATCH.md).
-_pack_value_head = struct.Struct(">IIIHH").pack
-
-
-def _value_body(value: bytes) -> bytes:
-    return _pack_value_head(0, NO_KEY_LENGTH, len(value), 0, NO_IDEMPOTENCY_KEY_LENGTH) + value
-
-
-def _message_of(body: bytes) -> pb.PublishMessage:
-    """The message of a value's record body (``_value_body``)."""
-    return pb.PublishMessage(value=body[_VALUE_AT:])
-
-
-_VALUE_AT = struct.calcsize(">IIIHH")
 
 
 def _one_each(taken: list[_Waiting]) -> list[_Waiting]:
     """``taken`` with each run of values (``publish_values``) cut into one waiting entry per
     value, its run's result gathered from theirs: the entries a split request sends one by
     one."""
-    if all(w.bodies is None for w in taken):
+    if all(w.values is None for w in taken):
         return taken
     out: list[_Waiting] = []
     loop = asyncio.get_running_loop()
     for w in taken:
-        if w.bodies is None:
+        if w.values is None:
             out.append(w)
             continue
         singles = [
-            _Waiting(None, len(body) - _VALUE_AT, loop.create_future(), bodies=[body])
-            for body in w.bodies
+            _Waiting(None, len(value), loop.create_future(), values=[value]) for value in w.values
         ]
         out.extend(singles)
         _gather_into(w.result, [single.result for single in singles])
@@ -860,7 +851,7 @@ async def _outcomes(waiting: list[_Waiting]) -> list[PublishResult]:
         except FluxMQError as err:
             error = error or err
             continue
-        if w.bodies is None:
+        if w.values is None:
             results.append(outcome)
         else:
             results.extend(outcome)
@@ -874,7 +865,7 @@ def _settle(taken: list[_Waiting], results: list[PublishResult]) -> None:
     of theirs."""
     at = 0
     for w in taken:
-        if w.bodies is None:
+        if w.values is None:
             if not w.result.done():
                 w.result.set_result(results[at])
             at += 1

@@ -13,6 +13,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from fluxmq._pb.v1 import queue_pb2 as pb
@@ -111,10 +112,13 @@ def results_of(resp: pb.PublishResponse | pb.PublishStreamResponse) -> list[Publ
         b = resp.batch
         if b.pending:
             return [PublishResult(b.partition, 0, 0, False, True)] * b.count
-        return [
-            PublishResult(b.partition, offset, b.timestamp_ms, b.duplicate)
-            for offset in range(b.base_offset, b.base_offset + b.count)
-        ]
+        # Made without a Python-level call per message (tuple.__new__ over zip): a request
+        # of 1000 records answers 1000 results, and this is the client's busiest line.
+        fields = zip(
+            repeat(b.partition), range(b.base_offset, b.base_offset + b.count),
+            repeat(b.timestamp_ms), repeat(b.duplicate), repeat(False),
+        )  # fmt: skip
+        return list(map(tuple.__new__, repeat(PublishResult), fields))
     return [
         PublishResult(r.partition, r.offset, r.timestamp_ms, r.duplicate, r.pending)
         for r in resp.results

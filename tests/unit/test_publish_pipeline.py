@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import grpc
@@ -169,3 +170,43 @@ def test_limits_are_checked() -> None:
     for bad in ({"window": 0}, {"messages_max": 1001}, {"linger_ms": -1}, {"pending_max": 0}):
         with pytest.raises(ValueError):
             PublishPipeline(twin, "q", **bad)  # type: ignore[arg-type]
+
+
+def test_the_pipelines_pure_helpers_do_what_their_examples_say() -> None:
+    import doctest
+
+    from fluxmq.client import pipeline, record_batches
+
+    for module in (pipeline, record_batches):
+        result = doctest.testmod(module)
+        assert result.attempted >= 1 and result.failed == 0, module.__name__
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_runs_of_keep_every_value_in_order_within_both_limits(seed: int) -> None:
+    import random
+
+    from fluxmq.client.pipeline import runs_of
+
+    rng = random.Random(seed)
+    values = [bytes(rng.choice([0, 1, 5, 40, 300])) for _ in range(rng.randint(0, 60))]
+    count_max, bytes_max = rng.randint(1, 9), rng.randint(1, 400)
+    runs = runs_of(values, count_max, bytes_max)
+    assert [v for run, _ in runs for v in run] == values, f"seed {seed}"
+    for run, size in runs:
+        assert size == sum(map(len, run)) and 1 <= len(run) <= count_max, f"seed {seed}"
+        assert size <= bytes_max or len(run) == 1, f"seed {seed}"
+    for (run, size), (after, _) in itertools.pairwise(runs):
+        # A run ends only where the next value would pass a limit.
+        assert len(run) == count_max or size + len(after[0]) > bytes_max, f"seed {seed}"
+
+
+def test_bytes_values_pass_unchanged_and_other_values_through_the_codec() -> None:
+    from fluxmq.client.codecs import AutoCodec, JsonCodec, encode_each
+
+    values: list[Any] = [b"a", b"b"]
+    assert encode_each(AutoCodec(), values) == [b"a", b"b"]
+    assert encode_each(AutoCodec(), [b"a", "b", {"c": 1}]) == [b"a", b"b", b'{"c":1}']
+    assert encode_each(JsonCodec(), ["a"]) == [b'"a"']
+    with pytest.raises(TypeError):
+        encode_each(JsonCodec(), [b"a"])

@@ -120,3 +120,14 @@ def test_a_batch_that_breaks_midway_adds_none_of_its_records() -> None:
     with pytest.raises(sdk.CorruptBatchError, match="record 4 has offset delta 9"):
         sdk.add_records(answer.records, [good, broken], 7, 0, 0)
     assert [r.value for r in answer.records] == [b"a"]
+
+
+@pytest.mark.parametrize("first_index", [0, 7])
+def test_values_alone_encode_to_the_same_records_as_messages_with_only_values(
+    first_index: int,
+) -> None:
+    values = [bytes([i]) * (i * 37 % 300) for i in range(200)]
+    parts = sdk.encode_values(values, first_index)
+    messages = [pb.PublishMessage(value=v) for v in values]
+    assert b"".join(parts) == sdk.encode_records(messages, first_index)
+    assert sdk.encode_values([], first_index) == []
