@@ -257,13 +257,12 @@ class QueueService(pb_grpc.QueueServiceServicer):
         window: asyncio.Queue[asyncio.Task[pb.PublishStreamResponse] | None] = asyncio.Queue(
             PUBLISH_STREAM_IN_FLIGHT_MAX
         )
+        forwarded_here = was_forwarded(context)  # a call's metadata is read once, not per request
 
         async def one(req: pb.PublishStreamRequest) -> pb.PublishStreamResponse:
             try:
                 timeout_ms = validation.request_timeout_ms(req.publish.request_timeout_ms)
-                target = await self._router.locate(
-                    req.publish.queue, forwarded=was_forwarded(context)
-                )
+                target = await self._router.locate(req.publish.queue, forwarded=forwarded_here)
                 if isinstance(target, str):
                     forwarded = await self._forwarder.forward_unary(
                         target, "Publish", req.publish, context
