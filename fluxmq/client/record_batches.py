@@ -124,8 +124,8 @@ def add_records(
 ) -> int:
     """Adds the records of ``batches`` from ``start_offset`` on (at most ``max_messages``) to
     ``into`` (a message's repeated field: made in place, not copied in); returns how many.
-    Every batch is checked whole before any of its records is added. Raises
-    CorruptBatchError."""
+    Every batch visited is checked whole (crc32c, then each record); one that fails leaves
+    none of its records in ``into``. Raises CorruptBatchError."""
     room = len(into) + max_messages if max_messages is not None else _NO_LIMIT
     added = 0
     for batch in batches:
@@ -158,8 +158,9 @@ def _add_batch(
     start_offset: int,
     room: int,
 ) -> int:
-    """Checks one batch whole, then adds its records at or above ``start_offset`` to ``into``
-    while it holds fewer than ``room``; returns how many it added."""
+    """Checks one batch's header and crc32c, then walks and checks each record, adding those at
+    or above ``start_offset`` to ``into`` while it holds fewer than ``room``; -> how many it
+    added (none when a record fails its check)."""
     size = len(data)
     if size < _HEAD.size:
         raise CorruptBatchError(base_offset, f"{size} bytes, shorter than a batch header")
