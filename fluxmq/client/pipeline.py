@@ -134,8 +134,9 @@ class _Lane:
                 fut.exception()  # read by its request, or by nobody once it timed out
         self._call.cancel()
 
-    async def request(self, request: pb.PublishRequest, timeout_s: float) -> Any:
-        """Send ``request`` on the stream; -> its PublishStreamResponse. Raises
+    async def request(self, frame: pb.PublishStreamRequest, timeout_s: float) -> Any:
+        """Send ``frame`` (its ``publish`` request; the sequence is set here) on the stream;
+        -> its PublishStreamResponse. Raises
         LaneBrokenError when the stream broke, or did not take or answer the request within
         ``timeout_s``; a cancelled caller breaks the lane (what it wrote is in doubt) and is
         cancelled."""
@@ -150,9 +151,8 @@ class _Lane:
                         raise LaneBrokenError(str(self.broken))
                     self._sequence += 1
                     self._waiting.append((self._sequence, fut))
-                    await self._call.write(
-                        pb.PublishStreamRequest(sequence=self._sequence, publish=request)
-                    )
+                    frame.sequence = self._sequence
+                    await self._call.write(frame)
                 return await asyncio.shield(fut)
         except asyncio.CancelledError:
             self._break(LaneBrokenError("a request on it was cancelled"))
@@ -515,11 +515,13 @@ class PublishPipeline:
             self._maybe_schedule(asyncio.get_running_loop())
 
     async def _send_request(self, taken: list[_Waiting], safe: bool = True) -> None:
-        request = pb.PublishRequest(queue=self.queue)
+        frame = pb.PublishStreamRequest()
+        request = frame.publish
+        request.queue = self.queue
         request.messages.extend(w.message for w in taken if w.message is not None)
         try:
             # A stream's lost answer is resent: only for messages a resend cannot duplicate.
-            results = await self._streamed(request) if safe else None
+            results = await self._streamed(frame) if safe else None
             if results is None:
                 results = await send_request(self._transport, request, safe=safe)
             else:
@@ -555,7 +557,8 @@ class PublishPipeline:
         """``_send_request`` for messages of one partition under the producer session (see
         fluxmq/client/sessions.py): a resend keeps its stamp, so it is never stored twice.
         ``stamp``: a request sent again one message at a time has its place already."""
-        request = _session_request(self.queue, partition, taken)
+        frame = _session_request(self.queue, partition, taken)
+        request = frame.publish
         count = _count_of(request)
         session = self.session
         try:
@@ -568,7 +571,7 @@ class PublishPipeline:
             _fail(taken, err)
             raise
         try:
-            results = await self._stamped(request, stamp)
+            results = await self._stamped(frame, stamp)
             if len(results) != count:
                 raise FluxMQError(
                     grpc.StatusCode.INTERNAL, f"{len(results)} results for {count} messages"
@@ -620,11 +623,13 @@ class PublishPipeline:
         self.messages_sent += len(results)
         _settle(taken, results)
 
-    async def _stamped(self, request: pb.PublishRequest, stamp: Stamp) -> _Results:
-        """Send ``request`` under ``stamp``, stamping it again (in its order) when the broker
-        says a stamp of an older epoch was not stored; -> its results (carrying the stamp that
-        was stored). Raises FluxMQError (``.stamp`` attribute: the stamp last used)."""
+    async def _stamped(self, frame: pb.PublishStreamRequest, stamp: Stamp) -> _Results:
+        """Send ``frame.publish`` under ``stamp``, stamping it again (in its order) when the
+        broker says a stamp of an older epoch was not stored; -> its results (carrying the
+        stamp that was stored). Raises FluxMQError (``.stamp`` attribute: the stamp last
+        used)."""
         session = self.session
+        request = frame.publish
         for _ in range(RESTAMPS_MAX):
             request.producer.CopyFrom(stamp.session)
 
@@ -632,7 +637,7 @@ class PublishPipeline:
                 return session.is_stale(stamp) and err.reason in RESTAMP_REASONS
 
             try:
-                results = await self._streamed(request)
+                results = await self._streamed(frame)
                 if results is None:
                     results = await send_request(self._transport, request, safe=True, give_up=stale)
                 else:
@@ -672,15 +677,17 @@ class PublishPipeline:
             ),
         )
 
-    async def _streamed(self, request: pb.PublishRequest) -> list[PublishResult] | None:
-        """Send ``request`` on the lane; -> its results, or None when the unary path is to
-        send it (no lane, a lane lost the answer, or a retriable refusal). Raises the
-        broker's refusal when no retry can help."""
+    async def _streamed(self, frame: pb.PublishStreamRequest) -> list[PublishResult] | None:
+        """Send ``frame`` (a stream request around the Publish: built in place, so the
+        request, its records up to some 256 KiB, is not copied into one per send) on the lane;
+        -> its results, or None when the unary path is to send ``frame.publish`` (no lane, a
+        lane lost the answer, or a retriable refusal). Raises the broker's refusal when no
+        retry can help."""
         lane = self._maybe_lane()
         if lane is None:
             return None
         try:
-            resp = await lane.request(request, self._transport.timeout_s)
+            resp = await lane.request(frame, self._transport.timeout_s)
         except LaneBrokenError:
             self._lanes.drop(lane)
             return None  # outcome unknown: sent again on the unary path (keys make it safe)
@@ -754,11 +761,14 @@ def runs_of(values: list[bytes], count_max: int, bytes_max: int) -> list[tuple[l
     return out
 
 
-def _session_request(queue: str, partition: int, taken: list[_Waiting]) -> pb.PublishRequest:
-    """A session's request for ``taken`` (all of ``partition``): their records encoded
-    (``PublishRequest.encoded``: the broker checks them without reading each message), or the
-    messages themselves when one of them carries what a record cannot (a delivery delay)."""
-    request = pb.PublishRequest(queue=queue)
+def _session_request(queue: str, partition: int, taken: list[_Waiting]) -> pb.PublishStreamRequest:
+    """A session's request for ``taken`` (all of ``partition``), in the ``publish`` field of a
+    stream request: their records encoded (``PublishRequest.encoded``: the broker checks them
+    without reading each message), or the messages themselves when one of them carries what a
+    record cannot (a delivery delay)."""
+    frame = pb.PublishStreamRequest()
+    request = frame.publish
+    request.queue = queue
     if not any(w.delayed for w in taken):
         try:
             records, count = _encoded(taken)
@@ -768,14 +778,14 @@ def _session_request(queue: str, partition: int, taken: list[_Waiting]) -> pb.Pu
             request.encoded.partition = partition
             request.encoded.count = count
             request.encoded.records = records
-            return request
+            return frame
     for w in taken:
         if w.message is not None:
             request.messages.append(w.message)
         else:
             assert w.values is not None
             request.messages.extend(pb.PublishMessage(value=value) for value in w.values)
-    return request
+    return frame
 
 
 def _encoded(taken: list[_Waiting]) -> tuple[bytes, int]:
