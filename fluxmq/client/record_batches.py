@@ -47,19 +47,7 @@ def encode_records(messages: Iterable[pb.PublishMessage], first_index: int = 0) 
     for index, m in enumerate(messages, first_index):
         value = m.value
         key = m.key if m.HasField("key") else None
-        headers = m.headers
-        if not headers:
-            append(
-                _pack_record(
-                    index, 0, _NO_KEY if key is None else len(key), len(value), 0,
-                    _NO_IDEMPOTENCY_KEY,
-                )
-            )  # fmt: skip
-            if key:
-                append(key)
-            append(value)
-            continue
-        named = sorted((name.encode(), v) for name, v in headers.items())
+        named = sorted((name.encode(), v) for name, v in m.headers.items()) if m.headers else ()
         append(
             _pack_record(
                 index, 0, _NO_KEY if key is None else len(key), len(value), len(named),
