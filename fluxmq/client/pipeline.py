@@ -515,9 +515,8 @@ class PublishPipeline:
             self._maybe_schedule(asyncio.get_running_loop())
 
     async def _send_request(self, taken: list[_Waiting], safe: bool = True) -> None:
-        frame = pb.PublishStreamRequest()
+        frame = _stream_request(self.queue)
         request = frame.publish
-        request.queue = self.queue
         request.messages.extend(w.message for w in taken if w.message is not None)
         try:
             # A stream's lost answer is resent: only for messages a resend cannot duplicate.
@@ -766,9 +765,8 @@ def _session_request(queue: str, partition: int, taken: list[_Waiting]) -> pb.Pu
     stream request: their records encoded (``PublishRequest.encoded``: the broker checks them
     without reading each message), or the messages themselves when one of them carries what a
     record cannot (a delivery delay)."""
-    frame = pb.PublishStreamRequest()
+    frame = _stream_request(queue)
     request = frame.publish
-    request.queue = queue
     if not any(w.delayed for w in taken):
         try:
             records, count = _encoded(taken)
@@ -788,18 +786,34 @@ def _session_request(queue: str, partition: int, taken: list[_Waiting]) -> pb.Pu
     return frame
 
 
+def _stream_request(queue: str) -> pb.PublishStreamRequest:
+    """A stream request whose ``publish`` is filled in place (and sent alone on the unary
+    path): sending it on a stream then copies nothing."""
+    frame = pb.PublishStreamRequest()
+    frame.publish.queue = queue
+    return frame
+
+
 def _encoded(taken: list[_Waiting]) -> tuple[bytes, int]:
-    """The records section of ``taken`` and its record count."""
+    """The records section of ``taken`` and its record count: each stretch of single messages
+    encoded in one call, each run of values by its heads and values."""
     parts: list[bytes] = []
+    messages: list[pb.PublishMessage] = []
     index = 0
     for w in taken:
         if w.values is None:
             assert w.message is not None
-            parts.append(encode_records([w.message], index))
-            index += 1
+            messages.append(w.message)
             continue
+        if messages:
+            parts.append(encode_records(messages, index))
+            index += len(messages)
+            messages = []
         parts += encode_values(w.values, index)
         index += w.count
+    if messages:
+        parts.append(encode_records(messages, index))
+        index += len(messages)
     return b"".join(parts), index
 
 

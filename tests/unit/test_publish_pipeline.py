@@ -210,3 +210,20 @@ def test_bytes_values_pass_unchanged_and_other_values_through_the_codec() -> Non
     assert encode_each(JsonCodec(), ["a"]) == [b'"a"']
     with pytest.raises(TypeError):
         encode_each(JsonCodec(), [b"a"])
+
+
+async def test_a_request_of_messages_and_runs_encodes_every_record_in_its_place() -> None:
+    from fluxmq.client.pipeline import _encoded, _Waiting
+    from fluxmq.client.record_batches import encode_records
+
+    loop = asyncio.get_running_loop()
+    values = [b"m0", b"m1", b"r2", b"r3", b"m4"]
+    taken = [
+        _Waiting(pb.PublishMessage(value=b"m0"), 2, loop.create_future()),
+        _Waiting(pb.PublishMessage(value=b"m1"), 2, loop.create_future()),
+        _Waiting(None, 4, loop.create_future(), count=2, values=[b"r2", b"r3"]),
+        _Waiting(pb.PublishMessage(value=b"m4"), 2, loop.create_future()),
+    ]
+    section, count = _encoded(taken)
+    assert count == 5
+    assert section == encode_records(pb.PublishMessage(value=v) for v in values)
