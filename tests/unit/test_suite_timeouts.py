@@ -13,11 +13,16 @@ PYPROJECT = Path(__file__).parents[2] / "pyproject.toml"
 
 HANGING_TEST = """
 import asyncio
+import time
 
 
 async def spin():
     while True:
-        sum(range(100_000))  # busy inside a task step when the timeout strikes
+        # Inside a task step when the timeout strikes. Blocking in a call that lets the GIL go
+        # (not a busy loop): the timeout's thread then formats its stacks at once. Under a loop
+        # that holds the GIL, every one of its GIL hand-offs waited the 5 ms switch interval,
+        # and the dump took 50-90 s on a slow machine (the run ended, but past this test's bound).
+        time.sleep(0.001)
         await asyncio.sleep(0)
 
 
