@@ -186,6 +186,24 @@ async def test_errors_bad_argument_has_field_violations(broker: Node) -> None:
         assert [v.field for v in info.value.field_violations] == ["messages[0].partition"]
 
 
+async def test_an_argument_its_field_cannot_hold_fails_before_anything_is_sent(
+    broker: Node,
+) -> None:
+    async with AsyncClient(broker.address) as client:
+        await client.admin.create_queue("bad-arguments", partitions=2)
+        with pytest.raises(InvalidArgument) as info:
+            await client.publish("bad-arguments", b"x", partition=-1)
+        assert [v.field for v in info.value.field_violations] == ["partition"]
+        with pytest.raises(InvalidArgument) as info:
+            await client.publish_batch(
+                "bad-arguments", [OutgoingMessage(b"a"), OutgoingMessage(b"b", delay_ms=-1)]
+            )
+        assert [v.field for v in info.value.field_violations] == ["delay_ms"]
+        stats = await client.admin.queue_stats("bad-arguments")
+        assert stats.messages == 0  # the good message of the batch was not sent either
+        assert (await client.publish("bad-arguments", b"ok", partition=1)).partition == 1
+
+
 async def test_unreachable_seed_fails_over_to_the_next(broker: Node) -> None:
     dead = f"127.0.0.1:{free_port()}"
     async with AsyncClient([dead, broker.address]) as client:
