@@ -20,6 +20,7 @@ from fluxmq._pb.v1 import admin_pb2
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._security import KEY_ID_CHARS, KEY_PREFIXES
 from fluxmq.client._transport import Transport
+from fluxmq.client.arguments import check_integers
 from fluxmq.client.errors import AlreadyExists, NotFound
 
 QUEUE_TYPES = {"stream": pb.QUEUE_TYPE_STREAM, "work": pb.QUEUE_TYPE_WORK}
@@ -59,6 +60,7 @@ def queue_config(name: str, fields: Mapping[str, Any]) -> pb.QueueConfig:
             values["type"] = QUEUE_TYPES[kind]
         except KeyError:
             raise ValueError(f"type must be one of {sorted(QUEUE_TYPES)}") from None
+    check_integers(pb.QueueConfig, values)
     return pb.QueueConfig(name=name, **values)
 
 

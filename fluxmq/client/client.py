@@ -20,6 +20,7 @@ from fluxmq.client._security import Credentials, PathLike
 from fluxmq.client._sync import LoopThread, SyncAdmin, SyncConsumer, SyncMessage, SyncProducer
 from fluxmq.client._transport import RetryPolicy, Transport
 from fluxmq.client.admin import Admin
+from fluxmq.client.arguments import check_integers
 from fluxmq.client.buffered import BufferedProducer
 from fluxmq.client.codecs import Codec, encode_each, get_codec
 from fluxmq.client.consumer import (
@@ -318,6 +319,11 @@ class AsyncClient:
         long-polls at the end of the log. The broker answers with its stored record batches,
         which the SDK checks (crc32c) and decodes here (fluxmq/client/record_batches.py); a
         batch that fails its check raises FluxMQError DATA_LOSS (reason DATA_CORRUPTED)."""
+        check_integers(
+            pb.FetchRequest,
+            {"partition": partition, "offset": offset, "max_messages": max_messages,
+             "max_bytes": max_bytes, "wait_ms": wait_ms},
+        )  # fmt: skip
         resp: pb.FetchResponse = await self._transport.unary(
             "queue",
             "Fetch",

@@ -16,18 +16,15 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, NamedTuple
 
-import grpc
-
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._transport import Transport
+from fluxmq.client.arguments import integer_argument
 from fluxmq.client.codecs import Codec, to_bytes
-from fluxmq.client.errors import FieldViolation, FluxMQError, InvalidArgument
+from fluxmq.client.errors import FluxMQError
 
 log = logging.getLogger("fluxmq.client")
 
 MAX_BATCH = 1000  # messages per Publish request (the broker's limit)
-UINT32_END = 1 << 32  # partition and delay_ms are uint32 fields of a PublishMessage
-INT64_MIN, INT64_END = -(1 << 63), 1 << 63  # deliver_at_ms is an int64 field
 Headers = Mapping[str, str | bytes]
 Key = str | bytes
 
@@ -99,45 +96,16 @@ def fill(
             m.headers[name] = hv
             size += len(name) + len(hv)
     if partition is not None:
-        m.partition = checked_integer("partition", partition, 0, UINT32_END)
+        m.partition = integer_argument(pb.PublishMessage, "partition", partition)
     if delay_ms:
-        m.delay_ms = checked_integer("delay_ms", delay_ms, 0, UINT32_END)
+        m.delay_ms = integer_argument(pb.PublishMessage, "delay_ms", delay_ms)
     if deliver_at_ms:
-        m.deliver_at_ms = checked_integer("deliver_at_ms", deliver_at_ms, INT64_MIN, INT64_END)
+        m.deliver_at_ms = integer_argument(pb.PublishMessage, "deliver_at_ms", deliver_at_ms)
     if idempotency_key:
         m.idempotency_key = idempotency_key
     elif idempotent:
         m.idempotency_key = keys.next()
     return size
-
-
-def checked_integer(field: str, value: Any, low: int, end: int) -> int:
-    """``value`` when it is an integer in ``low..end-1`` (what the message's field can hold);
-    otherwise InvalidArgument naming the argument, raised before anything is sent (protobuf's
-    own ``ValueError: Value out of range`` names neither the field nor the range).
-    The broker checks the rest (a partition the queue has, a delay of at most 7 days).
-
-    >>> checked_integer("partition", 2, 0, UINT32_END)
-    2
-    >>> try:
-    ...     checked_integer("partition", -1, 0, UINT32_END)
-    ... except InvalidArgument as err:
-    ...     print(err.message)
-    ...     print(err.field_violations)
-    partition must be an integer from 0 to 4294967295; got -1
-    (FieldViolation(field='partition', description='out of range'),)
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        why = "not an integer"
-    elif not low <= value < end:
-        why = "out of range"
-    else:
-        return value
-    raise InvalidArgument(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        f"{field} must be an integer from {low} to {end - 1}; got {value!r}",
-        field_violations=(FieldViolation(field, why),),
-    )
 
 
 def results_of(resp: pb.PublishResponse | pb.PublishStreamResponse) -> list[PublishResult]:

@@ -1,6 +1,7 @@
-"""The SDK refuses a message argument its PublishMessage field cannot hold (a negative partition,
-a delay past uint32, a non-integer) with InvalidArgument naming the argument, before anything is
-sent; protobuf alone raised ``ValueError: Value out of range: -1``, naming neither."""
+"""The SDK refuses an integer argument its protobuf field cannot hold (a negative partition, a
+delay past uint32, a non-integer) with InvalidArgument naming the argument, before anything is
+sent: a message's fields, a Fetch's, a queue's config. Protobuf alone raised ``ValueError: Value
+out of range: -1``, naming neither."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.client import producer
+from fluxmq.client import AsyncClient, arguments
+from fluxmq.client.admin import queue_config
 from fluxmq.client.codecs import BytesCodec
 from fluxmq.client.errors import InvalidArgument
 from fluxmq.client.producer import IdempotencyKeys, fill
@@ -54,5 +56,30 @@ def test_values_at_the_edges_of_their_fields_are_kept() -> None:
     assert filled(deliver_at_ms=-(1 << 63)).deliver_at_ms == -(1 << 63)  # the broker judges it
 
 
-def test_the_checks_example_holds() -> None:
-    assert doctest.testmod(producer).failed == 0
+def test_the_checks_examples_hold() -> None:
+    assert doctest.testmod(arguments).failed == 0
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("partition", -1), ("offset", 1 << 63), ("max_messages", -1), ("max_bytes", -1),
+     ("wait_ms", 0.5)],
+)  # fmt: skip
+async def test_a_fetch_argument_its_field_cannot_hold_fails_before_any_call(
+    argument: str, value: Any
+) -> None:
+    client = AsyncClient("127.0.0.1:1")  # nobody listens: a call would fail otherwise
+    try:
+        with pytest.raises(InvalidArgument) as info:
+            await client.fetch("q", **{argument: value})
+        assert [v.field for v in info.value.field_violations] == [argument]
+    finally:
+        await client.close()
+
+
+def test_a_queue_config_integer_its_field_cannot_hold_is_invalid_argument() -> None:
+    with pytest.raises(InvalidArgument) as info:
+        queue_config("q", {"partitions": -1, "type": "work"})
+    assert [v.field for v in info.value.field_violations] == ["partitions"]
+    config = queue_config("q", {"partitions": 4, "type": "work", "labels": {"team": "pay"}})
+    assert config.partitions == 4 and config.labels["team"] == "pay"
