@@ -100,13 +100,14 @@ def get_codec(codec: str | Codec) -> Codec:
     return codec
 
 
-def to_bytes(value: str | bytes | bytearray | memoryview) -> bytes:
-    """Keys and header values: str as UTF-8, bytes-like as they are."""
+def to_bytes(value: str | bytes | bytearray | memoryview, what: str = "a key or header") -> bytes:
+    """Keys and header values: str as UTF-8, bytes-like as they are; ``what`` names the argument
+    in the TypeError of any other type."""
     if isinstance(value, str):
         return value.encode()
     raw = _as_bytes(value)
     if raw is None:
-        raise TypeError(f"expected str or bytes, not {type(value).__name__}")
+        raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
     return raw
 
 

@@ -78,9 +78,10 @@ class FluxMQError(Exception):
 
     def __str__(self) -> str:
         text = f"{self.reason}: {self.message}"
-        if self.field_violations:
-            text += " (" + "; ".join(f"{v.field}: {v.description}" for v in self.field_violations)
-            text += ")"
+        # The broker often says a violation in its message already: said once, not twice.
+        untold = [v for v in self.field_violations if v.description not in self.message]
+        if untold:
+            text += " (" + "; ".join(f"{v.field}: {v.description}" for v in untold) + ")"
         if self.request_id:
             text += f" [request id {self.request_id}]"
         return text

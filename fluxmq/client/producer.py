@@ -87,12 +87,12 @@ def fill(
     m.value = raw
     size = len(raw)
     if key is not None:
-        k = to_bytes(key)
+        k = to_bytes(key, "key")
         m.key = k
         size += len(k)
     if headers:
         for name, v in headers.items():
-            hv = to_bytes(v)
+            hv = to_bytes(v, f"header {name!r}")
             m.headers[name] = hv
             size += len(name) + len(hv)
     if partition is not None:

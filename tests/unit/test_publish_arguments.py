@@ -1,20 +1,21 @@
 """The SDK refuses an integer argument its protobuf field cannot hold (a negative partition, a
 delay past uint32, a non-integer) with InvalidArgument naming the argument, before anything is
 sent: a message's fields, a Fetch's, a queue's config. Protobuf alone raised ``ValueError: Value
-out of range: -1``, naming neither."""
+out of range: -1``, naming neither. Errors say what is wrong once, and name the argument."""
 
 from __future__ import annotations
 
 import doctest
 from typing import Any
 
+import grpc
 import pytest
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client import AsyncClient, arguments
 from fluxmq.client.admin import queue_config
 from fluxmq.client.codecs import BytesCodec
-from fluxmq.client.errors import InvalidArgument
+from fluxmq.client.errors import FieldViolation, InvalidArgument
 from fluxmq.client.producer import IdempotencyKeys, fill
 
 
@@ -83,3 +84,32 @@ def test_a_queue_config_integer_its_field_cannot_hold_is_invalid_argument() -> N
     assert [v.field for v in info.value.field_violations] == ["partitions"]
     config = queue_config("q", {"partitions": 4, "type": "work", "labels": {"team": "pay"}})
     assert config.partitions == 4 and config.labels["team"] == "pay"
+
+
+def test_an_error_says_each_violation_once() -> None:
+    told = InvalidArgument(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "publish.messages[0].delay_ms: at most 7 days",
+        field_violations=(FieldViolation("messages[0].delay_ms", "at most 7 days"),),
+        request_id="r1",
+    )
+    assert (
+        str(told)
+        == "INVALID_ARGUMENT: publish.messages[0].delay_ms: at most 7 days [request id r1]"
+    )
+    untold = InvalidArgument(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "queue 'q' has partitions 0..2; got 9",
+        reason="PARTITION_OUT_OF_RANGE",
+        field_violations=(FieldViolation("partition", "must be < 3"),),
+    )
+    assert str(untold) == (
+        "PARTITION_OUT_OF_RANGE: queue 'q' has partitions 0..2; got 9 (partition: must be < 3)"
+    )
+
+
+def test_a_key_or_header_of_another_type_is_a_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"^key must be str or bytes, not int$"):
+        filled(key=123)
+    with pytest.raises(TypeError, match=r"^header 'trace' must be str or bytes, not float$"):
+        filled(headers={"trace": 1.5})
