@@ -5,7 +5,7 @@ measures what it costs.
 
 Two clients, as two "brokers" of the comparison: ``fluxmq`` publishes through the Python SDK
 (``AsyncClient.publish`` / ``publish_batch``: concurrent single publishes share requests,
-every message carries an idempotency key), as the peers' adapters use their official clients;
+sent in a producer session), as the peers' adapters use their official clients;
 ``fluxmq-raw`` sends pre-built Publish requests on raw gRPC stubs (no keys). Both lease and
 ack on raw stubs."""
 

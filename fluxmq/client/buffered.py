@@ -14,7 +14,6 @@ from fluxmq.client.pipeline import LanePool, PublishPipeline
 from fluxmq.client.producer import (
     MAX_BATCH,
     Headers,
-    IdempotencyKeys,
     Key,
     PublishResult,
     fill,
@@ -68,7 +67,6 @@ class BufferedProducer:
             raise ValueError("max_bytes and max_in_flight must be positive, linger_ms >= 0")
         self.queue = queue
         self._codec = codec
-        self._keys = IdempotencyKeys()
         self._idempotent = idempotent
         self._pipeline = PublishPipeline(
             transport,
@@ -111,8 +109,8 @@ class BufferedProducer:
             raise RuntimeError("the producer is closed")
         m = pb.PublishMessage()
         size = fill(
-            m, self._codec, self._keys, value, key, headers, partition, delay_ms,
-            deliver_at_ms, idempotency_key, idempotent=False,
+            m, self._codec, value, key, headers, partition, delay_ms,
+            deliver_at_ms, idempotency_key,
         )  # fmt: skip
         fut = await self._pipeline.submit(m, size, raw=not self._idempotent)
         self._unsettled.add(fut)

@@ -36,7 +36,6 @@ from fluxmq.client.pipeline import WINDOW_DEFAULT, LanePool, PublishPipeline
 from fluxmq.client.producer import (
     MAX_BATCH,
     Headers,
-    IdempotencyKeys,
     Key,
     OutgoingMessage,
     PublishResult,
@@ -109,7 +108,6 @@ class AsyncClient:
         )
         self.codec = get_codec(codec)
         self.admin = Admin(self._transport)
-        self._keys = IdempotencyKeys()
         self._producers: set[BufferedProducer] = set()
         self._consumers: set[Consumer] = set()
         self._publish_window = publish_window
@@ -214,10 +212,9 @@ class AsyncClient:
         if self.closed:
             raise RuntimeError("the client is closed")
         message = pb.PublishMessage()
-        # No generated idempotency key: the pipeline's producer session makes resends safe.
         size_bytes = fill(
-            message, self._codec(codec), self._keys, value, key, headers,
-            partition, delay_ms, deliver_at_ms, idempotency_key, idempotent=False,
+            message, self._codec(codec), value, key, headers,
+            partition, delay_ms, deliver_at_ms, idempotency_key,
         )  # fmt: skip
         return await self._pipeline(queue).publish(message, size_bytes)
 
@@ -250,11 +247,11 @@ class AsyncClient:
             m = pb.PublishMessage()
             if isinstance(item, OutgoingMessage):
                 size = fill(
-                    m, encode, self._keys, item.value, item.key, item.headers, item.partition,
-                    item.delay_ms, item.deliver_at_ms, item.idempotency_key, idempotent=False,
+                    m, encode, item.value, item.key, item.headers, item.partition,
+                    item.delay_ms, item.deliver_at_ms, item.idempotency_key,
                 )  # fmt: skip
             else:
-                size = fill(m, encode, self._keys, item, idempotent=False)
+                size = fill(m, encode, item)
             chunk.append((m, size))
             if len(chunk) == MAX_BATCH:
                 results.extend(await pipeline.publish_many(chunk))

@@ -1,17 +1,16 @@
-"""Publishing: one message, a batch, or a buffering producer.
+"""Publishing's pieces: a PublishMessage filled from a caller's arguments, one Publish sent, the
+results of an answer.
 
-Every message the SDK sends carries an idempotency key (yours, or a generated one: a random
-128-bit producer id plus a sequence number, as unique as a uuid4 per message). A retry after a
-lost answer — a broker restarted or a leader failed mid-request — therefore stores nothing twice:
-the broker answers a repeated key within the queue's ``dedup_window`` (default 2 minutes) with
-the first write's partition and offset and ``duplicate=True``.
+A retry never stores a message twice: ``publish()``, ``publish_batch()`` and ``producer()`` send
+in a producer session (fluxmq/client/sessions.py), whose resends the broker answers with their
+first outcome (``duplicate=True``); a message with your own ``idempotency_key`` travels without a
+session, deduplicated by that key within the queue's ``dedup_window`` (default 2 minutes).
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -54,24 +53,9 @@ class OutgoingMessage:
     idempotency_key: str | None = None
 
 
-class IdempotencyKeys:
-    """``<random 128-bit hex>-<n>``: unique per message, cheap to make."""
-
-    __slots__ = ("_n", "_prefix")
-
-    def __init__(self) -> None:
-        self._prefix = uuid.uuid4().hex
-        self._n = 0
-
-    def next(self) -> str:
-        self._n += 1
-        return f"{self._prefix}-{self._n}"
-
-
 def fill(
     m: pb.PublishMessage,
     codec: Codec,
-    keys: IdempotencyKeys,
     value: Any,
     key: Key | None = None,
     headers: Headers | None = None,
@@ -79,10 +63,8 @@ def fill(
     delay_ms: int | None = None,
     deliver_at_ms: int | None = None,
     idempotency_key: str | None = None,
-    idempotent: bool = True,
 ) -> int:
-    """Fills a PublishMessage; returns its size in bytes (key + value + headers). The
-    idempotency key is the given one, else (``idempotent``) a generated one."""
+    """Fills a PublishMessage; returns its size in bytes (key + value + headers)."""
     raw = codec.encode(value)
     m.value = raw
     size = len(raw)
@@ -103,8 +85,6 @@ def fill(
         m.deliver_at_ms = integer_argument(pb.PublishMessage, "deliver_at_ms", deliver_at_ms)
     if idempotency_key:
         m.idempotency_key = idempotency_key
-    elif idempotent:
-        m.idempotency_key = keys.next()
     return size
 
 
@@ -142,32 +122,3 @@ async def send_request(
         give_up=give_up,
     )  # fmt: skip
     return results_of(resp)
-
-
-async def publish_batch(
-    transport: Transport,
-    keys: IdempotencyKeys,
-    codec: Codec,
-    queue: str,
-    messages: Iterable[OutgoingMessage | Any],
-    timeout_s: float | None = None,
-) -> list[PublishResult]:
-    """Publishes in requests of at most 1000 messages, in order; each request is all or
-    nothing (a failure raises, and earlier requests of the same call stay published)."""
-    out: list[PublishResult] = []
-    request = pb.PublishRequest(queue=queue)
-    for item in messages:
-        m = request.messages.add()
-        if isinstance(item, OutgoingMessage):
-            fill(
-                m, codec, keys, item.value, item.key, item.headers, item.partition,
-                item.delay_ms, item.deliver_at_ms, item.idempotency_key,
-            )  # fmt: skip
-        else:
-            fill(m, codec, keys, item)
-        if len(request.messages) == MAX_BATCH:
-            out.extend(await send_request(transport, request, timeout_s))
-            request = pb.PublishRequest(queue=queue)
-    if request.messages:
-        out.extend(await send_request(transport, request, timeout_s))
-    return out

@@ -16,12 +16,12 @@ from fluxmq.client import AsyncClient, arguments
 from fluxmq.client.admin import queue_config
 from fluxmq.client.codecs import BytesCodec
 from fluxmq.client.errors import FieldViolation, InvalidArgument
-from fluxmq.client.producer import IdempotencyKeys, fill
+from fluxmq.client.producer import fill
 
 
 def filled(**arguments: Any) -> pb.PublishMessage:
     m = pb.PublishMessage()
-    fill(m, BytesCodec(), IdempotencyKeys(), b"v", idempotent=False, **arguments)
+    fill(m, BytesCodec(), b"v", **arguments)
     return m
 
 
