@@ -20,7 +20,7 @@ from fluxmq._pb.v1 import admin_pb2
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._security import KEY_ID_CHARS, KEY_PREFIXES
 from fluxmq.client._transport import Transport
-from fluxmq.client.arguments import check_integers
+from fluxmq.client.arguments import check_integers, integer_argument
 from fluxmq.client.errors import AlreadyExists, NotFound
 
 QUEUE_TYPES = {"stream": pb.QUEUE_TYPE_STREAM, "work": pb.QUEUE_TYPE_WORK}
@@ -40,8 +40,9 @@ def start_position(
     if given != 1:
         raise ValueError("give one of: 'earliest' / 'latest', offset=, timestamp_ms=")
     if offset is not None:
-        return pb.StartPosition(offset=offset)
+        return pb.StartPosition(offset=integer_argument(pb.StartPosition, "offset", offset))
     if timestamp_ms is not None:
+        check_integers(pb.StartPosition, {"timestamp_ms": timestamp_ms})
         return pb.StartPosition(timestamp_ms=timestamp_ms)
     if start == "earliest":
         return pb.StartPosition(earliest=True)
@@ -97,6 +98,7 @@ class Admin:
     ) -> AsyncIterator[pb.Queue]:
         """Every queue (name prefix, ``label_selector`` like ``"team=pay,env=prod"``), paging
         as it goes."""
+        integer_argument(pb.ListQueuesRequest, "limit", page_size, "page_size")
         token = ""
         while True:
             resp = await self._q(
@@ -140,6 +142,8 @@ class Admin:
     ) -> pb.PurgeQueueResponse:
         """Drops waiting messages: ``scope`` ``ready`` / ``scheduled`` / ``all``; leased ones
         stay with their consumers unless ``destructive``."""
+        if scope not in PURGE_SCOPES:
+            raise ValueError(f"scope must be one of {sorted(PURGE_SCOPES)}, not {scope!r}")
         request = pb.PurgeQueueRequest(
             name=name, scope=PURGE_SCOPES[scope], destructive=destructive
         )
@@ -223,6 +227,7 @@ class Admin:
         self, queue: str, group: str, offsets: Mapping[int, int]
     ) -> list[pb.PartitionOffsets]:
         """Stream queues: partition -> the next offset to read."""
+        check_integers(pb.CommitOffsetsRequest, {"offsets": offsets})
         resp = await self._q(
             "CommitOffsets",
             pb.CommitOffsetsRequest(queue=queue, group=group, offsets=dict(offsets)),
@@ -244,10 +249,12 @@ class Admin:
         """Replays or skips: delivery of ``partitions`` (default all) starts again at
         ``to="earliest"`` / ``"latest"``, an ``offset`` or a ``timestamp_ms``; their leases and
         retries are dropped."""
+        chosen = list(partitions)
+        check_integers(pb.ResetOffsetsRequest, {"partitions": chosen})
         request = pb.ResetOffsetsRequest(
             queue=queue,
             group=group,
-            partitions=list(partitions),
+            partitions=chosen,
             to=start_position(to, offset=offset, timestamp_ms=timestamp_ms),
         )
         resp = await self._q("ResetOffsets", request, safe=False, queue=queue)
@@ -270,6 +277,9 @@ class Admin:
     async def offset_for_timestamp(self, queue: str, partition: int, timestamp_ms: int) -> int:
         """The first offset of ``partition`` stored at or after ``timestamp_ms`` (or the high
         watermark)."""
+        check_integers(
+            pb.SeekToTimestampRequest, {"partition": partition, "timestamp_ms": timestamp_ms}
+        )
         resp = await self._q(
             "SeekToTimestamp",
             pb.SeekToTimestampRequest(queue=queue, partition=partition, timestamp_ms=timestamp_ms),
@@ -291,6 +301,8 @@ class Admin:
     ) -> AsyncIterator[pb.DeadLetter]:
         """The dead letters of ``queue`` (optionally one group's, or a time range): its own only,
         also when other queues share its dead-letter queue."""
+        check_integers(pb.ListDeadLettersRequest, {"from_ms": from_ms, "to_ms": to_ms})
+        integer_argument(pb.ListDeadLettersRequest, "limit", page_size, "page_size")
         token = ""
         while True:
             resp = await self._q(
@@ -317,9 +329,11 @@ class Admin:
     ) -> int:
         """Back to ``queue`` as new messages for the group that dead-lettered them (``ids``, or
         ``all`` — optionally only ``group``'s); returns how many."""
+        chosen = list(ids)
+        check_integers(pb.ReplayDeadLettersRequest, {"ids": chosen})
         resp = await self._q(
             "ReplayDeadLetters",
-            pb.ReplayDeadLettersRequest(queue=queue, ids=list(ids), all=all, group=group),
+            pb.ReplayDeadLettersRequest(queue=queue, ids=chosen, all=all, group=group),
             safe=False,
             queue=queue,
         )
@@ -330,9 +344,11 @@ class Admin:
     ) -> int:
         """Delete dead letters of ``queue`` (``ids``, or ``all`` of its own: other queues sharing
         its dead-letter queue keep theirs); returns how many."""
+        chosen = list(ids)
+        check_integers(pb.PurgeDeadLettersRequest, {"ids": chosen})
         resp = await self._q(
             "PurgeDeadLetters",
-            pb.PurgeDeadLettersRequest(queue=queue, ids=list(ids), all=all),
+            pb.PurgeDeadLettersRequest(queue=queue, ids=chosen, all=all),
             safe=False,
             queue=queue,
         )

@@ -1,7 +1,8 @@
 """The SDK refuses an integer argument its protobuf field cannot hold (a negative partition, a
 delay past uint32, a non-integer) with InvalidArgument naming the argument, before anything is
 sent: a message's fields, a Fetch's, a queue's config. Protobuf alone raised ``ValueError: Value
-out of range: -1``, naming neither. Errors say what is wrong once, and name the argument."""
+out of range: -1``, naming neither; the admin calls likewise. Errors say what is wrong once,
+and name the argument."""
 
 from __future__ import annotations
 
@@ -113,3 +114,41 @@ def test_a_key_or_header_of_another_type_is_a_type_error_naming_it() -> None:
         filled(key=123)
     with pytest.raises(TypeError, match=r"^header 'trace' must be str or bytes, not float$"):
         filled(headers={"trace": 1.5})
+
+
+ADMIN_CALLS = {
+    "commit_offsets": (lambda a: a.commit_offsets("q", "g", {0: 3, 1: -5}), "offsets[1]"),
+    "commit_offsets key": (lambda a: a.commit_offsets("q", "g", {-1: 3}), "offsets key -1"),
+    "reset_offsets": (lambda a: a.reset_offsets("q", "g", "earliest", partitions=[0, -2]),
+                      "partitions[1]"),
+    "seek": (lambda a: a.seek("q", "g", offset=-1), "offset"),
+    "offset_for_timestamp": (lambda a: a.offset_for_timestamp("q", -1, 0), "partition"),
+    "list_dead_letters": (lambda a: a.list_dead_letters("q", page_size=-1).__anext__(),
+                          "page_size"),
+    "list_queues": (lambda a: a.list_queues(page_size=1.5).__anext__(), "page_size"),
+    "replay_dead_letters": (lambda a: a.replay_dead_letters("q", ids=[7, -7]), "ids[1]"),
+    "purge_dead_letters": (lambda a: a.purge_dead_letters("q", ids=iter([-1])), "ids[0]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("call", sorted(ADMIN_CALLS))
+async def test_an_admin_argument_its_field_cannot_hold_fails_before_any_call(call: str) -> None:
+    make, field = ADMIN_CALLS[call]
+    client = AsyncClient("127.0.0.1:1")  # nobody listens: a call would fail otherwise
+    try:
+        with pytest.raises(InvalidArgument) as info:
+            await make(client.admin)
+        assert [v.field for v in info.value.field_violations] == [field]
+    finally:
+        await client.close()
+
+
+async def test_an_unknown_purge_scope_names_the_scopes() -> None:
+    client = AsyncClient("127.0.0.1:1")
+    try:
+        with pytest.raises(
+            ValueError, match=r"scope must be one of \['all', 'ready', 'scheduled'\]"
+        ):
+            await client.admin.purge_queue("q", scope="some")
+    finally:
+        await client.close()
