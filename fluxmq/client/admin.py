@@ -42,8 +42,9 @@ def start_position(
     if offset is not None:
         return pb.StartPosition(offset=integer_argument(pb.StartPosition, "offset", offset))
     if timestamp_ms is not None:
-        check_integers(pb.StartPosition, {"timestamp_ms": timestamp_ms})
-        return pb.StartPosition(timestamp_ms=timestamp_ms)
+        return pb.StartPosition(
+            timestamp_ms=integer_argument(pb.StartPosition, "timestamp_ms", timestamp_ms)
+        )
     if start == "earliest":
         return pb.StartPosition(earliest=True)
     if start == "latest":

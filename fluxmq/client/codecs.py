@@ -100,14 +100,19 @@ def get_codec(codec: str | Codec) -> Codec:
     return codec
 
 
-def to_bytes(value: str | bytes | bytearray | memoryview, what: str = "a key or header") -> bytes:
-    """Keys and header values: str as UTF-8, bytes-like as they are; ``what`` names the argument
-    in the TypeError of any other type."""
+def to_bytes(
+    value: str | bytes | bytearray | memoryview,
+    what: str = "a key or header",
+    name: str | None = None,
+) -> bytes:
+    """Keys and header values: str as UTF-8, bytes-like as they are; ``what`` (and ``name``, a
+    header's) name the argument in the TypeError of any other type, formatted only then."""
     if isinstance(value, str):
         return value.encode()
     raw = _as_bytes(value)
     if raw is None:
-        raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
+        named = what if name is None else f"{what} {name!r}"
+        raise TypeError(f"{named} must be str or bytes, not {type(value).__name__}")
     return raw
 
 

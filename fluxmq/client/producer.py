@@ -74,7 +74,7 @@ def fill(
         size += len(k)
     if headers:
         for name, v in headers.items():
-            hv = to_bytes(v, f"header {name!r}")
+            hv = to_bytes(v, "header", name)
             m.headers[name] = hv
             size += len(name) + len(hv)
     if partition is not None:
