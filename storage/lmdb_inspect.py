@@ -111,10 +111,11 @@ class InspectView:
         value = self._txn.get(key, db=self._dbs[2])
         return None if value is None else bytes(value)
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Key/value table pairs whose key starts with ``prefix``, in key order."""
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Key/value table pairs whose key starts with ``prefix``, in key order, from ``start``
+        (a key at or after ``prefix``) when given."""
         with self._txn.cursor(db=self._dbs[2]) as cursor:
-            if not cursor.set_range(prefix):
+            if not cursor.set_range(prefix if start is None else max(prefix, start)):
                 return
             for key, value in cursor:
                 if not key.startswith(prefix):

@@ -21,7 +21,8 @@ from fluxmq.audit.layout import AuditUsageError, StoreRef, discover
 
 ARCHIVE_MANIFEST = "manifest.json"
 ARCHIVE_FORMAT = "fluxmq-audit-archive"
-ARCHIVE_VERSION = 1
+# 2: the records table has the producer and dead-letter index columns, logs the applied index
+ARCHIVE_VERSION = 2
 
 Progress = Callable[[str], None]
 
@@ -93,7 +94,8 @@ def read_manifest(archive: str) -> dict[str, Any]:
     if manifest.get("format") != ARCHIVE_FORMAT or manifest.get("version") != ARCHIVE_VERSION:
         raise AuditUsageError(
             f"--archive {archive!r}: {ARCHIVE_MANIFEST} is not a version {ARCHIVE_VERSION} "
-            f"{ARCHIVE_FORMAT}"
+            f"{ARCHIVE_FORMAT} (an older fluxmq-audit wrote it: export the data directories "
+            "again with this one)"
         )
     return manifest
 

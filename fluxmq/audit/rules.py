@@ -11,8 +11,16 @@ offset_contiguity   a log's stored offsets are not exactly [low, high) (a lost b
                     batches, damaged log metadata)
 replica_agreement   replicas of one group hold different records (by their stored crc32c)
                     at the same offset; only offsets stored on two or more replicas count
+replica_shape       replicas of one group at the same applied index hold different
+                    [low, high) for a partition (the shape most share is taken as right),
+                    or a replica behind another holds offsets the one ahead lacks
+                    (``fluxmq.audit.shape``)
 dedup_window        two records of a queue carry the same idempotency key less than the
                     queue's dedup window apart (the window in force now)
+producer_sequence   a producer session's (id, epoch, sequence) is stored twice in a
+                    partition, or its sequences do not rise by one from 0 within an epoch
+                    (gaps are judged only in logs that are whole and readable, and from 0
+                    only where retention removed nothing), or its epoch goes back
 key_order           within a partition, a key's records do not have non-decreasing
                     timestamps in offset order
 group_consistency   a group partition's row contradicts its log: committed > next,
@@ -21,9 +29,13 @@ group_consistency   a group partition's row contradicts its log: committed > nex
 dlq_conservation    a dead letter's origin does not exist: unknown queue or partition,
                     offset at or past the origin's high watermark, or never handed out to
                     the group it names (an origin below the low watermark was removed by
-                    retention, which is fine). Each letter is joined to its own origin (its
-                    fluxmq-original-* headers), so a DLQ shared by several queues is audited
-                    per source, and messages published to a DLQ directly are not letters
+                    retention, which is fine). Letters are found by the store's own index
+                    of dead letters as well as by their fluxmq-original-* headers, so a
+                    letter whose headers are gone or name another origin is reported.
+                    Each letter is joined to its own origin, so a DLQ shared by several
+                    queues is audited per source, and messages published to a DLQ directly
+                    are not letters. Per source queue and group, the letters stored must
+                    equal the dead counted (fewer only once the DLQ's front was removed)
 totals              a group partition's counts do not add up: next - base must equal
                     acked + dead + filtered + skipped + purged + leased + scheduled
 ==================  =====================================================================
@@ -40,6 +52,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+
+from fluxmq.audit.shape import LogShape, shape_violations
 
 VIOLATION_COLUMNS = (
     "rule",
@@ -226,6 +240,153 @@ def replica_agreement(t: Tables) -> DataFrame:
     )
 
 
+def _whole_logs(t: Tables) -> DataFrame:
+    """The logs whose every offset in [low, high) is stored once and passed its check: only
+    there can a gap in something else (sequences) be told from a loss that offset_contiguity
+    or crc_valid reports already."""
+    good = t.logs.where(F.col("meta_error").isNull()).select(*_LOG, "low", "high")
+    counts = (
+        t.records.join(F.broadcast(good), _LOG)
+        .where((F.col("offset") >= F.col("low")) & (F.col("offset") < F.col("high")))
+        .groupBy(*_LOG)
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.countDistinct("offset").alias("distinct"),
+            F.min(F.col("crc_ok").cast("int")).alias("all_ok"),
+        )
+    )
+    damaged = t.records.where(~F.col("crc_ok")).select(*_LOG).distinct()
+    return (
+        good.join(counts, _LOG, "left")
+        .fillna(0, ["n", "distinct"])
+        .where((F.col("n") == F.col("high") - F.col("low")) & (F.col("distinct") == F.col("n")))
+        .where(F.col("all_ok").isNull() | (F.col("all_ok") == 1))
+        .join(damaged, _LOG, "left_anti")
+        .select(*_LOG, "low")
+    )
+
+
+def producer_sequence(t: Tables) -> DataFrame:
+    who = [*_LOG, "producer_id"]
+    recs = t.records.where(F.col("producer_id").isNotNull() & F.col("crc_ok")).select(
+        *who, "queue", "offset", "producer_epoch", "sequence"
+    )
+    # Stored twice: the same (producer, epoch, sequence) at another offset of the partition.
+    same = Window.partitionBy(*who, "producer_epoch", "sequence").orderBy("offset")
+    w = Window.partitionBy(*who).orderBy("offset")
+    marked = (
+        recs.withColumn("first_offset", F.first("offset").over(same))
+        .withColumn("prev_offset", F.lag("offset").over(w))
+        .withColumn("prev_epoch", F.lag("producer_epoch").over(w))
+        .withColumn("prev_seq", F.lag("sequence").over(w))
+        .join(F.broadcast(_whole_logs(t)), _LOG, "left")
+    )
+    whole = F.col("low").isNotNull()
+    twice = F.when(
+        F.col("first_offset") < F.col("offset"),
+        F.format_string(
+            "producer %d epoch %d sequence %d is stored twice: at offset %d and here",
+            "producer_id",
+            "producer_epoch",
+            "sequence",
+            "first_offset",
+        ),
+    )
+    first_in_epoch = F.col("prev_epoch").isNull() | (F.col("producer_epoch") > F.col("prev_epoch"))
+    order = (
+        F.when(
+            F.col("prev_epoch").isNotNull() & (F.col("producer_epoch") < F.col("prev_epoch")),
+            F.format_string(
+                "producer %d epoch %d after epoch %d (offset %d): epochs never go back",
+                "producer_id",
+                "producer_epoch",
+                "prev_epoch",
+                "prev_offset",
+            ),
+        )
+        .when(
+            first_in_epoch
+            & (F.col("sequence") != 0)
+            & whole
+            & (F.col("prev_epoch").isNotNull() | (F.col("low") == 0)),
+            F.format_string(
+                "producer %d epoch %d begins at sequence %d here, not 0 (sequences 0..%d "
+                "are missing)",
+                "producer_id",
+                "producer_epoch",
+                "sequence",
+                F.col("sequence") - 1,
+            ),
+        )
+        .when(
+            ~first_in_epoch & (F.col("sequence") > F.col("prev_seq") + 1) & whole,
+            F.format_string(
+                "producer %d epoch %d: sequence %d follows %d (offset %d); %d..%d are missing",
+                "producer_id",
+                "producer_epoch",
+                "sequence",
+                "prev_seq",
+                "prev_offset",
+                F.col("prev_seq") + 1,
+                F.col("sequence") - 1,
+            ),
+        )
+        .when(
+            ~first_in_epoch
+            & (F.col("sequence") <= F.col("prev_seq"))
+            & (F.col("first_offset") == F.col("offset")),
+            F.format_string(
+                "producer %d epoch %d: sequence %d follows %d (offset %d); sequences only rise",
+                "producer_id",
+                "producer_epoch",
+                "sequence",
+                "prev_seq",
+                "prev_offset",
+            ),
+        )
+    )
+    # An offset stored twice by overlapping batches repeats its sequence at the same offset:
+    # offset_contiguity reports that.
+    problems = F.concat_ws("; ", twice, order)
+    bad = (
+        marked.where(F.col("prev_offset").isNull() | (F.col("prev_offset") != F.col("offset")))
+        .withColumn("problems", problems)
+        .where(F.col("problems") != "")
+    )
+    return _violations(bad, "producer_sequence", F.col("offset"), F.col("problems"))
+
+
+def replica_shape(t: Tables) -> DataFrame:
+    rows = [
+        LogShape(
+            r["node"],
+            r["replication_group"],
+            r["queue"],
+            r["queue_id"],
+            r["partition"],
+            r["low"],
+            r["high"],
+            r["applied_index"],
+            r["meta_error"] is not None,
+        )
+        for r in t.logs.select(
+            *_LOG, "queue", "low", "high", "applied_index", "meta_error"
+        ).collect()
+    ]
+    found = shape_violations(rows)
+    schema = (
+        "rule string, node string, replication_group string, queue string, partition int, "
+        "offset bigint, detail string"
+    )
+    return t.logs.sparkSession.createDataFrame(
+        [
+            ("replica_shape", v.node, v.replication_group, v.queue, v.partition, v.offset, v.detail)
+            for v in found
+        ],
+        schema,
+    )
+
+
 def dedup_window(t: Tables) -> DataFrame:
     who = ["node", "replication_group", "queue_id", "idempotency_key"]
     recs = t.records.where(F.col("idempotency_key").isNotNull()).select(
@@ -330,8 +491,13 @@ def group_consistency(t: Tables) -> DataFrame:
     )
 
 
-def dlq_conservation(t: Tables) -> DataFrame:
-    dead = t.records.where(F.col("origin_queue").isNotNull() & F.col("crc_ok")).select(
+def _letters(t: Tables) -> DataFrame:
+    """The dead letters stored: records that the store's index of dead letters names, or whose
+    fluxmq-original-* headers do (letters replayed or purged left the index; letters written
+    before it existed were never in it)."""
+    return t.records.where(
+        (F.col("origin_queue").isNotNull() | F.col("indexed_origin").isNotNull()) & F.col("crc_ok")
+    ).select(
         "node",
         "replication_group",
         "queue",
@@ -341,7 +507,12 @@ def dlq_conservation(t: Tables) -> DataFrame:
         "origin_partition",
         "origin_offset",
         "dead_group",
+        "indexed_origin",
     )
+
+
+def dlq_conservation(t: Tables) -> DataFrame:
+    dead = _letters(t)
     logs = t.logs.select(
         "node",
         "replication_group",
@@ -370,6 +541,23 @@ def dlq_conservation(t: Tables) -> DataFrame:
     )
     detail = (
         F.when(
+            F.col("origin_queue").isNull(),
+            F.format_string(
+                "dead letter of %s (by the store's index of dead letters) has no "
+                "fluxmq-original-* headers naming its origin",
+                "indexed_origin",
+            ),
+        )
+        .when(
+            F.col("indexed_origin").isNotNull()
+            & (F.col("indexed_origin") != F.col("origin_queue")),
+            F.format_string(
+                "dead letter's headers name origin %s, the store's index of dead letters %s",
+                "origin_queue",
+                "indexed_origin",
+            ),
+        )
+        .when(
             F.col("origin_partition").isNull() | F.col("origin_offset").isNull(),
             F.concat(F.lit("dead letter without a readable origin: "), origin),
         )
@@ -396,7 +584,109 @@ def dlq_conservation(t: Tables) -> DataFrame:
         )
     )
     bad = joined.withColumn("problem", detail).where(F.col("problem").isNotNull())
-    return _violations(bad, "dlq_conservation", F.col("offset"), F.col("problem"))
+    letters = _violations(bad, "dlq_conservation", F.col("offset"), F.col("problem"))
+    return letters.unionByName(_dead_counts(t, dead))
+
+
+def _dead_counts(t: Tables, letters: DataFrame) -> DataFrame:
+    """Per source queue (one with a DLQ) and its groups: the letters its DLQ stores against the
+    dead its group partitions counted. Letters only leave a DLQ's log from its front (retention,
+    purge, or the compaction of replayed and purged letters), so while the DLQ's log is whole
+    and starts at 0 the two are equal; once its low watermark moved, or a letter is unreadable
+    (crc_valid reports it), the DLQ may hold fewer, never more. A group's own letters are
+    counted by their fluxmq-group header; the source's total also counts letters whose header
+    is gone (dlq_conservation reports those one by one)."""
+    store = ["node", "replication_group"]
+    dlq_logs = t.logs.where(F.col("partition") == 0).select(
+        *store, F.col("queue").alias("dlq"), F.col("low").alias("dlq_low"), *_LOG
+    )
+    exact = dlq_logs.join(F.broadcast(_whole_logs(t).select(*_LOG)), _LOG, "left_semi").select(
+        *store, "dlq", F.lit(True).alias("exact")
+    )
+    dlqs = (
+        dlq_logs.select(*store, "dlq", "dlq_low")
+        .join(exact, [*store, "dlq"], "left")
+        .withColumn("exact", F.coalesce("exact", F.lit(False)) & (F.col("dlq_low") == 0))
+    )
+    sources = (
+        t.logs.where(F.col("dead_letter_queue").isNotNull())
+        .select(*store, "queue", F.col("dead_letter_queue").alias("dlq"))
+        .distinct()
+        .join(dlqs, [*store, "dlq"])
+    )
+    groups = t.groups.where(F.col("queue").isNotNull() & F.col("group").isNotNull())
+    dead_by_group = groups.groupBy(*store, "queue", "group").agg(F.sum("dead").alias("dead"))
+    stored = letters.select(
+        *store,
+        F.col("queue").alias("dlq"),
+        F.coalesce("indexed_origin", "origin_queue").alias("source"),
+        F.col("dead_group").alias("group"),
+    )
+    known = stored.join(
+        dead_by_group.select(*store, F.col("queue").alias("source"), "group"),
+        [*store, "source", "group"],
+        "left_semi",
+    )
+    stored_by_group = known.groupBy(*store, "dlq", "source", "group").agg(
+        F.count(F.lit(1)).alias("stored")
+    )
+    per_group = (
+        sources.join(dead_by_group, [*store, "queue"])
+        .join(
+            stored_by_group.withColumnRenamed("source", "queue"),
+            [*store, "dlq", "queue", "group"],
+            "left",
+        )
+        .fillna(0, ["stored"])
+        .where(F.col("stored") > F.col("dead"))
+    )
+    over = _violations(
+        per_group.withColumn("partition", F.lit(None)),
+        "dlq_conservation",
+        F.lit(None),
+        F.format_string(
+            "group %s of %s counted %d dead, but %s holds %d of its letters",
+            "group",
+            "queue",
+            "dead",
+            "dlq",
+            "stored",
+        ),
+    )
+    # The source's total: letters of its existing groups and letters that lost their group
+    # header (a letter naming a group that was deleted since is left out, as its count is).
+    headless = stored.where(F.col("group").isNull())
+    stored_total = (
+        known.unionByName(headless)
+        .groupBy(*store, "dlq", "source")
+        .agg(F.count(F.lit(1)).alias("stored"))
+        .withColumnRenamed("source", "queue")
+    )
+    dead_total = dead_by_group.groupBy(*store, "queue").agg(F.sum("dead").alias("dead"))
+    totals = (
+        sources.join(dead_total, [*store, "queue"])
+        .join(stored_total, [*store, "dlq", "queue"], "left")
+        .fillna(0, ["stored"])
+        .where(
+            (F.col("stored") > F.col("dead")) | (F.col("exact") & (F.col("stored") < F.col("dead")))
+        )
+    )
+    short = _violations(
+        totals.withColumn("partition", F.lit(None)),
+        "dlq_conservation",
+        F.lit(None),
+        F.format_string(
+            "the groups of %s counted %d dead, and %s holds %d of their letters (%s)",
+            "queue",
+            "dead",
+            "dlq",
+            "stored",
+            F.when(
+                F.col("stored") > F.col("dead"), F.lit("more letters than dead messages")
+            ).otherwise(F.lit("letters lost, or dropped while the queue had no dead-letter queue")),
+        ),
+    )
+    return over.unionByName(short)
 
 
 def totals(t: Tables) -> DataFrame:
@@ -446,9 +736,19 @@ RULES: tuple[Rule, ...] = (
         replica_agreement,
     ),
     Rule(
+        "replica_shape",
+        "replicas at one applied index hold the same offsets; one behind holds no more",
+        replica_shape,
+    ),
+    Rule(
         "dedup_window",
         "no idempotency key is stored twice within the dedup window",
         dedup_window,
+    ),
+    Rule(
+        "producer_sequence",
+        "a producer's sequences are stored once each, without gaps within an epoch",
+        producer_sequence,
     ),
     Rule("key_order", "a key's records have non-decreasing timestamps", key_order),
     Rule(
@@ -458,7 +758,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "dlq_conservation",
-        "every dead letter points to an origin that exists or was removed by retention",
+        "every dead letter has an origin that was handed out to its group, and the letters "
+        "stored match the dead counted",
         dlq_conservation,
     ),
     Rule(

@@ -8,7 +8,12 @@
     all its records), crc_ok (the record's batch passed its checksum and decodes), size_bytes
     (the record's share of its batch, see ``storage.record_batch``), error (why not), and, for a
     dead letter, origin_queue, origin_partition, origin_offset and dead_group (from its
-    ``fluxmq-original-*`` and ``fluxmq-group`` headers).
+    ``fluxmq-original-*`` and ``fluxmq-group`` headers), and indexed_origin: the origin queue
+    the store's own index of dead letters (``DEAD_ORIGIN`` rows) names for this offset of a
+    DLQ (null for a letter replayed or purged, which left the index, and for letters written
+    before the index existed). For a record of a producer session: producer_id,
+    producer_epoch and sequence (its batch's first sequence plus its place in the batch);
+    null for records without a session (producer id 0).
 
     A batch that fails its check gives one row per offset it covers, each with crc_ok false and
     the error, and null fields but for position and crc (nothing it says can be believed; its
@@ -20,7 +25,9 @@
     wholly below low, or records at or past high, are shown: they are damage.
 ``logs``: one row per partition log
     its watermarks (low: first stored offset, high: next to be written), size, the metadata
-    check's error, and the owning queue's partition count, dedup window and type.
+    check's error, the owning queue's partition count, dedup window, type and dead-letter
+    queue, and the store's applied index (the last Raft entry applied, the same on replicas
+    that applied the same log; null for a store that never recorded one).
 ``groups``: one row per (consumer group, partition)
     the stored row (committed, next, acked, dead, filtered, skipped, purged, base), the pending
     slots (leased, scheduled, their lowest and highest offset, how many lie outside
@@ -85,6 +92,10 @@ RECORDS: list[tuple[str, pa.DataType]] = [
     ("origin_partition", _I32),
     ("origin_offset", _I64),
     ("dead_group", _STR),
+    ("indexed_origin", _STR),
+    ("producer_id", _I64),
+    ("producer_epoch", _I64),
+    ("sequence", _I64),
 ]
 # What the audit rules read: everything but the payload (value, headers), which is most of the
 # bytes and which the stored checksum already stands for.
@@ -104,6 +115,8 @@ LOGS: list[tuple[str, pa.DataType]] = [
     ("partitions", _I32),
     ("dedup_window_ms", _I64),
     ("queue_type", _STR),
+    ("dead_letter_queue", _STR),
+    ("applied_index", _I64),
 ]
 
 GROUPS: list[tuple[str, pa.DataType]] = [
@@ -152,6 +165,7 @@ class QueueInfo:
     partitions: int
     dedup_window_ms: int
     queue_type: str
+    dead_letter_queue: str | None = None
 
 
 def catalog(view: InspectView) -> dict[int, QueueInfo]:
@@ -159,15 +173,22 @@ def catalog(view: InspectView) -> dict[int, QueueInfo]:
     out: dict[int, QueueInfo] = {}
     for _key, value in view.scan(keys.QUEUE):
         q = pb.Queue.FromString(value)
+        dlq: str | None
         try:
-            window_ms = policy_of(q.config).dedup_window_ms
-        except Exception:  # a config this version cannot parse: no dedup check for it
-            window_ms = 0
+            policy = policy_of(q.config)
+            window_ms, dlq = policy.dedup_window_ms, policy.dead_letter_queue
+        except Exception:  # a config this version cannot parse: no dedup or DLQ check for it
+            window_ms, dlq = 0, None
         qtype = "stream" if q.config.type == pb.QUEUE_TYPE_STREAM else "work"
         out[int(q.queue_id)] = QueueInfo(
-            q.config.name, int(q.queue_id), q.config.partitions or 1, window_ms, qtype
+            q.config.name, int(q.queue_id), q.config.partitions or 1, window_ms, qtype, dlq
         )
     return out
+
+
+def applied_index(view: InspectView) -> int | None:
+    raw = view.get(keys.APPLIED)
+    return keys.U64.unpack(raw)[0] if raw is not None and len(raw) == keys.U64.size else None
 
 
 def trash(view: InspectView) -> set[int]:
@@ -246,16 +267,68 @@ def read_split(split: Split, view: InspectView, names: list[str]) -> Iterator[pa
     }
     payload = bool({"value", "headers"} & set(names))
     last_ts = _timestamp_before(view, split.log_id, split.start, split.low)
-    cols = _RecordColumns(payload, last_ts)
+    letters = LetterIndex(view, queue_id, split.start, split.end) if partition == 0 else None
+    if letters is not None and not letters.origins:
+        letters = None  # not a DLQ (or one with no indexed letters): no lookup per record
+    cols = _RecordColumns(payload, last_ts, letters)
     for base, buf, next_base in view.batches(split.log_id, split.start, split.end):
         cols.add_batch(split, base, buf, next_base)
         if cols.rows >= BATCH_ROWS:
             yield cols.batch(schema, names, constant)
-            cols = _RecordColumns(payload, cols.last_ts)
+            cols = _RecordColumns(payload, cols.last_ts, letters)
     if cols.rows:
         yield cols.batch(schema, names, constant)
 
 
+class LetterIndex:
+    """The store's own index of the dead letters a DLQ (a queue's partition 0) holds: DLQ
+    offset -> origin queue, from the ``DEAD_ORIGIN`` rows, for the offsets [start, end) of one
+    split (read once, in order per origin), with a point lookup for a record of a batch that
+    reaches past ``end``. A log with no index rows costs one seek."""
+
+    __slots__ = ("_by_offset", "_end", "_queue_id", "_start", "_view", "origins")
+
+    def __init__(self, view: InspectView, queue_id: int, start: int, end: int) -> None:
+        self._view = view
+        self._queue_id = queue_id
+        self._start, self._end = start, end
+        self.origins = _indexed_origins(view, queue_id)
+        self._by_offset: dict[int, str] = {}
+        for origin in self.origins:
+            prefix = keys.dead_origin_prefix(queue_id, origin)
+            for key, _ in view.scan(prefix, prefix + keys.U64.pack(start)):
+                offset = keys.U64.unpack_from(key, len(prefix))[0]
+                if offset >= end:
+                    break
+                self._by_offset[offset] = origin
+
+    def origin_of(self, offset: int) -> str | None:
+        if self._start <= offset < self._end:
+            return self._by_offset.get(offset)
+        for origin in self.origins:
+            if self._view.get(keys.dead_origin_key(self._queue_id, origin, offset)) is not None:
+                return origin
+        return None
+
+
+def _indexed_origins(view: InspectView, queue_id: int) -> list[str]:
+    """The origin queues with index rows in the DLQ ``queue_id``: one seek per origin (the rows
+    of one origin are contiguous, so the scan jumps past them)."""
+    prefix = keys.DEAD_ORIGIN + keys.U64.pack(queue_id)
+    origins: list[str] = []
+    start = prefix
+    while len(origins) < DLQ_ORIGINS_MAX:
+        key = next((k for k, _ in view.scan(prefix, start)), None)
+        if key is None or len(key) <= len(prefix):
+            break
+        length = key[len(prefix)]
+        name = key[len(prefix) + 1 : len(prefix) + 1 + length]
+        origins.append(name.decode(errors="replace"))
+        start = key[: len(prefix) + 1 + length] + b"\xff" * (keys.U64.size + 1)
+    return origins
+
+
+DLQ_ORIGINS_MAX = 4096  # origin queues looked up per DLQ (a shared DLQ serves a few)
 PREVIOUS_LOOKBACK_MAX = 64  # damaged batches skipped looking for the previous good timestamp
 
 
@@ -308,10 +381,11 @@ class _RecordColumns:
     ``payload``: the value and headers are wanted; without it they are not kept (the origin
     columns of dead letters are still read from the headers)."""
 
-    def __init__(self, payload: bool, last_ts: int | None) -> None:
+    def __init__(self, payload: bool, last_ts: int | None, letters: LetterIndex | None) -> None:
         self.rows = 0
         self.payload = payload
         self.last_ts = last_ts
+        self.letters = letters
         self.c: dict[str, list[Any]] = {n: [] for n, _ in RECORDS}
 
     def add_batch(self, split: Split, base: int, buf: bytes, next_base: int | None) -> None:
@@ -323,8 +397,19 @@ class _RecordColumns:
                 _damaged_offsets(err, split, base, buf, next_base), crc, len(buf), err
             )
             return
+        header = record_batch.read_header(split.log_id, base, buf, check_crc=False)
+        producer = header.producer_id
+        c = self.c
         for record in records:
             self._add_record(record, crc)
+            if producer:
+                c["producer_id"].append(_signed64(producer))
+                c["producer_epoch"].append(header.producer_epoch)
+                c["sequence"].append(_signed64(header.first_sequence + record.offset - base))
+            else:
+                c["producer_id"].append(None)
+                c["producer_epoch"].append(None)
+                c["sequence"].append(None)
 
     def _add_damaged(self, offsets: range, crc: int | None, size: int, err: Exception) -> None:
         c = self.c
@@ -353,15 +438,17 @@ class _RecordColumns:
         c["key"].append(record.key)
         c["idempotency_key"].append(record.idempotency_key)
         headers = record.headers
+        indexed = self.letters.origin_of(record.offset) if self.letters is not None else None
+        c["indexed_origin"].append(indexed)
         c["value"].append(record.value if self.payload else None)
         c["headers"].append(headers if self.payload else ())
         origin = _header(headers, "fluxmq-original-queue") if headers else None
-        if origin is None:
+        if origin is None and indexed is None:
             for n in _ORIGIN_FIELDS:
                 c[n].append(None)
             return
         group = _header(headers, "fluxmq-group")
-        c["origin_queue"].append(origin.decode(errors="replace"))
+        c["origin_queue"].append(origin.decode(errors="replace") if origin is not None else None)
         c["origin_partition"].append(_int_or_none(_header(headers, "fluxmq-original-partition")))
         c["origin_offset"].append(_int_or_none(_header(headers, "fluxmq-original-offset")))
         c["dead_group"].append(group.decode(errors="replace") if group else None)
@@ -380,7 +467,19 @@ class _RecordColumns:
 
 
 _ORIGIN_FIELDS = ("origin_queue", "origin_partition", "origin_offset", "dead_group")
+
+
+def _signed64(n: int) -> int:
+    """A u64 of the batch header in an int64 column (ids and sequences this large do not occur,
+    but damage may hold any bits: they show as negative rather than failing the read)."""
+    return n - (1 << 64) if n >= 1 << 63 else n
+
+
 _RECORD_FIELDS = (
+    "indexed_origin",
+    "producer_id",
+    "producer_epoch",
+    "sequence",
     "timestamp_ms",
     "ts_prev",
     "key",
@@ -394,6 +493,7 @@ _RECORD_FIELDS = (
 def read_logs(store: StoreRef, view: InspectView, names: list[str]) -> Iterator[pa.RecordBatch]:
     queues = catalog(view)
     gone = trash(view)
+    applied = applied_index(view)
     rows: list[dict[str, Any]] = []
     for meta in view.logs():
         if meta.log_id in gone:
@@ -415,6 +515,8 @@ def read_logs(store: StoreRef, view: InspectView, names: list[str]) -> Iterator[
                 "partitions": q.partitions if q else None,
                 "dedup_window_ms": q.dedup_window_ms if q else None,
                 "queue_type": q.queue_type if q else None,
+                "dead_letter_queue": q.dead_letter_queue if q else None,
+                "applied_index": applied,
             }
         )
     yield from _batches(LOGS, names, rows)

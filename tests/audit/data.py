@@ -22,6 +22,7 @@ from fluxmq._pb.v1 import queue_pb2_grpc
 from fluxmq.core import keys
 from storage import LmdbStore
 from storage.api import NewRecord
+from tests.audit import spec_codec
 from tests.integration.cluster import Cluster
 from tests.integration.conftest import Node
 from tests.integration.delivery_helpers import (
@@ -43,6 +44,16 @@ SHARED_DLQ = "common-dlq"  # offsets: 0 right-0, 1 left-0 (purged), 2 left-1 (pu
 ORDERS_PARTITIONS = 3
 BATCHED = "batched"  # stream queue, 1 partition: publishes of BATCHED_SIZES messages
 BATCHED_SIZES = (3, 5, 4, 1, 6)  # one batch each: [0, 2], [3, 7], [8, 11], [12], [13, 18]
+# Stream queue, 2 partitions, no keys, published through producer sessions (SESSION_LAYOUT).
+SESSIONS = "sessions"
+# partition -> the batches stored, in offset order: (producer, epoch, first sequence, count);
+# producer "alpha" is named (epochs 0 and 1), "anon" is not, None is a publish without a session.
+# Partition 1's first batch came as encoded records (tests/audit/spec_codec.py wrote them).
+SESSION_LAYOUT = {
+    0: [("alpha", 0, 0, 3), (None, 0, 0, 1), ("alpha", 0, 3, 2), ("anon", 0, 0, 2),
+        ("alpha", 1, 0, 2), ("alpha", 1, 2, 1)],
+    1: [("alpha", 0, 0, 4), ("alpha", 1, 0, 2)],
+}  # fmt: skip
 
 
 def workload(stub: Stub) -> None:
@@ -104,6 +115,57 @@ def workload(stub: Stub) -> None:
         results = publish(stub, BATCHED, *values, key=b"b")
         assert [r.offset for r in results] == list(range(sent, sent + size))
         sent += size
+    sessions(stub)
+
+
+def sessions(stub: Stub) -> None:
+    """SESSION_LAYOUT, with a retried request (answered as a duplicate, stored once)."""
+    stub.CreateQueue(
+        pb.CreateQueueRequest(
+            config=pb.QueueConfig(name=SESSIONS, partitions=2, type=pb.QUEUE_TYPE_STREAM)
+        )
+    )
+    alpha = stub.InitProducer(pb.InitProducerRequest(queue=SESSIONS, producer_name="alpha"))
+    anon = stub.InitProducer(pb.InitProducerRequest(queue=SESSIONS))
+    producers = {"alpha": [alpha], "anon": [anon]}
+    stored: dict[int, int] = {0: 0, 1: 0}
+    for partition, producer, epoch, first_seq, count in _session_requests():
+        if producer == "alpha" and epoch == 1 and len(producers["alpha"]) == 1:
+            again = stub.InitProducer(pb.InitProducerRequest(queue=SESSIONS, producer_name="alpha"))
+            assert again.producer_id == alpha.producer_id and again.producer_epoch == 1
+            producers["alpha"].append(again)
+        request = pb.PublishRequest(queue=SESSIONS)
+        if producer is not None:
+            grant = producers[producer][epoch]
+            request.producer.producer_id = grant.producer_id
+            request.producer.producer_epoch = grant.producer_epoch
+            request.producer.first_sequence = first_seq
+        values = [
+            b"%s-%d-%d" % (str(producer).encode(), epoch, first_seq + i) for i in range(count)
+        ]
+        if partition == 1 and epoch == 0:
+            section = spec_codec.encode_records([spec_codec.SpecRecord(0, v) for v in values], 0)
+            request.encoded.partition, request.encoded.count = partition, count
+            request.encoded.records = section
+            answer = stub.Publish(request).batch
+            assert (answer.base_offset, answer.count) == (stored[partition], count)
+        else:
+            request.messages.extend(pb.PublishMessage(value=v, partition=partition) for v in values)
+            results = stub.Publish(request).results
+            assert [r.offset for r in results] == list(
+                range(stored[partition], stored[partition] + count)
+            )
+        if (producer, epoch, first_seq) == ("alpha", 0, 3):  # its answer "lost": sent again
+            retried = stub.Publish(request).results
+            assert all(r.duplicate for r in retried)
+        stored[partition] += count
+
+
+def _session_requests() -> list[tuple[int, str | None, int, int, int]]:
+    """SESSION_LAYOUT as requests in the order they are sent: alpha's epoch 1 after all of
+    epoch 0 (the new epoch fences the old one), each partition's batches in their order."""
+    requests = [(p, *batch) for p in sorted(SESSION_LAYOUT) for batch in SESSION_LAYOUT[p]]
+    return sorted(requests, key=lambda r: r[1] == "alpha" and r[2] == 1)
 
 
 def _wait_low(stub: Stub, queue: str, low: int, timeout_s: float = 20.0) -> None:
