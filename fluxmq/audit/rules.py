@@ -240,11 +240,15 @@ def replica_agreement(t: Tables) -> DataFrame:
     )
 
 
-def _whole_logs(t: Tables) -> DataFrame:
-    """The logs whose every offset in [low, high) is stored once and passed its check: only
-    there can a gap in something else (sequences) be told from a loss that offset_contiguity
-    or crc_valid reports already."""
-    good = t.logs.where(F.col("meta_error").isNull()).select(*_LOG, "low", "high")
+def _whole_logs(t: Tables, among: DataFrame) -> DataFrame:
+    """Of the logs ``among`` (rows of _LOG), those whose every offset in [low, high) is stored
+    once and passed its check: only there can a gap in something else (sequences, letters) be
+    told from a loss that offset_contiguity or crc_valid reports already."""
+    good = (
+        t.logs.where(F.col("meta_error").isNull())
+        .select(*_LOG, "low", "high")
+        .join(F.broadcast(among), _LOG, "left_semi")
+    )
     counts = (
         t.records.join(F.broadcast(good), _LOG)
         .where((F.col("offset") >= F.col("low")) & (F.col("offset") < F.col("high")))
@@ -268,28 +272,48 @@ def _whole_logs(t: Tables) -> DataFrame:
 
 def producer_sequence(t: Tables) -> DataFrame:
     who = [*_LOG, "producer_id"]
-    recs = t.records.where(F.col("producer_id").isNotNull() & F.col("crc_ok")).select(
-        *who, "queue", "offset", "producer_epoch", "sequence"
+    recs = t.records.where(F.col("producer_id").isNotNull() & F.col("crc_ok"))
+    if recs.isEmpty():
+        return _violations(t.records.limit(0), "producer_sequence", F.col("offset"), F.lit(""))
+    # A producer's records of one request share sequence - offset, and so do its requests
+    # stored back to back: one hash aggregate turns records into runs (one row per request or
+    # fewer), and the ordering is judged on runs, not on every record.
+    runs = (
+        recs.groupBy(
+            *who, "queue", "producer_epoch", (F.col("sequence") - F.col("offset")).alias("shift")
+        )
+        .agg(
+            F.min("offset").alias("first"),
+            F.max("offset").alias("last"),
+            F.min("sequence").alias("s0"),
+            F.max("sequence").alias("s1"),
+            F.count(F.lit(1)).alias("n"),
+        )
+        .join(F.broadcast(_whole_logs(t, recs.select(*_LOG).distinct())), _LOG, "left")
     )
-    # Stored twice: the same (producer, epoch, sequence) at another offset of the partition.
-    same = Window.partitionBy(*who, "producer_epoch", "sequence").orderBy("offset")
-    w = Window.partitionBy(*who).orderBy("offset")
+    by_seq = Window.partitionBy(*who, "producer_epoch").orderBy("s0", "first")
+    before = by_seq.rowsBetween(Window.unboundedPreceding, -1)
+    by_offset = Window.partitionBy(*who).orderBy("first")
     marked = (
-        recs.withColumn("first_offset", F.first("offset").over(same))
-        .withColumn("prev_offset", F.lag("offset").over(w))
-        .withColumn("prev_epoch", F.lag("producer_epoch").over(w))
-        .withColumn("prev_seq", F.lag("sequence").over(w))
-        .join(F.broadcast(_whole_logs(t)), _LOG, "left")
+        runs.withColumn("seen_s1", F.max("s1").over(before))
+        .withColumn("seen_first", F.last("first").over(before))
+        .withColumn("prev_epoch", F.lag("producer_epoch").over(by_offset))
+        .withColumn("prev_s1", F.lag("s1").over(by_offset))
+        .withColumn("prev_last", F.lag("last").over(by_offset))
     )
     whole = F.col("low").isNotNull()
-    twice = F.when(
-        F.col("first_offset") < F.col("offset"),
+    twice = F.col("seen_s1").isNotNull() & (F.col("s0") <= F.col("seen_s1"))
+    span = F.format_string("producer %d epoch %d", "producer_id", "producer_epoch")
+    stored_twice = F.when(
+        twice,
         F.format_string(
-            "producer %d epoch %d sequence %d is stored twice: at offset %d and here",
-            "producer_id",
-            "producer_epoch",
-            "sequence",
-            "first_offset",
+            "%s sequences %d..%d are stored twice: at offsets %d..%d, and from offset %d",
+            span,
+            "s0",
+            F.least("s1", "seen_s1"),
+            "first",
+            "last",
+            "seen_first",
         ),
     )
     first_in_epoch = F.col("prev_epoch").isNull() | (F.col("producer_epoch") > F.col("prev_epoch"))
@@ -297,63 +321,65 @@ def producer_sequence(t: Tables) -> DataFrame:
         F.when(
             F.col("prev_epoch").isNotNull() & (F.col("producer_epoch") < F.col("prev_epoch")),
             F.format_string(
-                "producer %d epoch %d after epoch %d (offset %d): epochs never go back",
-                "producer_id",
-                "producer_epoch",
+                "%s at offset %d follows epoch %d (offset %d): epochs never go back",
+                span,
+                "first",
                 "prev_epoch",
-                "prev_offset",
+                "prev_last",
             ),
         )
         .when(
             first_in_epoch
-            & (F.col("sequence") != 0)
+            & (F.col("s0") != 0)
             & whole
             & (F.col("prev_epoch").isNotNull() | (F.col("low") == 0)),
             F.format_string(
-                "producer %d epoch %d begins at sequence %d here, not 0 (sequences 0..%d "
-                "are missing)",
-                "producer_id",
-                "producer_epoch",
-                "sequence",
-                F.col("sequence") - 1,
+                "%s begins at sequence %d (offset %d), not 0: sequences 0..%d are missing",
+                span,
+                "s0",
+                "first",
+                F.col("s0") - 1,
             ),
         )
         .when(
-            ~first_in_epoch & (F.col("sequence") > F.col("prev_seq") + 1) & whole,
+            ~first_in_epoch & (F.col("s0") > F.col("prev_s1") + 1) & whole,
             F.format_string(
-                "producer %d epoch %d: sequence %d follows %d (offset %d); %d..%d are missing",
-                "producer_id",
-                "producer_epoch",
-                "sequence",
-                "prev_seq",
-                "prev_offset",
-                F.col("prev_seq") + 1,
-                F.col("sequence") - 1,
+                "%s: sequence %d (offset %d) follows %d (offset %d): %d..%d are missing",
+                span,
+                "s0",
+                "first",
+                "prev_s1",
+                "prev_last",
+                F.col("prev_s1") + 1,
+                F.col("s0") - 1,
             ),
         )
         .when(
-            ~first_in_epoch
-            & (F.col("sequence") <= F.col("prev_seq"))
-            & (F.col("first_offset") == F.col("offset")),
+            ~first_in_epoch & (F.col("s0") <= F.col("prev_s1")) & ~twice,
             F.format_string(
-                "producer %d epoch %d: sequence %d follows %d (offset %d); sequences only rise",
-                "producer_id",
-                "producer_epoch",
-                "sequence",
-                "prev_seq",
-                "prev_offset",
+                "%s: sequence %d (offset %d) follows %d (offset %d): sequences only rise",
+                span,
+                "s0",
+                "first",
+                "prev_s1",
+                "prev_last",
+            ),
+        )
+        .when(
+            (F.col("n") != F.col("last") - F.col("first") + 1) & whole,
+            F.format_string(
+                "%s: sequences %d..%d lie at offsets %d..%d with others between, some missing",
+                span,
+                "s0",
+                "s1",
+                "first",
+                "last",
             ),
         )
     )
-    # An offset stored twice by overlapping batches repeats its sequence at the same offset:
-    # offset_contiguity reports that.
-    problems = F.concat_ws("; ", twice, order)
-    bad = (
-        marked.where(F.col("prev_offset").isNull() | (F.col("prev_offset") != F.col("offset")))
-        .withColumn("problems", problems)
-        .where(F.col("problems") != "")
-    )
-    return _violations(bad, "producer_sequence", F.col("offset"), F.col("problems"))
+    problems = F.concat_ws("; ", stored_twice, order)
+    bad = marked.withColumn("problems", problems).where(F.col("problems") != "")
+    return _violations(bad, "producer_sequence", F.col("first"), F.col("problems"))
 
 
 def replica_shape(t: Tables) -> DataFrame:
@@ -600,7 +626,12 @@ def _dead_counts(t: Tables, letters: DataFrame) -> DataFrame:
     dlq_logs = t.logs.where(F.col("partition") == 0).select(
         *store, F.col("queue").alias("dlq"), F.col("low").alias("dlq_low"), *_LOG
     )
-    exact = dlq_logs.join(F.broadcast(_whole_logs(t).select(*_LOG)), _LOG, "left_semi").select(
+    named = t.logs.where(F.col("dead_letter_queue").isNotNull()).select(
+        *store, F.col("dead_letter_queue").alias("dlq")
+    )
+    dlq_logs = dlq_logs.join(named.distinct(), [*store, "dlq"], "left_semi")
+    whole = _whole_logs(t, dlq_logs.select(*_LOG))
+    exact = dlq_logs.join(F.broadcast(whole.select(*_LOG)), _LOG, "left_semi").select(
         *store, "dlq", F.lit(True).alias("exact")
     )
     dlqs = (
