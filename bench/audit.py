@@ -5,7 +5,8 @@ For each size N of ``--sizes`` (default 1M, 3M, 10M):
 - data: one store written by the broker's own state machine (``QueueStateMachine`` over
   ``LmdbStore``, fed Append / CreateGroup / Lease / Ack commands the way a shard applies them),
   so the format is exactly the broker's: one work queue of 4 partitions; N messages of 256-byte
-  values in publishes of 1,000, each with one of 1,000 keys, every 10th with an idempotency key;
+  values in publishes of 1,000, each with one of 1,000 keys; every other publish goes through a
+  producer session to one partition, and in the others every 10th message has an idempotency key;
   a shared group that leased and acked the first 10% and holds 1,000 more leased. The store is
   then copied to the data directories ``n1``, ``n2``, ``n3`` of one replication group
   (``MODE`` = ``cluster g-bench``). Generated once per N under ``--data-root`` and reused.
@@ -42,6 +43,7 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands
 from fluxmq.core.partitioner import prepare_append
+from fluxmq.core.producers import ProducerGrant
 from fluxmq.core.queue_config import normalize_new, policy_of
 from fluxmq.core.state_machine import AppendResult, LeaseResult, QueueStateMachine, SettleResult
 from raft.api import Entry
@@ -63,7 +65,8 @@ SIZES_DEFAULT = "1000000,3000000,10000000"
 
 # Bump when the generated data changes: cached data of another format is rebuilt. 2: record
 # batches (one stored batch per partition per Append command), format-1 stores are refused.
-FORMAT = 2
+# 3: every other publish goes through a producer session (the SDK's way), to one partition.
+FORMAT = 3
 REPLICAS = ("n1", "n2", "n3")
 REPLICATION_GROUP = "g-bench"
 QUEUE = "audit-bench"
@@ -102,20 +105,38 @@ class Feeder:
 
 
 def publish_all(f: Feeder, q: pb.Queue, n: int) -> int:
-    """Append ``n`` messages; returns the last command's time (ms). One ms per publish."""
+    """Append ``n`` messages; returns the last command's time (ms). One ms per publish: the
+    even ones keyed over all partitions with idempotency keys, the odd ones through one producer
+    session, each to the next partition in turn (as the SDK sends)."""
     policy = policy_of(q.config)
     value = os.urandom(VALUE_BYTES - 8)
+    grant = f.one(cpb.InitProducerCmd(queue=q.config.name, queue_id=q.queue_id, now_ms=T0))
+    if not isinstance(grant, ProducerGrant):
+        raise RuntimeError(f"InitProducer refused: {grant!r}")
+    sequences = [0] * PARTITIONS
     now, cursor, done, pending = T0, 0, 0, []
-    for _ in range(-(-n // PUBLISH_BATCH)):  # bounded: one round per publish
+    for round_ in range(-(-n // PUBLISH_BATCH)):  # bounded: one round per publish
         msgs = []
+        session = round_ % 2 == 1
+        partition = (round_ // 2) % PARTITIONS
         for i in range(done, min(n, done + PUBLISH_BATCH)):
             msg = pb.PublishMessage(value=value + i.to_bytes(8, "big"), key=b"k%04d" % (i % KEYS))
-            if i % IDEMPOTENCY_EVERY == 0:
+            if session:
+                msg.partition = partition
+            elif i % IDEMPOTENCY_EVERY == 0:
                 msg.idempotency_key = f"m-{i}"
             msgs.append(msg)
         done += len(msgs)
         now += 1
-        prepared = prepare_append(q.config.name, q.queue_id, policy, msgs, cursor, now)
+        producer = None
+        if session:
+            producer = pb.ProducerSession(
+                producer_id=grant.producer_id,
+                producer_epoch=grant.producer_epoch,
+                first_sequence=sequences[partition],
+            )
+            sequences[partition] += len(msgs)
+        prepared = prepare_append(q.config.name, q.queue_id, policy, msgs, cursor, now, producer)
         cursor = prepared.cursor
         pending.append(prepared.command)
         if len(pending) == COMMANDS_PER_APPLY or done == n:

@@ -240,34 +240,62 @@ def replica_agreement(t: Tables) -> DataFrame:
     )
 
 
-def _whole_logs(t: Tables, among: DataFrame) -> DataFrame:
-    """Of the logs ``among`` (rows of _LOG), those whose every offset in [low, high) is stored
-    once and passed its check: only there can a gap in something else (sequences, letters) be
-    told from a loss that offset_contiguity or crc_valid reports already."""
-    good = (
-        t.logs.where(F.col("meta_error").isNull())
-        .select(*_LOG, "low", "high")
-        .join(F.broadcast(among), _LOG, "left_semi")
-    )
-    counts = (
+LogKey = tuple[str, str, int, int]  # node, replication_group, queue_id, partition
+_WHOLE: dict[int, tuple[Tables, dict[LogKey, int]]] = {}  # id(tables) -> (tables, whole logs)
+
+
+def _whole_logs(t: Tables) -> dict[LogKey, int]:
+    """The logs whose every offset in [low, high) is stored once and passed its check, with
+    their low watermark: only there can a gap in something else (sequences, letters) be told
+    from a loss that offset_contiguity or crc_valid reports already. One aggregation per audit
+    (kept for the rules that ask), collected: there is one row per log.
+
+    "Once" is judged by the count, sum and range of the stored offsets against [low, high)'s
+    (a duplicate and a gap that cancel in all three at once is damage offset_contiguity reports
+    anyway); no per-offset distinct count, which would move every offset through a shuffle."""
+    cached = _WHOLE.get(id(t))
+    if cached is not None and cached[0] is t:
+        return cached[1]
+    good = t.logs.where(F.col("meta_error").isNull()).select(*_LOG, "low", "high")
+    offset = F.col("offset").cast("decimal(38,0)")
+    stats = (
         t.records.join(F.broadcast(good), _LOG)
-        .where((F.col("offset") >= F.col("low")) & (F.col("offset") < F.col("high")))
-        .groupBy(*_LOG)
+        .groupBy(*_LOG, "low", "high")
         .agg(
             F.count(F.lit(1)).alias("n"),
-            F.countDistinct("offset").alias("distinct"),
+            F.sum(offset).alias("total"),
+            F.min("offset").alias("lo"),
+            F.max("offset").alias("hi"),
             F.min(F.col("crc_ok").cast("int")).alias("all_ok"),
         )
+        .collect()
     )
-    damaged = t.records.where(~F.col("crc_ok")).select(*_LOG).distinct()
-    return (
-        good.join(counts, _LOG, "left")
-        .fillna(0, ["n", "distinct"])
-        .where((F.col("n") == F.col("high") - F.col("low")) & (F.col("distinct") == F.col("n")))
-        .where(F.col("all_ok").isNull() | (F.col("all_ok") == 1))
-        .join(damaged, _LOG, "left_anti")
-        .select(*_LOG, "low")
-    )
+    whole: dict[LogKey, int] = {}
+    for r in stats:
+        low, high = r["low"], r["high"]
+        if (
+            r["all_ok"] == 1
+            and r["n"] == high - low
+            and r["lo"] == low
+            and r["hi"] == high - 1
+            and int(r["total"]) == (low + high - 1) * (high - low) // 2
+        ):
+            whole[(r["node"], r["replication_group"], r["queue_id"], r["partition"])] = low
+    counted = {(r["node"], r["replication_group"], r["queue_id"], r["partition"]) for r in stats}
+    for r in good.where(F.col("low") == F.col("high")).collect():  # empty logs are whole
+        key = (r["node"], r["replication_group"], r["queue_id"], r["partition"])
+        if key not in counted:
+            whole[key] = r["low"]
+    _WHOLE.clear()  # one audit at a time: keep only the latest tables' answer
+    _WHOLE[id(t)] = (t, whole)
+    return whole
+
+
+def _whole_frame(t: Tables) -> DataFrame:
+    """_whole_logs as a small frame: _LOG columns and low."""
+    schema = "node string, replication_group string, queue_id bigint, partition int, low bigint"
+    rows = [(*key, low) for key, low in _whole_logs(t).items()]
+    return t.records.sparkSession.createDataFrame(rows, schema)
 
 
 def producer_sequence(t: Tables) -> DataFrame:
@@ -289,7 +317,7 @@ def producer_sequence(t: Tables) -> DataFrame:
             F.max("sequence").alias("s1"),
             F.count(F.lit(1)).alias("n"),
         )
-        .join(F.broadcast(_whole_logs(t, recs.select(*_LOG).distinct())), _LOG, "left")
+        .join(F.broadcast(_whole_frame(t)), _LOG, "left")
     )
     by_seq = Window.partitionBy(*who, "producer_epoch").orderBy("s0", "first")
     before = by_seq.rowsBetween(Window.unboundedPreceding, -1)
@@ -621,103 +649,81 @@ def _dead_counts(t: Tables, letters: DataFrame) -> DataFrame:
     and starts at 0 the two are equal; once its low watermark moved, or a letter is unreadable
     (crc_valid reports it), the DLQ may hold fewer, never more. A group's own letters are
     counted by their fluxmq-group header; the source's total also counts letters whose header
-    is gone (dlq_conservation reports those one by one)."""
-    store = ["node", "replication_group"]
-    dlq_logs = t.logs.where(F.col("partition") == 0).select(
-        *store, F.col("queue").alias("dlq"), F.col("low").alias("dlq_low"), *_LOG
+    is gone (dlq_conservation reports those one by one). The inputs are small once aggregated
+    (a row per queue, group or log), so the comparison runs on the driver."""
+    schema = (
+        "rule string, node string, replication_group string, queue string, partition int, "
+        "offset bigint, detail string"
     )
-    named = t.logs.where(F.col("dead_letter_queue").isNotNull()).select(
-        *store, F.col("dead_letter_queue").alias("dlq")
-    )
-    dlq_logs = dlq_logs.join(named.distinct(), [*store, "dlq"], "left_semi")
-    whole = _whole_logs(t, dlq_logs.select(*_LOG))
-    exact = dlq_logs.join(F.broadcast(whole.select(*_LOG)), _LOG, "left_semi").select(
-        *store, "dlq", F.lit(True).alias("exact")
-    )
-    dlqs = (
-        dlq_logs.select(*store, "dlq", "dlq_low")
-        .join(exact, [*store, "dlq"], "left")
-        .withColumn("exact", F.coalesce("exact", F.lit(False)) & (F.col("dlq_low") == 0))
-    )
-    sources = (
-        t.logs.where(F.col("dead_letter_queue").isNotNull())
-        .select(*store, "queue", F.col("dead_letter_queue").alias("dlq"))
-        .distinct()
-        .join(dlqs, [*store, "dlq"])
-    )
-    groups = t.groups.where(F.col("queue").isNotNull() & F.col("group").isNotNull())
-    dead_by_group = groups.groupBy(*store, "queue", "group").agg(F.sum("dead").alias("dead"))
-    stored = letters.select(
-        *store,
-        F.col("queue").alias("dlq"),
-        F.coalesce("indexed_origin", "origin_queue").alias("source"),
-        F.col("dead_group").alias("group"),
-    )
-    known = stored.join(
-        dead_by_group.select(*store, F.col("queue").alias("source"), "group"),
-        [*store, "source", "group"],
-        "left_semi",
-    )
-    stored_by_group = known.groupBy(*store, "dlq", "source", "group").agg(
-        F.count(F.lit(1)).alias("stored")
-    )
-    per_group = (
-        sources.join(dead_by_group, [*store, "queue"])
-        .join(
-            stored_by_group.withColumnRenamed("source", "queue"),
-            [*store, "dlq", "queue", "group"],
-            "left",
+    spark = t.records.sparkSession
+    log_rows = t.logs.select(*_LOG, "queue", "low", "dead_letter_queue").collect()
+    dlq_logs = {
+        (r["node"], r["replication_group"], r["queue"]): r for r in log_rows if r["partition"] == 0
+    }
+    sources = {
+        (r["node"], r["replication_group"], r["queue"]): r["dead_letter_queue"]
+        for r in log_rows
+        if r["dead_letter_queue"] is not None
+        and (r["node"], r["replication_group"], r["dead_letter_queue"]) in dlq_logs
+    }
+    if not sources:
+        return spark.createDataFrame([], schema)
+    dead: dict[tuple[str, str, str], dict[str, int]] = {}
+    for r in (
+        t.groups.where(F.col("queue").isNotNull() & F.col("group").isNotNull())
+        .groupBy("node", "replication_group", "queue", "group")
+        .agg(F.sum("dead").alias("dead"))
+        .collect()
+    ):
+        dead.setdefault((r["node"], r["replication_group"], r["queue"]), {})[r["group"]] = int(
+            r["dead"]
         )
-        .fillna(0, ["stored"])
-        .where(F.col("stored") > F.col("dead"))
-    )
-    over = _violations(
-        per_group.withColumn("partition", F.lit(None)),
-        "dlq_conservation",
-        F.lit(None),
-        F.format_string(
-            "group %s of %s counted %d dead, but %s holds %d of its letters",
-            "group",
-            "queue",
-            "dead",
-            "dlq",
-            "stored",
-        ),
-    )
-    # The source's total: letters of its existing groups and letters that lost their group
-    # header (a letter naming a group that was deleted since is left out, as its count is).
-    headless = stored.where(F.col("group").isNull())
-    stored_total = (
-        known.unionByName(headless)
-        .groupBy(*store, "dlq", "source")
-        .agg(F.count(F.lit(1)).alias("stored"))
-        .withColumnRenamed("source", "queue")
-    )
-    dead_total = dead_by_group.groupBy(*store, "queue").agg(F.sum("dead").alias("dead"))
-    totals = (
-        sources.join(dead_total, [*store, "queue"])
-        .join(stored_total, [*store, "dlq", "queue"], "left")
-        .fillna(0, ["stored"])
-        .where(
-            (F.col("stored") > F.col("dead")) | (F.col("exact") & (F.col("stored") < F.col("dead")))
+    stored: dict[tuple[str, str, str, str], dict[str | None, int]] = {}
+    for r in (
+        letters.groupBy(
+            "node",
+            "replication_group",
+            F.col("queue").alias("dlq"),
+            F.coalesce("indexed_origin", "origin_queue").alias("source"),
+            F.col("dead_group").alias("group"),
         )
-    )
-    short = _violations(
-        totals.withColumn("partition", F.lit(None)),
-        "dlq_conservation",
-        F.lit(None),
-        F.format_string(
-            "the groups of %s counted %d dead, and %s holds %d of their letters (%s)",
-            "queue",
-            "dead",
-            "dlq",
-            "stored",
-            F.when(
-                F.col("stored") > F.col("dead"), F.lit("more letters than dead messages")
-            ).otherwise(F.lit("letters lost, or dropped while the queue had no dead-letter queue")),
-        ),
-    )
-    return over.unionByName(short)
+        .count()
+        .collect()
+    ):
+        key = (r["node"], r["replication_group"], r["dlq"], r["source"])
+        stored.setdefault(key, {})[r["group"]] = int(r["count"])
+    whole = _whole_logs(t)
+    out = []
+    for (node, group_of_store, queue), dlq in sorted(sources.items()):
+        counted = dead.get((node, group_of_store, queue), {})
+        held = stored.get((node, group_of_store, dlq, queue), {})
+        for name, n_dead in sorted(counted.items()):
+            n_stored = held.get(name, 0)
+            if n_stored > n_dead:
+                detail = (
+                    f"group {name} of {queue} counted {n_dead} dead, but {dlq} holds "
+                    f"{n_stored} of its letters"
+                )
+                out.append(("dlq_conservation", node, group_of_store, queue, None, None, detail))
+        # Letters of existing groups, and letters whose group header is gone; a letter naming
+        # a group deleted since is left out, as its dead count is.
+        n_stored = sum(n for name, n in held.items() if name is None or name in counted)
+        n_dead = sum(counted.values())
+        dlq_log = dlq_logs[(node, group_of_store, dlq)]
+        key = (node, group_of_store, dlq_log["queue_id"], 0)
+        exact = dlq_log["low"] == 0 and key in whole
+        if n_stored > n_dead or (exact and n_stored < n_dead):
+            why = (
+                "more letters than dead messages"
+                if n_stored > n_dead
+                else "letters lost, or dropped while the queue had no dead-letter queue"
+            )
+            detail = (
+                f"the groups of {queue} counted {n_dead} dead, and {dlq} holds {n_stored} of "
+                f"their letters ({why})"
+            )
+            out.append(("dlq_conservation", node, group_of_store, queue, None, None, detail))
+    return spark.createDataFrame(out, schema)
 
 
 def totals(t: Tables) -> DataFrame:
