@@ -109,57 +109,61 @@ def shape_violations(rows: list[LogShape]) -> list[ShapeViolation]:
         shapes: dict[str, Shape] = {
             n: ((held[n].low, held[n].high) if n in held else None) for n in nodes
         }
-        named: set[str] = set()
-        by_index: dict[int, list[str]] = defaultdict(list)
-        for n, a in nodes.items():
-            by_index[a].append(n)
-        for index, peers in sorted(by_index.items()):
-            if len(peers) < 2 or len({shapes[n] for n in peers}) == 1:
-                continue
-            right = _majority({n: shapes[n] for n in peers})
-            keepers = ",".join(sorted(n for n in peers if shapes[n] == right))
-            for n in sorted(peers):
-                s = shapes[n]
-                if s == right:
-                    continue
-                offset = _first_extra(s, right)
-                out.append(
-                    ShapeViolation(
-                        n,
-                        group,
-                        queue,
-                        partition,
-                        offset,
-                        f"holds {'offsets ' if s else ''}{_text(s)} where {keepers} at the same "
-                        f"applied index {index} hold {_text(right)}",
-                    )
-                )
-                named.add(n)
-        for n, a in sorted(nodes.items()):
-            s = shapes[n]
-            if n in named or s is None:
-                continue
-            for m, b in sorted(nodes.items(), key=lambda nb: (nb[1], nb[0])):
-                t = shapes[m]
-                if b <= a or t is None or (s[1] <= t[1] and s[0] <= t[0]):
-                    continue
-                if s[1] > t[1]:
-                    what = f"holds offsets [{max(t[1], s[0])}, {s[1]})"
-                    offset = max(t[1], s[0])
-                    there = "does not hold"
-                else:
-                    what, offset = f"lacks offsets [{t[0]}, {min(s[0], t[1])})", None
-                    there = "still holds"
-                out.append(
-                    ShapeViolation(
-                        n,
-                        group,
-                        queue,
-                        partition,
-                        offset,
-                        f"{what} at applied index {a}, which {m}, applied further (to {b}), "
-                        f"{there}: {_text(s)} here, {_text(t)} there",
-                    )
-                )
-                break
+        found = _at_one_index(nodes, shapes)
+        named = {n for n, _offset, _detail in found}
+        found += _behind(nodes, shapes, named)
+        out += [ShapeViolation(n, group, queue, partition, o, d) for n, o, d in found]
     return out
+
+
+Found = list[tuple[str, int | None, str]]  # node, first offset it holds extra, detail
+
+
+def _at_one_index(nodes: dict[str, int], shapes: dict[str, Shape]) -> Found:
+    """Replicas at the same applied index whose shape is not the one most of them hold."""
+    by_index: dict[int, list[str]] = defaultdict(list)
+    for n, a in nodes.items():
+        by_index[a].append(n)
+    found: Found = []
+    for index, peers in sorted(by_index.items()):
+        if len(peers) < 2 or len({shapes[n] for n in peers}) == 1:
+            continue
+        right = _majority({n: shapes[n] for n in peers})
+        keepers = ",".join(sorted(n for n in peers if shapes[n] == right))
+        for n in sorted(peers):
+            s = shapes[n]
+            if s != right:
+                detail = (
+                    f"holds {'offsets ' if s else ''}{_text(s)} where {keepers} at the same "
+                    f"applied index {index} hold {_text(right)}"
+                )
+                found.append((n, _first_extra(s, right), detail))
+    return found
+
+
+def _behind(nodes: dict[str, int], shapes: dict[str, Shape], named: set[str]) -> Found:
+    """Replicas (not named already) holding above, or having removed below, what a replica
+    that applied further holds: the nearest such replica ahead is named in the detail."""
+    found: Found = []
+    for n, a in sorted(nodes.items()):
+        s = shapes[n]
+        if n in named or s is None:
+            continue
+        for m, b in sorted(nodes.items(), key=lambda nb: (nb[1], nb[0])):
+            t = shapes[m]
+            if b <= a or t is None or (s[1] <= t[1] and s[0] <= t[0]):
+                continue
+            offset: int | None
+            if s[1] > t[1]:
+                what, offset = f"holds offsets [{max(t[1], s[0])}, {s[1]})", max(t[1], s[0])
+                there = "does not hold"
+            else:
+                what, offset = f"lacks offsets [{t[0]}, {min(s[0], t[1])})", None
+                there = "still holds"
+            detail = (
+                f"{what} at applied index {a}, which {m}, applied further (to {b}), "
+                f"{there}: {_text(s)} here, {_text(t)} there"
+            )
+            found.append((n, offset, detail))
+            break
+    return found
