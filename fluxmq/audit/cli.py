@@ -5,6 +5,12 @@
     fluxmq-audit export --data-dir n1 --data-dir n2 --out archive/
     spark-submit --master spark://host:7077 "$(python -m fluxmq.audit --job-path)" \\
         --archive hdfs-or-shared/archive --out report/
+    fluxmq-audit --py-files-archive fluxmq-audit.zip   # for a Python without fluxmq:
+    spark-submit --master spark://host:7077 --py-files fluxmq-audit.zip \\
+        "$(fluxmq-audit --job-path)" --data-dir /shared/n1 --out /shared/report/
+
+``--conf KEY=VALUE`` (repeatable) sets a Spark setting on the session the audit starts, or on
+top of spark-submit's.
 
 Exit codes: 0 clean, 2 when any rule found violations, 1 on usage errors (a missing or
 non-FluxMQ data directory, a bad option, an --out that is not empty).
@@ -21,6 +27,7 @@ from collections.abc import Sequence
 from fluxmq.audit.layout import AuditUsageError
 
 EXIT_CLEAN, EXIT_USAGE, EXIT_VIOLATIONS = 0, 1, 2
+PY_FILES_ARCHIVE = "--py-files-archive"
 
 
 def _parser(export: bool) -> argparse.ArgumentParser:
@@ -30,6 +37,14 @@ def _parser(export: bool) -> argparse.ArgumentParser:
             "Write the records, logs and groups tables of node data directories to Parquet."
             if export
             else "Replay FluxMQ partition logs with Spark and check their integrity."
+        ),
+        epilog=None
+        if export
+        else (
+            "For spark-submit: `fluxmq-audit --job-path` prints the job file to submit, and "
+            f"`fluxmq-audit {PY_FILES_ARCHIVE} ZIP` writes FluxMQ's packages to ZIP for its "
+            "--py-files (then the driver's and the executors' Python need only the third-party "
+            "packages)."
         ),
     )
     p.add_argument(
@@ -50,6 +65,14 @@ def _parser(export: bool) -> argparse.ArgumentParser:
     p.add_argument("--shuffle-partitions", type=int, default=8, help="default 8")
     p.add_argument("--driver-memory", default="4g", help="for a session this starts (default 4g)")
     p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeat for more), over the audit's own and spark-submit's; "
+        "e.g. spark.ui.enabled=true (the UI of a session this starts is off by default)",
+    )
+    p.add_argument(
         "--split-records",
         type=int,
         default=1_000_000,
@@ -59,11 +82,48 @@ def _parser(export: bool) -> argparse.ArgumentParser:
     return p
 
 
+def parse_conf(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``--conf KEY=VALUE`` arguments -> (key, value) pairs, in order (the value may hold '=',
+    as with spark-submit); AuditUsageError naming a bad one."""
+    pairs: list[tuple[str, str]] = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise AuditUsageError(f"--conf {item!r}: give KEY=VALUE, e.g. spark.ui.enabled=true")
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
+def _write_py_files_archive(rest: list[str]) -> int:
+    """``fluxmq-audit --py-files-archive ZIP``: write the archive, print its absolute path (for
+    ``--py-files "$(...)"``)."""
+    if len(rest) != 1 or rest[0].startswith("-"):
+        print(
+            f"fluxmq-audit: {PY_FILES_ARCHIVE} takes one argument, the zip file to write, "
+            "and no other options",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    from fluxmq.audit.pyfiles import write_archive
+
+    try:
+        write_archive(rest[0])
+    except AuditUsageError as err:
+        print(f"fluxmq-audit: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(os.path.abspath(rest[0]))
+    return EXIT_CLEAN
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in == ["--job-path"]:
         print(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py"))
         return EXIT_CLEAN
+    if args_in[:1] == [PY_FILES_ARCHIVE]:
+        return _write_py_files_archive(args_in[1:])
+    if args_in and args_in[0].startswith(PY_FILES_ARCHIVE + "="):
+        return _write_py_files_archive([args_in[0].partition("=")[2], *args_in[1:]])
     export = bool(args_in) and args_in[0] == "export"
     parser = _parser(export)
     try:
@@ -89,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shuffle_partitions=args.shuffle_partitions,
             driver_memory=args.driver_memory,
             split_records=args.split_records,
+            conf=parse_conf(args.conf),
         )
         if export:
             manifest = run_export(args.data_dir, args.out, settings, progress, args.overwrite)

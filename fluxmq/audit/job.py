@@ -33,34 +33,69 @@ class SparkSettings:
     shuffle_partitions: int = 8
     driver_memory: str = "4g"
     split_records: int = 1_000_000
+    # --conf KEY=VALUE, in the order given: applied last, so each wins over everything else.
+    conf: tuple[tuple[str, str], ...] = ()
 
 
 def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def session_conf(settings: SparkSettings, submitted: dict[str, str] | None) -> dict[str, str]:
+    """What the audit sets on the session it gets. ``submitted``: the settings spark-submit was
+    given (its flags, --conf and spark-defaults.conf), None when the audit starts its own.
+
+    The builder's settings replace spark-submit's (the context is made from both, the builder's
+    last), so under spark-submit the audit's defaults only fill what spark-submit was not told:
+    its UI stays as spark-submit has it (Spark's default: on). Its own session has no UI unless
+    --conf spark.ui.enabled=true. --conf KEY=VALUE always applies.
+    """
+    conf = {
+        "spark.app.name": "fluxmq-audit",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.sql.adaptive.enabled": "true",
+    }
+    if submitted is None:
+        conf["spark.master"] = settings.master or "local[*]"
+        conf["spark.driver.memory"] = settings.driver_memory
+    else:
+        del conf["spark.ui.enabled"]
+        conf = {k: v for k, v in conf.items() if k not in submitted}
+        if settings.master:
+            conf["spark.master"] = settings.master
+    conf.update(settings.conf)
+    return conf
+
+
 def session(settings: SparkSettings) -> Any:
     """The SparkSession, with the FluxMQ data source registered."""
-    # Workers must run this interpreter: it is the one with fluxmq, lmdb and pyarrow.
+    # Workers must run this interpreter: it is the one with fluxmq, lmdb and pyarrow (or, under
+    # spark-submit --py-files, the one spark-submit runs, with the archive on its path).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     from fluxmq.audit.source import FluxDataSource
 
-    builder = SparkSession.builder.appName("fluxmq-audit")
-    if settings.master or not under_spark_submit():
-        builder = builder.master(settings.master or "local[*]")
-    if not under_spark_submit():
-        builder = builder.config("spark.driver.memory", settings.driver_memory)
-    spark = (
-        builder.config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
-        .config("spark.sql.adaptive.enabled", "true")
-        .getOrCreate()
-    )
+    submitted = None
+    if under_spark_submit():
+        # Without the gateway SparkConf() is an empty dict, not what spark-submit was told.
+        SparkContext._ensure_initialized()
+        submitted = dict(SparkConf().getAll())
+        if submitted.get("spark.app.name") == os.path.basename(sys.argv[0]):
+            # spark-submit's name when not told --name (the job file's) is no choice to keep.
+            del submitted["spark.app.name"]
+    conf = session_conf(settings, submitted)
+    if submitted is None and conf["spark.master"].startswith("local"):
+        # Local only: on a cluster the executors must reach the driver at a routable address.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(FluxDataSource)
     return spark
