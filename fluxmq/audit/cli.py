@@ -12,8 +12,12 @@
 ``--conf KEY=VALUE`` (repeatable) sets a Spark setting on the session the audit starts, or on
 top of spark-submit's.
 
-Exit codes: 0 clean, 2 when any rule found violations, 1 on usage errors (a missing or
-non-FluxMQ data directory, a bad option, an --out that is not empty).
+Exit codes: 0 clean, 2 when any rule found violations (a store that cannot be read is one,
+of ``store_readable``: the others are audited), 1 on usage errors (a missing or non-FluxMQ data
+directory, a store of record format 1, a bad option, an --out that is not empty), 3 when no
+store could be read at all (the report then holds only store_readable's findings).
+``export`` exits 2 when it left unreadable stores out of the archive (the manifest names them,
+and an audit of the archive reports them), 3 when it could read none (no archive).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Sequence
 
 from fluxmq.audit.layout import AuditUsageError
 
-EXIT_CLEAN, EXIT_USAGE, EXIT_VIOLATIONS = 0, 1, 2
+EXIT_CLEAN, EXIT_USAGE, EXIT_VIOLATIONS, EXIT_NOTHING_READ = 0, 1, 2, 3
 PY_FILES_ARCHIVE = "--py-files-archive"
 
 
@@ -137,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"fluxmq-audit [{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr)
 
     try:
-        from fluxmq.audit.job import SparkSettings, audit
+        from fluxmq.audit.job import NoStoreReadable, SparkSettings, audit
         from fluxmq.audit.job import export as run_export
 
         if args.shuffle_partitions < 1:
@@ -152,9 +156,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             conf=parse_conf(args.conf),
         )
         if export:
-            manifest = run_export(args.data_dir, args.out, settings, progress, args.overwrite)
+            try:
+                manifest = run_export(args.data_dir, args.out, settings, progress, args.overwrite)
+            except NoStoreReadable as err:
+                print(f"fluxmq-audit: {err}; no archive written", file=sys.stderr)
+                return EXIT_NOTHING_READ
             progress(f"archive written to {args.out}: {manifest['rows']}")
-            return EXIT_CLEAN
+            for u in manifest["unreadable"]:
+                print(
+                    f"fluxmq-audit: left out of the archive: {u['node']} {u['path']}: {u['reason']}"
+                )
+            return EXIT_VIOLATIONS if manifest["unreadable"] else EXIT_CLEAN
         if args.sample < 0:
             raise AuditUsageError("--sample must not be negative")
         summary = audit(
@@ -176,6 +188,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_USAGE
     failed = [r for r in summary.rules if not r.ok]
+    for r in summary.rules:
+        if r.name == "store_readable":
+            for v in r.sample:
+                print(f"fluxmq-audit: store_readable: {v['node']} {v['detail']}")
+    if summary.stores_read == 0:
+        print(
+            "fluxmq-audit: FAILED: no store could be read; "
+            f"see {os.path.join(args.out, 'report.md')}"
+        )
+        return EXIT_NOTHING_READ
     if failed:
         print(
             "fluxmq-audit: FAILED: "

@@ -11,9 +11,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from storage.api import OldFormatError, StorageError
-from storage.lmdb_inspect import LmdbInspector
-
 DATA_FILE = "data.mdb"
 MODE_FILE = "MODE"
 GROUPS_DIR = "groups"
@@ -104,17 +101,6 @@ def discover(data_dirs: list[str]) -> list[StoreRef]:
                 sub = os.path.join(groups_dir, group)
                 if os.path.isfile(os.path.join(sub, DATA_FILE)):
                     stores.append(StoreRef(node, group, os.path.abspath(sub)))
-    for store in stores:
-        _refuse_old_format(store.path)
+    # No store is opened here: a damaged one can kill the process that maps it, so the audit
+    # checks each in a child process first (store_check, which also refuses record format 1).
     return stores
-
-
-def _refuse_old_format(path: str) -> None:
-    """A usage error, before Spark starts, for a store of record format 1 (its message names
-    ``fluxmq migrate``); any other trouble opening it is reported where it is read."""
-    try:
-        LmdbInspector(path).close()
-    except OldFormatError as err:
-        raise AuditUsageError(f"--data-dir {path!r}: {err}") from None
-    except StorageError:
-        return

@@ -38,6 +38,7 @@ class Summary:
     partitions: list[dict[str, Any]]  # per (node, queue, partition): records, and group lags
     seconds: float
     spark: dict[str, str]
+    stores_read: int = 0  # of ``inputs``; the others are store_readable's findings
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -7,6 +7,9 @@ Options:
     ``layout.discover``). Every Spark worker must see them at the same paths.
 ``table``
     ``records`` (default), ``logs`` or ``groups`` (schemas in ``fluxmq.audit.tables``).
+``exclude``
+    Store directories to leave out, as a JSON list of paths (what ``discover`` names them:
+    absolute): the audit passes the stores its check found unreadable.
 ``split_records``
     Offsets per Spark partition of the records table (default 1,000,000). A split holds the
     stored batches whose base offset falls in its range, so it cuts at batch boundaries.
@@ -30,6 +33,7 @@ an ``export`` archive, to be exact.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,6 +53,16 @@ class _Part(InputPartition):  # type: ignore[misc]
         super().__init__(None)
         self.store = store
         self.split = split  # None: the whole store (logs, groups)
+
+
+def parse_exclude(options: dict[str, str]) -> set[str]:
+    try:
+        exclude = json.loads(options.get("exclude", "[]"))
+    except json.JSONDecodeError as err:
+        raise AuditUsageError(f"option exclude: not a JSON list ({err})") from None
+    if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
+        raise AuditUsageError("option exclude: a JSON list of store directories")
+    return {os.path.abspath(p) for p in exclude}
 
 
 def parse_options(options: dict[str, str]) -> tuple[list[str], str, int]:
@@ -84,18 +98,21 @@ class FluxDataSource(DataSource):  # type: ignore[misc]
         unknown = [n for n in names if n not in columns]
         if unknown:
             raise AuditUsageError(f"table {table} has no column(s) {unknown}")
-        return _Reader(paths, table, split_records, names)
+        return _Reader(paths, table, split_records, names, parse_exclude(dict(self.options)))
 
 
 class _Reader(DataSourceReader):  # type: ignore[misc]
-    def __init__(self, paths: list[str], table: str, split_records: int, names: list[str]):
+    def __init__(
+        self, paths: list[str], table: str, split_records: int, names: list[str], exclude: set[str]
+    ) -> None:
         self.paths = paths
+        self.exclude = exclude
         self.table = table
         self.split_records = split_records
         self.names = names
 
     def partitions(self) -> Sequence[InputPartition]:
-        stores = discover(self.paths)
+        stores = [s for s in discover(self.paths) if s.path not in self.exclude]
         if self.table != "records":
             return [_Part(s, None) for s in stores]
         parts: list[InputPartition] = []

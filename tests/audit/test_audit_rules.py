@@ -28,7 +28,7 @@ from tests.audit.data import (
 pytestmark = pytest.mark.slow
 
 SETTINGS = SparkSettings(master="local[2]", shuffle_partitions=2, driver_memory="1g")
-RULE_NAMES = {r.name for r in rules.RULES}
+RULE_NAMES = {"store_readable"} | {r.name for r in rules.RULES}
 
 Found = set[tuple[str, str, str, int, int | None]]  # rule, node, queue, partition, offset
 
