@@ -26,23 +26,14 @@ from fluxmq.audit.job import SparkSettings
 from tests.audit import inject
 from tests.audit.conftest import Copier
 from tests.audit.data import ORDERS
+from tests.audit.test_audit_cli import cli
 from tests.integration.conftest import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
-CLI_TIMEOUT_S = 120
 SUBMIT_TIMEOUT_S = 240
 CLUSTER_START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 10
 OURS = ("fluxmq", "storage", "raft")
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fluxmq.audit", *args],
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-    )
 
 
 @pytest.fixture(scope="module")
