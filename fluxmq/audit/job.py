@@ -401,6 +401,11 @@ def _read_stores(
                     _read(spark, data_dirs, table, cols, split, alone).count()
             except Exception as err:  # the worker died on this store twice: it is the culprit
                 reason = f"reading it failed twice in Spark: {_first_line(err)}"
+                # Spark can only say that a worker died; the check, run again, says of what
+                # when the damage came after the first check (LMDB's assertion, the cut).
+                again = store_check.check_store(store.path)
+                if not again.ok:
+                    reason += f"; checked again: {again.reason}"
                 unreadable.append(_unreadable(store, reason))
                 progress(f"store {store.node} {store.path}: UNREADABLE: {reason}")
         if len(unreadable) == len(stores):

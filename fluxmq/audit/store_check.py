@@ -73,6 +73,9 @@ def check_in_process(path: str) -> None:
     try:
         page_bytes = int(env.stat()["psize"])
         claimed = (int(env.info()["last_pgno"]) + 1) * page_bytes
+        # Measured again after the meta page was read: a file only grows, so a writer that
+        # appended pages meanwhile cannot make a whole store look cut short.
+        size = os.path.getsize(data)
         if size < claimed:
             raise _Refused(
                 f"{DATA_FILE} is {size:,} bytes, but LMDB's meta page says it holds "
@@ -144,6 +147,16 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _child_env() -> dict[str, str]:
+    """This environment, with the directory (or zip) this fluxmq was imported from first on
+    the child's path: the child must run this very module, also when fluxmq came from a
+    ``--py-files`` archive or a path set up in-process rather than from an installation."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def check_store(path: str) -> StoreVerdict:
     """Check one store in a child process (see the module docstring)."""
     timeout_s = _timeout_s(path)
@@ -153,7 +166,7 @@ def check_store(path: str) -> StoreVerdict:
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env=os.environ.copy(),  # under spark-submit --py-files, PYTHONPATH finds fluxmq
+            env=_child_env(),
             check=False,
         )
     except subprocess.TimeoutExpired:

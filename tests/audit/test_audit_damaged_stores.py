@@ -15,9 +15,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fluxmq.audit import job, store_check
+from fluxmq.audit import job, pyfiles, store_check
 from fluxmq.audit.job import SparkSettings
 from fluxmq.audit.store_check import check_store
+from tests.audit import test_audit_spark_cluster
 from tests.audit.conftest import Copier
 from tests.audit.data import ORDERS
 from tests.audit.test_audit_cli import CLI_TIMEOUT_S, check_report
@@ -25,6 +26,9 @@ from tests.audit.test_audit_cli import CLI_TIMEOUT_S, check_report
 PAGE_BYTES = 4096  # LMDB's page size on these machines (the store's own: env.stat()["psize"])
 P_LEAF = 0x02  # LMDB page flags (mdb.c): a leaf page of a B-tree
 META_PAGES = 2
+
+# A Python with fluxmq's third-party packages and not fluxmq (a fixture of that module).
+bare_python = test_audit_spark_cluster.bare_python
 
 
 def cut_to(store: Path, fraction: float) -> int:
@@ -169,6 +173,63 @@ def test_a_store_cut_short_kills_a_reader_that_maps_it_and_the_check_names_it_fi
     assert not verdict.ok and "the file was cut short" in verdict.reason
 
 
+def test_a_check_that_runs_past_its_time_is_killed_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store on a disk that hangs must not hang the audit: its check has a bound."""
+    store = tmp_path / "s"
+    deep_store(store)
+    monkeypatch.setattr(store_check, "CHECK_TIMEOUT_BASE_S", 0.001)
+    monkeypatch.setattr(store_check, "CHECK_SECONDS_PER_GIB", 0.0)
+    verdict = check_store(str(store))
+    assert not verdict.ok and verdict.reason == "the check did not finish in 0 s", verdict
+
+
+def test_a_store_of_record_format_1_is_told_apart_from_damage(tmp_path: Path) -> None:
+    """Format 1 is a usage error naming `fluxmq migrate` (the audit refuses the run), not a
+    damaged store to leave out."""
+    import lmdb
+
+    old = tmp_path / "old"
+    env = lmdb.open(str(old), max_dbs=8)
+    for name in (store_check.FORMAT_1_DATABASE, b"logmeta", b"kv"):
+        env.open_db(name)
+    env.close()
+    verdict = check_store(str(old))
+    assert not verdict.ok and verdict.old_format
+    assert "fluxmq migrate --data-dir" in verdict.reason
+
+
+def test_the_check_runs_where_fluxmq_came_from_an_archive_on_sys_path(
+    bare_python: Path, tmp_path: Path
+) -> None:
+    """A driver that put the --py-files archive on its own sys.path (a notebook, a script)
+    has no fluxmq its child could import by name: the child is told where this one came from.
+    Told nothing more than the environment, it could not start (the first verdict)."""
+    archive = tmp_path / "fluxmq-audit.zip"
+    pyfiles.write_archive(str(archive))
+    store = tmp_path / "s"
+    deep_store(store)
+    probe = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(archive)!r})\n"
+        "from fluxmq.audit import store_check\n"
+        "child_env = store_check._child_env\n"
+        "store_check._child_env = lambda: dict(os.environ)\n"
+        f"print(store_check.check_store({str(store)!r}).reason)\n"
+        "store_check._child_env = child_env\n"
+        f"print(store_check.check_store({str(store)!r}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run(
+        [str(bare_python), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    without, with_path = res.stdout.strip().splitlines()
+    assert "No module named 'fluxmq'" in without, without
+    assert "ok=True" in with_path, with_path
+
+
 @pytest.mark.slow
 def test_damaged_replicas_are_reported_by_name_and_the_others_audited(
     cluster_copy: Copier, tmp_path: Path
@@ -185,9 +246,12 @@ def test_damaged_replicas_are_reported_by_name_and_the_others_audited(
     assert f"store_readable: n1 {n1}: data.mdb is" in res.stdout
     assert f"store_readable: n2 {n2}:" in res.stdout
     assert "FAILED: store_readable (2)" in res.stdout
+    # Found before Spark read a page of them: no Spark task died on them (its 185 lines).
+    assert "Exception in task" not in res.stderr and "worker exited" not in res.stderr
     summary = check_report(out, clean=False)
     assert summary["failed_rules"] == ["store_readable"]
-    assert summary["stores_read"] == 1 and summary["records"] > 100  # n0 was audited
+    records = summary["records"]
+    assert summary["stores_read"] == 1 and isinstance(records, int) and records > 100  # n0's
     stored = pq.read_table(out / "violations" / "store_readable").to_pylist()
     assert {(v["node"], v["replication_group"] != "") for v in stored} == {
         ("n1", True),
@@ -213,6 +277,12 @@ def test_with_no_store_readable_the_audit_exits_3_and_names_each(
     assert "no store could be read" in res.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stores_read"] == 0 and summary["failed_rules"] == ["store_readable"]
+    # A single node whose only store is damaged: the same.
+    res = cli("--data-dir", str(b), "--out", str(tmp_path / "single"))
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert f"store_readable: {b.name} {b}: data.mdb is empty" in res.stdout
+    assert "Traceback" not in res.stderr + res.stdout
+    assert "store_readable" in (tmp_path / "single" / "report.md").read_text()
     # export: nothing to write, same exit code
     res = subprocess.run(
         [sys.executable, "-m", "fluxmq.audit", "export", "--data-dir", str(a), "--out", "x"],
@@ -254,6 +324,8 @@ def test_export_leaves_an_unreadable_store_out_and_its_archive_audit_reports_it(
     )
     assert res.returncode == 2, res.stderr[-3000:]
     assert f"left out of the archive: cut {bad}: data.mdb is" in res.stdout
+    assert "the file was cut short" in res.stdout  # its last tenth
+    assert "Traceback" not in res.stderr + res.stdout
     manifest = json.loads((archive / "manifest.json").read_text())
     assert [s["node"] for s in manifest["stores"]] == ["ok"]
     assert [u["node"] for u in manifest["unreadable"]] == ["cut"]
@@ -294,5 +366,6 @@ def test_a_worker_that_dies_on_a_store_the_check_passed_is_retried_once_then_rep
     assert [v["node"] for v in readable.sample] == ["n2"]
     assert "reading it failed twice in Spark" in readable.sample[0]["detail"]
     assert "Python worker crashed" in readable.sample[0]["detail"]
+    assert "checked again: data.mdb is" in readable.sample[0]["detail"]  # the check's words
     assert summary.stores_read == 2 and summary.records > 100
     assert {r.name for r in summary.rules if not r.ok} == {"store_readable"}
