@@ -207,10 +207,16 @@ def read_manifest(archive: str) -> dict[str, Any]:
     return manifest
 
 
+def check_out(out: str, overwrite: bool) -> None:
+    """A usage error for an --out that is in the way, before any store is checked or read."""
+    in_the_way = os.path.exists(out) and (not os.path.isdir(out) or bool(os.listdir(out)))
+    if in_the_way and not overwrite:
+        raise AuditUsageError(f"--out {out!r} exists and is not empty (add --overwrite)")
+
+
 def prepare_out(out: str, overwrite: bool) -> None:
+    check_out(out, overwrite)
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        if not overwrite:
-            raise AuditUsageError(f"--out {out!r} exists and is not empty (add --overwrite)")
         shutil.rmtree(out) if os.path.isdir(out) else os.remove(out)
     os.makedirs(out, exist_ok=True)
 
@@ -227,6 +233,7 @@ def export(
     """Write the three tables of ``data_dirs`` as Parquet under ``out`` (an archive the audit
     reads with ``--archive``)."""
     stores = discover(data_dirs)
+    check_out(out, overwrite)
     checked = check_stores(stores, progress)
     if not checked.readable:
         raise _none_readable(checked.unreadable)
@@ -283,6 +290,7 @@ def audit(
     else:
         assert data_dirs is not None
         stores = discover(data_dirs)
+        check_out(out, overwrite)
         checked = check_stores(stores, progress)
         inputs = _store_rows(stores)
         unreadable = list(checked.unreadable)

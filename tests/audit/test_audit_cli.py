@@ -143,6 +143,7 @@ def test_a_non_empty_out_dir_is_refused_unless_overwrite(
     res = cli("--data-dir", str(single_pristine[0]), "--out", str(out))
     assert res.returncode == 1
     assert "--overwrite" in res.stderr
+    assert "checking" not in res.stderr  # refused before any store is read
     assert (out / "keep.txt").read_text() == "mine"
 
 
