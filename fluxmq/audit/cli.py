@@ -4,7 +4,7 @@
     fluxmq-audit --archive archive/ --out report/
     fluxmq-audit export --data-dir n1 --data-dir n2 --out archive/
     spark-submit --master spark://host:7077 "$(python -m fluxmq.audit --job-path)" \\
-        --archive hdfs-or-shared/archive --out report/
+        --archive /shared/archive --out /shared/report/
     fluxmq-audit --py-files-archive fluxmq-audit.zip   # for a Python without fluxmq:
     spark-submit --master spark://host:7077 --py-files fluxmq-audit.zip \\
         "$(fluxmq-audit --job-path)" --data-dir /shared/n1 --out /shared/report/

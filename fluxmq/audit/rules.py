@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -67,11 +68,20 @@ VIOLATION_COLUMNS = (
 _LOG = ["node", "replication_group", "queue_id", "partition"]
 
 
+LogKey = tuple[str, str, int, int]  # node, replication_group, queue_id, partition
+
+
 @dataclass(frozen=True)
 class Tables:
     records: DataFrame  # at least tables.AUDIT_RECORD_COLUMNS
     logs: DataFrame
     groups: DataFrame
+
+    @cached_property
+    def whole_logs(self) -> dict[LogKey, int]:
+        """_whole_logs, computed once for the rules that ask (cached_property writes the
+        instance's __dict__ directly, so a frozen dataclass may hold it)."""
+        return _whole_logs(self)
 
 
 @dataclass(frozen=True)
@@ -240,22 +250,15 @@ def replica_agreement(t: Tables) -> DataFrame:
     )
 
 
-LogKey = tuple[str, str, int, int]  # node, replication_group, queue_id, partition
-_WHOLE: dict[int, tuple[Tables, dict[LogKey, int]]] = {}  # id(tables) -> (tables, whole logs)
-
-
 def _whole_logs(t: Tables) -> dict[LogKey, int]:
     """The logs whose every offset in [low, high) is stored once and passed its check, with
     their low watermark: only there can a gap in something else (sequences, letters) be told
-    from a loss that offset_contiguity or crc_valid reports already. One aggregation per audit
-    (kept for the rules that ask), collected: there is one row per log.
+    from a loss that offset_contiguity or crc_valid reports already. One aggregation,
+    collected: there is one row per log (``Tables.whole_logs`` keeps the answer).
 
     "Once" is judged by the count, sum and range of the stored offsets against [low, high)'s
     (a duplicate and a gap that cancel in all three at once is damage offset_contiguity reports
     anyway); no per-offset distinct count, which would move every offset through a shuffle."""
-    cached = _WHOLE.get(id(t))
-    if cached is not None and cached[0] is t:
-        return cached[1]
     good = t.logs.where(F.col("meta_error").isNull()).select(*_LOG, "low", "high")
     offset = F.col("offset").cast("decimal(38,0)")
     stats = (
@@ -286,15 +289,13 @@ def _whole_logs(t: Tables) -> dict[LogKey, int]:
         key = (r["node"], r["replication_group"], r["queue_id"], r["partition"])
         if key not in counted:
             whole[key] = r["low"]
-    _WHOLE.clear()  # one audit at a time: keep only the latest tables' answer
-    _WHOLE[id(t)] = (t, whole)
     return whole
 
 
 def _whole_frame(t: Tables) -> DataFrame:
     """_whole_logs as a small frame: _LOG columns and low."""
     schema = "node string, replication_group string, queue_id bigint, partition int, low bigint"
-    rows = [(*key, low) for key, low in _whole_logs(t).items()]
+    rows = [(*key, low) for key, low in t.whole_logs.items()]
     return t.records.sparkSession.createDataFrame(rows, schema)
 
 
@@ -692,7 +693,7 @@ def _dead_counts(t: Tables, letters: DataFrame) -> DataFrame:
     ):
         key = (r["node"], r["replication_group"], r["dlq"], r["source"])
         stored.setdefault(key, {})[r["group"]] = int(r["count"])
-    whole = _whole_logs(t)
+    whole = t.whole_logs
     out = []
     for (node, group_of_store, queue), dlq in sorted(sources.items()):
         counted = dead.get((node, group_of_store, queue), {})

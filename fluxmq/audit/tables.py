@@ -397,19 +397,19 @@ class _RecordColumns:
                 _damaged_offsets(err, split, base, buf, next_base), crc, len(buf), err
             )
             return
-        header = record_batch.read_header(split.log_id, base, buf, check_crc=False)
-        producer = header.producer_id
-        c = self.c
         for record in records:
             self._add_record(record, crc)
-            if producer:
-                c["producer_id"].append(_signed64(producer))
-                c["producer_epoch"].append(header.producer_epoch)
-                c["sequence"].append(_signed64(header.first_sequence + record.offset - base))
-            else:
-                c["producer_id"].append(None)
-                c["producer_epoch"].append(None)
-                c["sequence"].append(None)
+        # The producer fields are the batch's: added once per batch, not per record.
+        header = record_batch.read_header(split.log_id, base, buf, check_crc=False)
+        c, n = self.c, len(records)
+        if header.producer_id:
+            first = header.first_sequence + records[0].offset - base
+            c["producer_id"].extend(itertools.repeat(_signed64(header.producer_id), n))
+            c["producer_epoch"].extend(itertools.repeat(header.producer_epoch, n))
+            c["sequence"].extend(_signed64(q) for q in range(first, first + n))
+        else:
+            for name in ("producer_id", "producer_epoch", "sequence"):
+                c[name].extend(itertools.repeat(None, n))
 
     def _add_damaged(self, offsets: range, crc: int | None, size: int, err: Exception) -> None:
         c = self.c
