@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import functools
-import json
 import logging
 import os
 import signal
@@ -24,14 +23,13 @@ from prometheus_client import PlatformCollector, ProcessCollector
 
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
-from fluxmq.cluster import EmbeddedMetadataStore, EtcdMetadataStore, GroupInfo, NodeInfo
+from fluxmq.cluster import EmbeddedMetadataStore, EtcdMetadataStore, NodeInfo
 from fluxmq.cluster.metadata import MetadataError
 from fluxmq.core.errors import FluxError
 from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.core.text import printable
 from fluxmq.server.app import build_server, set_serving
-from fluxmq.server.broker import Broker
 from fluxmq.server.cluster_view import ClusterView
 from fluxmq.server.forwarding import Forwarder
 from fluxmq.server.guard import Guard, KeyCache
@@ -43,6 +41,8 @@ from fluxmq.server.node_stats import group_rows as _group_rows
 from fluxmq.server.node_stats import hosted_queues as _hosted_queues
 from fluxmq.server.node_stats import partition_rows as _partition_rows
 from fluxmq.server.router import Router
+from fluxmq.server.shard.host import OpenedShard, ShardHost, ShardSpec
+from fluxmq.server.shard.runtime import ShardRuntime, wall_clock_ms
 from fluxmq.server.stream_slots import StreamSlots
 from fluxmq.server.tls import describe as describe_tls
 from fluxmq.server.tls import from_config as load_tls
@@ -61,26 +61,26 @@ def _register_collectors(router: Router, health: HealthState, operators: str) ->
     """Every metric covers every replication group the node hosts (queue names are unique
     across groups, so their series never collide)."""
 
-    def brokers() -> list[Broker]:
-        return list(router.brokers.values())
+    def runtimes() -> list[ShardRuntime]:
+        return list(router.shards.values())
 
     def storage() -> tuple[int, int]:
-        stats = [b.state.store.stat() for b in brokers()]
+        stats = [b.state.store.stat() for b in runtimes()]
         return sum(s.file_bytes for s in stats), sum(s.used_bytes for s in stats)
 
     def applied() -> tuple[int, int]:
-        shards = [b.shard for b in brokers()]
+        shards = [b.shard for b in runtimes()]
         return (
             sum(getattr(s, "batches_applied", 0) for s in shards),
             sum(getattr(s, "entries_applied", 0) for s in shards),
         )
 
     def hosted() -> list[tuple[str, int, str]]:
-        return _hosted_queues(brokers(), operators)
+        return _hosted_queues(runtimes(), operators)
 
     metrics.REGISTRY.register(
         metrics.StateCollector(
-            lambda only: (row for b in brokers() for row in _partition_rows(b.state, only)),
+            lambda only: (row for b in runtimes() for row in _partition_rows(b.state, only)),
             storage,
             applied,
             hosted,
@@ -88,14 +88,16 @@ def _register_collectors(router: Router, health: HealthState, operators: str) ->
     )
     metrics.REGISTRY.register(
         metrics.DeliveryCollector(
-            lambda only: (row for b in brokers() for row in _group_rows(b, only)),
-            lambda only: (row for b in brokers() for row in _dead_letter_rows(b, only)),
-            lambda: sum(b.state.dead_letters_dropped for b in brokers()),
+            lambda only: (row for b in runtimes() for row in _group_rows(b, only)),
+            lambda only: (row for b in runtimes() for row in _dead_letter_rows(b, only)),
+            lambda: sum(b.state.dead_letters_dropped for b in runtimes()),
             hosted,
         )
     )
     metrics.REGISTRY.register(metrics.QueueCollector(hosted))
-    metrics.REGISTRY.register(metrics.ShardCollector(lambda: [b.shard.status() for b in brokers()]))
+    metrics.REGISTRY.register(
+        metrics.ShardCollector(lambda: [b.shard.status() for b in runtimes()])
+    )
     metrics.REGISTRY.register(
         metrics.NodeCollector(
             lambda: health.verdict.ready,
@@ -284,9 +286,6 @@ def build_cluster_view(
     )
 
 
-GROUP_FILE = "group.json"
-
-
 def _bind_for(cfg: config_mod.NodeConfig, raft_address: str) -> str:
     """An extra group's Raft endpoint binds where the home one does, on its own port."""
     if not cfg.raft_bind:
@@ -294,123 +293,42 @@ def _bind_for(cfg: config_mod.NodeConfig, raft_address: str) -> str:
     return f"{cfg.raft_bind.rpartition(':')[0]}:{raft_address.rpartition(':')[2]}"
 
 
-def write_group_spec(directory: str, spec: dict[str, Any]) -> None:
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, GROUP_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(spec, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-
-
-def read_group_specs(root: str) -> list[dict[str, Any]]:
-    out = []
-    for group_id in sorted(os.listdir(root)) if os.path.isdir(root) else ():
-        path = os.path.join(root, group_id, GROUP_FILE)
-        if os.path.exists(path):
-            with open(path) as f:
-                spec = json.load(f)
-            assert spec["group_id"] == group_id, (path, spec)
-            out.append(spec)
-    return out
-
-
-class GroupHost:
-    """The replication groups this node runs besides its own (placement made it a member):
-    each is a Raft shard on the node's driver thread with its own LMDB store under
-    ``data_dir/groups/<id>``. What it needs to restart (its raft address and peers) is kept
-    next to the store, so a restarted node serves its groups even while etcd is away."""
-
-    def __init__(
-        self, cfg: config_mod.NodeConfig, driver: RaftDriver, router: Router, view: ClusterView
-    ) -> None:
-        self._cfg = cfg
-        self._driver = driver
-        self._router = router
-        self._view = view
-        self.running: list[tuple[Broker, LmdbStore]] = []
-
-    def _dir(self, group_id: str) -> str:
-        return os.path.join(self._cfg.data_dir, "groups", group_id)
-
-    async def host(self, group: GroupInfo, nodes: dict[str, NodeInfo]) -> bool:
-        me = self._view.node
-        peers = []
-        for member in group.members:
-            if member == me.node_id:
-                continue
-            node = nodes.get(member)
-            if node is None:
-                return False  # not in the directory yet: the next pass tries again
-            peers.append(f"{node.raft_host}:{group.raft_ports[member]}")
-        spec = {
-            "group_id": group.group_id,
-            "self": f"{me.raft_host}:{group.raft_ports[me.node_id]}",
-            "peers": sorted(peers),
-        }
-        write_group_spec(self._dir(group.group_id), spec)
-        return await self._start(spec)
-
-    async def restore(self) -> None:
-        """Start the groups this node hosted before it stopped."""
-        for spec in read_group_specs(os.path.join(self._cfg.data_dir, "groups")):
-            if await self._start(spec):
-                self._view.hosted.add(str(spec["group_id"]))
-
-    async def _start(self, spec: dict[str, Any]) -> bool:
-        group_id = str(spec["group_id"])
-        try:
-            store = LmdbStore(
-                self._dir(group_id),
-                map_size_bytes=self._cfg.storage_map_size_bytes,
-                cache_of_log=True,  # a Raft shard's state: its snapshot and journal rebuild it
-            )
-        except StorageError as err:
-            log.error("cannot open the store of replication group %s: %s", group_id, err)
-            return False
-        warn_if_discarded(store, f"replication group {group_id}")
-        state = QueueStateMachine(store)
-        shard_cfg = ShardConfig(
-            shard_id=group_id,
-            self_address=str(spec["self"]),
-            peers=tuple(spec["peers"]),
-            data_dir=self._cfg.data_dir,
-            secret=self._cfg.cluster_secret,
-            entry_bytes_max=self._cfg.raft_entry_bytes_max,
-            ack_timeout_ms=self._cfg.ack_timeout_ms,
-            compaction_entries_min=self._cfg.raft_compaction_entries,
-            bind_address=_bind_for(self._cfg, str(spec["self"])),
-            tls=raft_tls_of(self._cfg),
+def open_placed_shard(
+    cfg: config_mod.NodeConfig, driver: RaftDriver, spec: ShardSpec, directory: str
+) -> OpenedShard | None:
+    """The store and Raft shard of a shard placement gave this node, on the node's driver
+    thread, its store under ``directory`` (None: it cannot open, and the log says why)."""
+    try:
+        store = LmdbStore(
+            directory,
+            map_size_bytes=cfg.storage_map_size_bytes,
+            cache_of_log=True,  # a Raft shard's state: its snapshot and journal rebuild it
         )
-        try:
-            shard = PySyncObjShard(state, shard_cfg, self._driver)
-        except ShardStartError as err:
-            log.error("cannot start replication group %s: %s", group_id, err)
-            store.close()
-            return False
-        observe_disk(group_id, store, shard)
-        broker = Broker(state, shard, retention_interval_ms=self._cfg.retention_interval_ms)
-        broker.cluster = self._view
-        # Each shard answers and publishes its own leader (not the home shard's).
-        broker.advertise(self._view.node.grpc_address, str(spec["self"]))
-        await broker.start()
-        # Registered once it runs: a shard that failed to start publishes no leader record.
-        self._view.add_shard(group_id, shard)
-        self._router.add_group(group_id, broker)
-        self.running.append((broker, store))
-        log.info(
-            "hosting replication group %s (raft %s, peers %s)",
-            group_id,
-            spec["self"],
-            ",".join(spec["peers"]) or "none",
-        )
-        return True
-
-    async def close(self) -> None:
-        for broker, store in self.running:
-            await broker.close()
-            store.close()
+    except StorageError as err:
+        log.error("cannot open the store of replication group %s: %s", spec.shard_id, err)
+        return None
+    warn_if_discarded(store, f"replication group {spec.shard_id}")
+    state = QueueStateMachine(store)
+    shard_cfg = ShardConfig(
+        shard_id=spec.shard_id,
+        self_address=spec.raft_address,
+        peers=spec.peers,
+        data_dir=cfg.data_dir,
+        secret=cfg.cluster_secret,
+        entry_bytes_max=cfg.raft_entry_bytes_max,
+        ack_timeout_ms=cfg.ack_timeout_ms,
+        compaction_entries_min=cfg.raft_compaction_entries,
+        bind_address=_bind_for(cfg, spec.raft_address),
+        tls=raft_tls_of(cfg),
+    )
+    try:
+        shard = PySyncObjShard(state, shard_cfg, driver)
+    except ShardStartError as err:
+        log.error("cannot start replication group %s: %s", spec.shard_id, err)
+        store.close()
+        return None
+    observe_disk(spec.shard_id, store, shard)
+    return OpenedShard(state, shard, store.close)
 
 
 async def readiness_routine(
@@ -425,7 +343,7 @@ async def readiness_routine(
         verdict = judge(
             serving=serving.is_set(),
             stopping=stopping.is_set(),
-            shards=[b.shard.status() for b in list(router.brokers.values())],
+            shards=[r.shard.status() for r in list(router.shards.values())],
             catch_up=catch_up,
             etcd_configured=router.view is not None,
             etcd_joined=router.view is not None and router.view.joined,
@@ -446,8 +364,8 @@ async def hand_over_leadership(router: Router, timeout_s: float) -> None:
     """Before stopping: every group this node leads gets a caught-up follower as its leader,
     so writes pause for one round trip instead of an election timeout."""
 
-    async def one(group_id: str, broker: Broker) -> None:
-        shard = broker.shard
+    async def one(group_id: str, runtime: ShardRuntime) -> None:
+        shard = runtime.shard
         if not shard.is_leader or len(shard.status().members) < 2:
             return
         if shard.status().in_sync < 2:  # no follower connected and caught up: nobody to take it
@@ -467,7 +385,7 @@ async def hand_over_leadership(router: Router, timeout_s: float) -> None:
             shard.status().term,
         )
 
-    await asyncio.gather(*(one(g, b) for g, b in list(router.brokers.items())))
+    await asyncio.gather(*(one(g, r) for g, r in list(router.shards.items())))
 
 
 def auth_line(cfg: config_mod.NodeConfig) -> str:
@@ -571,23 +489,21 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     state = QueueStateMachine(store)
     shard = build_shard(cfg, state)
     observe_disk(shard.shard_id, store, shard)
-    broker = Broker(state, shard, retention_interval_ms=cfg.retention_interval_ms)
     forwarder = Forwarder(
         tls,
         request_bytes_max=cfg.request_bytes_max_value,
         streams=StreamSlots(cfg.streams_max),
     )
-    router = Router(cfg.shard_id, broker, None, forwarder)
+    router = Router(cfg.shard_id, forwarder)
     router.inflight = InflightBudget(
         cfg.inflight_bytes_max_value, cfg.inflight_bytes_max_value // 2
     )
     try:
         server, health_servicer, port = build_server(
-            broker,
+            router,
             cfg.listen,
             request_bytes_max=cfg.request_bytes_max_value,
             node_id=cfg.node_name,
-            router=router,
             tls=tls,
         )
     except (RuntimeError, OSError) as err:
@@ -596,15 +512,30 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         raise StartupError(
             f"cannot listen on {cfg.listen} for grpc ({config_mod.where_set('listen')}): {err}"
         ) from None
-    groups: GroupHost | None = None
+    directory: ClusterView | None = None
     if cfg.etcd:
         assert isinstance(shard, PySyncObjShard)
-        broker.cluster = router.view = build_cluster_view(cfg, shard, port, broker.now_ms)
-        groups = GroupHost(cfg, shard.driver, router, broker.cluster)
-        broker.cluster.host_group = groups.host
-    if cfg.cluster_mode:  # every replica can then name the leader's gRPC address, etcd or not
-        broker.advertise(advertised_grpc_address(cfg, port), cfg.raft_listen)
-    auth_store = await start_auth(cfg, router, broker.now_ms) if cfg.auth_enabled else None
+        directory = router.view = build_cluster_view(cfg, shard, port, wall_clock_ms)
+    host = ShardHost(
+        router,
+        clock_ms=wall_clock_ms,
+        retention_interval_ms=cfg.retention_interval_ms,
+        # With an address, every replica can name the leader's gRPC address, etcd or not.
+        grpc_address=advertised_grpc_address(cfg, port) if cfg.cluster_mode else None,
+        directory=directory,
+        shards_dir=os.path.join(cfg.data_dir, "groups"),
+        open_shard=(
+            functools.partial(open_placed_shard, cfg, shard.driver)
+            if isinstance(shard, PySyncObjShard)
+            else None
+        ),
+    )
+    if directory is not None:
+        directory.host_group = host.host
+    # In the router before it starts: what the node checks at start (auth) sees its queues.
+    home = host.build(state, shard, cfg.raft_listen if cfg.cluster_mode else None)
+    router.add_shard(home)
+    auth_store = await start_auth(cfg, router, wall_clock_ms) if cfg.auth_enabled else None
     health = HealthState()
     http: HttpEndpoint | None = None
     if cfg.metrics_listen:
@@ -614,18 +545,17 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
             cfg.named_environment_list(),
         )
         _register_collectors(router, health, cfg.auth_bootstrap_environment)
-        host, _, mport = cfg.metrics_listen.rpartition(":")
+        metrics_host, _, mport = cfg.metrics_listen.rpartition(":")
         try:
-            http = HttpEndpoint(host, int(mport), metrics.REGISTRY, health)
+            http = HttpEndpoint(metrics_host, int(mport), metrics.REGISTRY, health)
         except OSError as err:
             where = cfg.metrics_listen
             raise listen_failure(where, "metrics and health", "metrics_listen", err) from None
         http.start()
-    await broker.start()
-    if groups is not None:
-        await groups.restore()
-    if broker.cluster is not None:
-        await broker.cluster.start()
+    await host.run(home)
+    if directory is not None:
+        await host.restore()
+        await directory.start()
     await server.start()
     await set_serving(health_servicer, True, queue_service=False)
     serving, stopping = asyncio.Event(), asyncio.Event()
@@ -687,16 +617,14 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     await hand_over_leadership(router, max(0.5, grace_s / 2))
     await server.stop(max(0.5, grace_s - (loop.time() - started)))
     readiness.cancel()
-    if broker.cluster is not None:
-        await broker.cluster.close()
-    if groups is not None:
-        await groups.close()
+    if directory is not None:
+        await directory.close()
     if router.guard is not None:
         await router.guard.keys.close()
     if auth_store is not None:
         await auth_store.close()
     await router.close()
-    await broker.close()
+    await host.close()
     if isinstance(shard, PySyncObjShard):
         shard.driver.stop()
     store.close()

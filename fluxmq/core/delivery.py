@@ -331,6 +331,7 @@ class DeliveryState:
         g = GroupState(meta, queue_id)
         named[g.name] = g
         self._by_id[g.group_id] = g
+        self.touched.add(g.group_id)
         txn.put(keys.group_key(queue_id, g.name), meta.SerializeToString())
         for p, offset in start_offsets.items():
             g.parts[p] = PartState(offset, offset, base=offset)
@@ -363,6 +364,8 @@ class DeliveryState:
                     heapq.heappush(g.expiry, (now_ms, p, offset, slot.lease_id))
                     self._put_slot(txn, g, p, offset, slot)
                     count += 1
+        if count:
+            self.touched.add(g.group_id)
         return count
 
     def delete(self, txn: WriteTxn, g: GroupState) -> None:
@@ -676,6 +679,7 @@ class DeliveryState:
             policy = policies.get(g.queue_id)
             if policy is None:
                 continue
+            head = g.expiry[0] if g.expiry else None
             while g.expiry and g.expiry[0][0] <= now_ms and budget > 0:
                 deadline, p, offset, lease_id = heapq.heappop(g.expiry)
                 part = g.parts.get(p)
@@ -700,6 +704,8 @@ class DeliveryState:
                 else:
                     # Ready again from its deadline: behind what was already waiting.
                     self._reschedule(txn, g, p, part, offset, slot, deadline)
+            if (g.expiry[0] if g.expiry else None) != head:
+                self.touched.add(g.group_id)  # stale entries went: published views must see it
             if policy.message_ttl_ms and budget > 0:
                 for p in range(policy.partitions):
                     examined, dead = self._expire_ttl(txn, g, p, policy, now_ms, budget)

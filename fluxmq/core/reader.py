@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import dead_letters, keys
-from fluxmq.core.delivery import GroupState, header
+from fluxmq.core.delivery import header
 from fluxmq.core.errors import (
     invalid_argument,
     offset_out_of_range,
@@ -21,11 +21,13 @@ from fluxmq.core.queue_config import labels_match, parse_label_selector, validat
 from fluxmq.core.state_machine import (
     QueueEntry,
     QueueStateMachine,
+    dead_letter_depth,
     dead_letter_entry,
     member_required,
     member_view,
 )
 from fluxmq.core.validation import group_name as validate_group_name
+from fluxmq.core.views import GroupView, copy_membership
 from storage.api import Record, StoredBatch, Watermarks
 
 _TOKEN_TAG = b"queues:"  # page tokens are base64url("queues:" + last name of the page)
@@ -60,6 +62,11 @@ class QueueReader:
     def __init__(self, state: QueueStateMachine) -> None:
         self._state = state
         self._store = state.store
+
+    @property
+    def catalog(self) -> Mapping[str, QueueEntry]:
+        """The catalog as of the last commit."""
+        return self._state.catalog
 
     def entry(self, name: str, field_path: str = "queue") -> QueueEntry:
         entry = self._state.catalog.get(name)
@@ -168,14 +175,12 @@ class QueueReader:
 
     # -- consumer groups --------------------------------------------------------------------
 
-    def group(self, entry: QueueEntry, name: str) -> GroupState:
+    def group(self, entry: QueueEntry, name: str) -> GroupView:
         validate_group_name(name)
-        with self._state.lock:
-            return self._state.delivery.get(entry.queue_id, entry.name, name)
+        return self._state.view.delivery.get(entry.queue_id, entry.name, name)
 
     def groups(self, entry: QueueEntry) -> list[pb.Group]:
-        with self._state.lock:
-            return [g.meta for g in self._state.delivery.of_queue(entry.queue_id)]
+        return [g.meta for g in self._state.view.delivery.of_queue(entry.queue_id)]
 
     def group_partitions(
         self, entry: QueueEntry, name: str, now_ms: int
@@ -185,9 +190,9 @@ class QueueReader:
         purge of delayed messages walked past) is ready, waiting for a lease."""
         g = self.group(entry, name)
         out = []
-        with self._store.read() as txn, self._state.lock:
+        with self._store.read() as txn:
             for p in range(entry.policy.partitions):
-                v = self._state.delivery.view(g, p)
+                v = g.part(p)
                 high = txn.log(keys.log_id(entry.queue_id, p)).watermarks().high
                 out.append(
                     pb.GroupPartition(
@@ -195,8 +200,8 @@ class QueueReader:
                         committed=v.committed,
                         high_watermark=high,
                         lag=max(high - v.committed, 0),
-                        in_flight=len(v.leased),
-                        scheduled=sum(1 for due, _ in v.scheduled.values() if due > now_ms),
+                        in_flight=v.leased,
+                        scheduled=v.scheduled_after(now_ms),
                         dead=v.dead,
                         filtered=v.filtered,
                         skipped_by_retention=v.skipped,
@@ -210,83 +215,70 @@ class QueueReader:
         g = self.group(entry, name)
         desc = pb.GroupDescription(group=g.meta)
         desc.partitions.extend(self.group_partitions(entry, name, now_ms))
-        with self._state.lock:
-            desc.in_flight_by_consumer.update(g.in_flight_by_member)
-            ms = g.membership
-            if ms is not None:
-                desc.group_generation = ms.group_generation
-                desc.strategy = ms.strategy if ms.members else ""
-                desc.members.extend(member_view(m) for _, m in sorted(ms.members.items()))
+        desc.in_flight_by_consumer.update(g.in_flight_by_member)
+        ms = g.membership
+        if ms is not None:
+            desc.group_generation = ms.group_generation
+            desc.strategy = ms.strategy if ms.members else ""
+            desc.members.extend(member_view(m) for _, m in sorted(ms.members.items()))
         return desc
 
     def in_flight(self, entry: QueueEntry, group: str, consumer_id: str) -> int:
-        with self._state.lock:
-            g = self._state.delivery.get(entry.queue_id, entry.name, group)
-            return g.in_flight_by_member.get(consumer_id, 0)
+        g = self._state.view.delivery.get(entry.queue_id, entry.name, group)
+        return g.in_flight_by_member.get(consumer_id, 0)
 
     def maybe_ready(
         self, entry: QueueEntry, group: str, now_ms: int, member_id: str = ""
     ) -> tuple[bool, int | None]:
         """-> (a lease could make progress now, earliest due time of a scheduled message).
         ``member_id`` of an ordered group with members: only the partitions it owns count."""
-        only = self.owned_partitions(entry, group, member_id)
+        g = self._state.view.delivery.get(entry.queue_id, entry.name, group)
+        only = _owned_partitions(g, member_id)
         with self._store.read() as txn:
             highs = {
                 p: txn.log(keys.log_id(entry.queue_id, p)).watermarks().high
                 for p in range(entry.policy.partitions)
                 if only is None or p in only
             }
-        with self._state.lock:
-            delivery = self._state.delivery
-            g = delivery.get(entry.queue_id, entry.name, group)
-            return delivery.maybe_ready(g, highs, now_ms), delivery.next_ready_ms(g)
+        return g.maybe_ready(highs, now_ms), g.next_ready_ms()
 
     def owned_partitions(self, entry: QueueEntry, group: str, member_id: str) -> set[int] | None:
         """The partitions a member may lease from (None: no restriction)."""
-        with self._state.lock:
-            g = self._state.delivery.get(entry.queue_id, entry.name, group)
-            ms = g.membership
-            if not g.ordered or ms is None or not ms.members:
-                return None
-            m = ms.members.get(member_id)
-            return set(m.owned) if m is not None else set()
+        return _owned_partitions(
+            self._state.view.delivery.get(entry.queue_id, entry.name, group), member_id
+        )
 
     def check_member(
         self, entry: QueueEntry, group: str, member_id: str, generation_id: int, *, lease: bool
     ) -> None:
         """Fail early (before proposing) the way applying the request would fail."""
-        with self._state.lock:
-            g = self._state.delivery.get(entry.queue_id, entry.name, group)
-            if member_id:
-                check_member(g.membership, member_id, generation_id, exact=lease)
-            elif lease and g.ordered and g.membership is not None and g.membership.members:
-                raise member_required(g)
+        g = self._state.view.delivery.get(entry.queue_id, entry.name, group)
+        if member_id:
+            check_member(g.membership, member_id, generation_id, exact=lease)
+        elif lease and g.ordered and g.membership is not None and g.membership.members:
+            raise member_required(g)
 
     def releasable(
         self, entry: QueueEntry, group: str, member_id: str, generation_id: int
     ) -> list[int]:
-        with self._state.lock:
-            delivery = self._state.delivery
-            g = delivery.get(entry.queue_id, entry.name, group)
-            if g.membership is None:
-                return []
-            return releasable(g.membership, member_id, generation_id, lambda p: delivery.busy(g, p))
+        g = self._state.view.delivery.get(entry.queue_id, entry.name, group)
+        if g.membership is None:
+            return []
+        return releasable(g.membership, member_id, generation_id, g.busy)
 
     def memberships(self) -> list[tuple[int, Membership]]:
         """(group id, membership) of every group with members, for the session tracker."""
-        with self._state.lock:
-            return [
-                (g.group_id, Membership.from_proto(g.membership.to_proto()))
-                for g in self._state.delivery.all_groups()
-                if g.membership is not None and g.membership.members
-            ]
+        return [
+            (g.group_id, g.membership)
+            for g in self._state.view.delivery.all_groups()
+            if g.membership is not None and g.membership.members
+        ]
 
     def membership(self, entry: QueueEntry, group: str) -> Membership | None:
         """A copy of the group's membership (None: nobody ever joined)."""
-        with self._state.lock:
-            g = self._state.delivery.get(entry.queue_id, entry.name, group)
-            ms = g.membership
-            return None if ms is None else Membership.from_proto(ms.to_proto())
+        return copy_membership(
+            self._state.view.delivery.get(entry.queue_id, entry.name, group).membership
+        )
 
     def offsets(self, entry: QueueEntry, group: str) -> pb.OffsetsResponse:
         resp = pb.OffsetsResponse()
@@ -318,7 +310,7 @@ class QueueReader:
 
     def dead_letter_depth(self, entry: QueueEntry) -> int:
         with self._store.read() as txn:
-            return self._state.dead_letter_depth(txn, entry)
+            return dead_letter_depth(txn, self._state.catalog, entry)
 
     def dead_letters(
         self, entry: QueueEntry, group: str, from_ms: int, to_ms: int, page_token: str, limit: int
@@ -363,6 +355,14 @@ class QueueReader:
                     _DEAD_TOKEN_TAG + str(offset).encode()
                 ).decode()
         return out, next_token
+
+
+def _owned_partitions(g: GroupView, member_id: str) -> set[int] | None:
+    ms = g.membership
+    if not g.ordered or ms is None or not ms.members:
+        return None
+    m = ms.members.get(member_id)
+    return set(m.owned) if m is not None else set()
 
 
 _DEAD_TOKEN_TAG = b"dead:"

@@ -12,9 +12,7 @@ An exception from storage aborts the whole transaction; nothing of the batch is 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -35,6 +33,7 @@ from fluxmq.core.errors import (
     queue_not_found,
 )
 from fluxmq.core.queue_config import QueuePolicy, policy_of
+from fluxmq.core.views import DeliveryView, GroupView, StateView
 from storage.api import PartitionLog, PartitionLogReader, ReadTxn, Record, Store, WriteTxn
 from storage.codec import decode_at, position, seal_at
 from storage.record_batch import RecordFields, prepare_records
@@ -179,8 +178,11 @@ def load_catalog(txn: ReadTxn) -> dict[str, QueueEntry]:
 
 
 class QueueStateMachine:
-    """Owns the writes to one store. Reads may happen concurrently from other threads through
-    ``catalog`` (swapped atomically after each commit) and read transactions of the store."""
+    """Owns the writes to one store, and every piece of mutable state derived from it.
+
+    One applier at a time calls ``apply_batch`` and ``install_snapshot`` (the shard serializes
+    them). Everyone else reads ``view`` (an immutable ``StateView``, swapped in after each
+    commit) and read transactions of the store; nothing here is shared through a lock."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -192,11 +194,10 @@ class QueueStateMachine:
         self._last_ts: dict[int, int] = {}
         self.delivery = DeliveryState()
         self._reload()
+        self._view = self._whole_view()
         # Called after each commit with the logs that grew (from the applying thread): how
         # waiting readers learn about new records whoever proposed them.
         self.commit_listener: Callable[[list[int], list[int]], None] | None = None
-        # Held while applying and by readers of the delivery state (another thread).
-        self.lock = threading.RLock()
         self.dead_letters_dropped = 0  # dead messages of queues without a DLQ (since start)
         self._handlers: dict[Op, Callable[[_Batch, Any], Result]] = {
             Op.CREATE_QUEUE: self._create_queue,
@@ -226,8 +227,14 @@ class QueueStateMachine:
         }
 
     @property
-    def catalog(self) -> dict[str, QueueEntry]:
-        return self._catalog
+    def view(self) -> StateView:
+        """The state as of the last commit, never changed afterwards (any thread)."""
+        return self._view
+
+    @property
+    def catalog(self) -> Mapping[str, QueueEntry]:
+        """The catalog as of the last commit (any thread)."""
+        return self._view.catalog
 
     @property
     def store(self) -> Store:
@@ -238,7 +245,12 @@ class QueueStateMachine:
 
     def node_address(self, raft_address: str) -> str | None:
         """The gRPC address the node at ``raft_address`` recorded (None: never recorded)."""
-        return self._node_addresses.get(raft_address)
+        return self._view.node_addresses.get(raft_address)
+
+    def _whole_view(self) -> StateView:
+        return StateView(
+            self._applied, self._catalog, self._node_addresses, DeliveryView.of(self.delivery)
+        )
 
     def _reload(self) -> None:
         """Derive everything held in memory from the store, from one consistent view."""
@@ -261,22 +273,20 @@ class QueueStateMachine:
         entries. The applied index is left out: a replica reports it on its own, and entries that
         change nothing (skipped ones, no-ops) must not make equal states differ.
 
-        Reads one consistent view without holding ``lock`` (hashing a large store must not stall
-        applies); a caller that needs the index the digest belongs to holds ``lock`` around both.
-        """
+        Reads one consistent view of the store (hashing a large store must not stall applies);
+        a caller that needs the index the digest belongs to reads the applied index before and
+        after, and tries again if it moved."""
         return self._store.digest(exclude_kv_keys=(keys.APPLIED,))
 
     def write_snapshot(self, path: str) -> int:
         """Write a copy of the whole state to the new file ``path`` (fsync'd); return the
         applied index it reflects. Applies wait only while the copy's view is opened, not during
         the copy: the view is a read transaction that later commits do not change."""
-        with contextlib.ExitStack() as stack:
-            with self.lock:
-                # Under the lock no batch is half applied, so the view and _applied agree.
-                txn = stack.enter_context(self._store.read())
-                raw = txn.get(keys.APPLIED)
-                applied = keys.U64.unpack(raw)[0] if raw else 0
-                assert applied == self._applied, (applied, self._applied)
+        with self._store.read() as txn:
+            # A read transaction sees whole commits only, and the applied index is written in
+            # the same transaction as the batch: the copy is exactly the state at ``applied``.
+            raw = txn.get(keys.APPLIED)
+            applied = keys.U64.unpack(raw)[0] if raw else 0
             self._store.copy_to(path, txn)
         return applied
 
@@ -284,13 +294,13 @@ class QueueStateMachine:
         """Replace the whole state by the copy in ``path`` (written by ``write_snapshot``),
         atomically for readers of the store; then wake every waiting reader, since any log or
         group may have changed."""
-        with self.lock:
-            old_logs = self._log_ids()
-            old_groups = self._group_ids()
-            self._store.replace_from(path)
-            self._reload()
-            log_ids = sorted(old_logs | self._log_ids())
-            group_ids = sorted(old_groups | self._group_ids())
+        old_logs = self._log_ids()
+        old_groups = self._group_ids()
+        self._store.replace_from(path)
+        self._reload()
+        self._view = self._whole_view()
+        log_ids = sorted(old_logs | self._log_ids())
+        group_ids = sorted(old_groups | self._group_ids())
         if self.commit_listener is not None:
             self.commit_listener(log_ids, group_ids)
 
@@ -309,33 +319,40 @@ class QueueStateMachine:
         log holds entries that never reach the state machine) in one durable transaction.
         Entries at or below the last applied index are skipped (their result is None)."""
         results: list[Result] = []
-        with self.lock:
-            applied = self._applied
-            try:
-                with self._store.write() as txn:
-                    batch = _Batch(txn)
-                    for entry in entries:
-                        if entry.index <= applied:
-                            results.append(None)
-                            continue
-                        results.append(self._apply_one(batch, entry.payload))
-                        applied = entry.index
-                    if applied != self._applied:
-                        txn.put(keys.APPLIED, keys.U64.pack(applied))
-            except BaseException:
-                # The transaction rolled back: so must the in-memory delivery state.
-                with self._store.read() as rtxn:
-                    self.delivery = DeliveryState.load(rtxn)
-                raise
-            # Committed: only now do readers see the new catalog and the new timestamps.
-            self._applied = applied
-            if batch.catalog is not None:
-                self._catalog = batch.catalog
-            if batch.node_addresses is not None:
-                self._node_addresses = batch.node_addresses
-            self._last_ts.update(batch.last_ts)
-            touched = sorted(self.delivery.touched)
-            self.delivery.touched.clear()
+        applied = self._applied
+        try:
+            with self._store.write() as txn:
+                batch = _Batch(txn)
+                for entry in entries:
+                    if entry.index <= applied:
+                        results.append(None)
+                        continue
+                    results.append(self._apply_one(batch, entry.payload))
+                    applied = entry.index
+                if applied != self._applied:
+                    txn.put(keys.APPLIED, keys.U64.pack(applied))
+        except BaseException:
+            # The transaction rolled back: so must the in-memory delivery state (the published
+            # view never saw any of it).
+            with self._store.read() as rtxn:
+                self.delivery = DeliveryState.load(rtxn)
+            raise
+        # Committed: only now do readers see the new catalog and the new timestamps.
+        self._applied = applied
+        if batch.catalog is not None:
+            self._catalog = batch.catalog
+        if batch.node_addresses is not None:
+            self._node_addresses = batch.node_addresses
+        self._last_ts.update(batch.last_ts)
+        touched = sorted(self.delivery.touched)
+        self.delivery.touched.clear()
+        before = self._view
+        self._view = StateView(
+            applied,
+            self._catalog,
+            self._node_addresses,
+            DeliveryView.changed(before.delivery, self.delivery, touched),
+        )
         if (batch.last_ts or touched) and self.commit_listener is not None:
             self.commit_listener(sorted(batch.last_ts), touched)
         return results
@@ -1184,13 +1201,14 @@ class QueueStateMachine:
             txn.delete(key)
         dls.drop_below(txn, dlq.queue_id, origin.name, cut)
 
-    def dead_letter_depth(self, txn: ReadTxn, origin: QueueEntry) -> int:
-        """Dead letters of ``origin`` not replayed or purged (read-only, any thread); in a shared
-        DLQ only its own."""
-        dlq = dead_letter_entry(self._catalog, origin)
-        if dlq is None:
-            return 0
-        return dls.count(txn, dlq.queue_id, origin.name)
+
+def dead_letter_depth(txn: ReadTxn, catalog: Mapping[str, QueueEntry], origin: QueueEntry) -> int:
+    """Dead letters of ``origin`` not replayed or purged (read-only, any thread); in a shared
+    DLQ only its own."""
+    dlq = dead_letter_entry(catalog, origin)
+    if dlq is None:
+        return 0
+    return dls.count(txn, dlq.queue_id, origin.name)
 
 
 def same_environment(a: QueueEntry, b: QueueEntry) -> bool:
@@ -1249,7 +1267,7 @@ def start_offset(log: PartitionLogReader, start: pb.StartPosition) -> int:
     return log.offset_for_timestamp(start.timestamp_ms)
 
 
-def foreign_receipt(g: GroupState, field_path: str) -> FluxError:
+def foreign_receipt(g: GroupState | GroupView, field_path: str) -> FluxError:
     return FluxError(
         "RECEIPT_MISMATCH",
         f"{field_path} was not issued by group {g.name!r} of queue {g.meta.queue!r}",
@@ -1257,7 +1275,7 @@ def foreign_receipt(g: GroupState, field_path: str) -> FluxError:
     )
 
 
-def member_required(g: GroupState) -> FluxError:
+def member_required(g: GroupState | GroupView) -> FluxError:
     return FluxError(
         "MEMBER_REQUIRED",
         f"ordered group {g.name!r} has members: lease with the member_id and generation_id "
@@ -1345,7 +1363,7 @@ def _expired_dedup_rows(
 
 def retention_due(
     txn: ReadTxn,
-    catalog: dict[str, QueueEntry],
+    catalog: Mapping[str, QueueEntry],
     now_ms: int,
     floor: Callable[[QueueEntry, int, int], int] | None = None,
 ) -> bool:

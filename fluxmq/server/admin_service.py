@@ -22,10 +22,11 @@ from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server import node_stats
-from fluxmq.server.broker import Broker, not_leader
 from fluxmq.server.guard import Identity, current_identity
 from fluxmq.server.key_admin import KeyAdmin
 from fluxmq.server.router import Router
+from fluxmq.server.shard.proposer import not_leader
+from fluxmq.server.shard.runtime import ShardRuntime
 from raft import NotLeaderError, Shard, ShardStatus
 
 SHARD_ID_CHARS_MAX = 200
@@ -117,16 +118,18 @@ def _rpc_stats(row: node_stats.RpcRow) -> pb.RpcMethodStats:
     )
 
 
-def _traffic(brokers: list[Broker]) -> tuple[list[pb.QueueStatus], list[pb.QueueCounters]]:
+def _traffic(
+    runtimes: list[ShardRuntime],
+) -> tuple[list[pb.QueueStatus], list[pb.QueueCounters]]:
     """Queues of the groups this node leads (state), and counters of every hosted queue (this
     process's). Reads LMDB: run off the event loop."""
     queues: list[pb.QueueStatus] = []
     hosted: set[str] = set()
-    for broker in brokers:
-        hosted.update(broker.state.catalog)
-        if broker.shard.is_leader:
-            shard_id = broker.shard.shard_id
-            queues.extend(_queue_status(shard_id, r) for r in node_stats.queue_rows(broker))
+    for runtime in runtimes:
+        hosted.update(runtime.state.catalog)
+        if runtime.shard.is_leader:
+            shard_id = runtime.shard_id
+            queues.extend(_queue_status(shard_id, r) for r in node_stats.queue_rows(runtime))
     counters = [
         pb.QueueCounters(queue=q, **values)
         for q, values in sorted(node_stats.queue_counters(hosted).items())
@@ -224,16 +227,15 @@ class DigestGate:
 class AdminService(pb_grpc.AdminServiceServicer):
     def __init__(self, router: Router, node_id: str, digests: DigestGate | None = None) -> None:
         self._router = router
-        self._broker = router.home
         self._node_id = node_id
         self.digests = digests or DigestGate()
 
-    def _brokers(self) -> dict[str, Broker]:
-        """Every replication group this node hosts, by shard id (each with its own state)."""
-        return {b.shard.shard_id: b for b in self._router.brokers.values()}
+    def _runtimes(self) -> dict[str, ShardRuntime]:
+        """Every shard this node hosts, by shard id (each with its own state)."""
+        return dict(self._router.shards)
 
     def _shards(self) -> Mapping[str, Shard]:
-        return {sid: b.shard for sid, b in self._brokers().items()}
+        return {sid: r.shard for sid, r in self._runtimes().items()}
 
     def _shard(self, shard_id: str) -> Shard:
         shard = self._shards().get(shard_id)
@@ -248,16 +250,16 @@ class AdminService(pb_grpc.AdminServiceServicer):
         try:
             yield
         except NotLeaderError:
-            broker = self._brokers()[shard_id]
+            runtime = self._runtimes()[shard_id]
             raise not_leader(
                 f"this node does not lead replication group {shard_id!r}: send shard "
                 "operations to its leader",
-                broker.leader_address(),
+                runtime.proposer.leader_address(),
             ) from None
 
     def _queues(self, shard: Shard) -> list[str]:
-        broker = self._brokers().get(shard.shard_id, self._broker)
-        return sorted(broker.state.catalog)
+        runtime = self._runtimes().get(shard.shard_id, self._router.home)
+        return sorted(runtime.state.catalog)
 
     def _info(self, shard: Shard) -> pb.ShardInfo:
         """Without digest: reading the whole state is left to GetClusterStatus."""
@@ -271,19 +273,19 @@ class AdminService(pb_grpc.AdminServiceServicer):
             if identity is not None and identity.role != "admin":
                 raise digest_denied(identity.role)
         out = pb.ClusterStatus(node_id=self._node_id)
-        brokers = sorted(self._brokers().items())
-        for shard_id, broker in brokers:
-            status, digest = broker.shard.status(), ""
+        runtimes = sorted(self._runtimes().items())
+        for shard_id, runtime in runtimes:
+            status, digest = runtime.shard.status(), ""
             if not request.skip_digest:
-                digest = await self.digests.digest(shard_id, broker.state)
-            out.shards.append(_shard_info(status, digest, sorted(broker.state.catalog)))
-        out.sampled_ms = self._broker.now_ms()
-        queues, counters = await asyncio.to_thread(_traffic, [b for _, b in brokers])
+                digest = await self.digests.digest(shard_id, runtime.state)
+            out.shards.append(_shard_info(status, digest, sorted(runtime.state.catalog)))
+        out.sampled_ms = self._router.home.now_ms()
+        queues, counters = await asyncio.to_thread(_traffic, [r for _, r in runtimes])
         out.queues.extend(queues)
         out.queue_counters.extend(counters)
         out.rpcs.extend(_rpc_stats(r) for r in node_stats.rpc_rows())
         out.readiness = node_stats.readiness()
-        view = self._broker.cluster
+        view = self._router.view
         if view is not None:
             await view.ensure_directory()  # fresh when the store answers; else the last seen
             await view.ensure_groups()

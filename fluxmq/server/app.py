@@ -9,7 +9,6 @@ from grpc_reflection.v1alpha import reflection
 
 from fluxmq._pb.v1 import admin_pb2, queue_pb2
 from fluxmq.server import admin_service, queue_service
-from fluxmq.server.broker import Broker
 from fluxmq.server.forwarding import RESPONSE_BYTES_MAX
 from fluxmq.server.interceptors import EdgeInterceptor
 from fluxmq.server.router import Router, RoutingInterceptor
@@ -20,20 +19,17 @@ ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
 
 
 def build_server(
-    broker: Broker,
+    router: Router,
     listen: str,
     *,
     request_bytes_max: int,
     node_id: str = "local",
-    router: Router | None = None,
     tls: TlsConfig | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """-> (server, health servicer, bound port). The server is not started. ``node_id`` names
-    this node in AdminService answers; ``router`` knows the node's replication groups (default:
-    ``broker``'s alone). With ``tls`` the port speaks TLS only (plaintext clients fail their
+    """-> (server, health servicer, bound port). The server is not started; ``router`` knows
+    the node's shards (they may be added until it starts). ``node_id`` names this node in
+    AdminService answers. With ``tls`` the port speaks TLS only (plaintext clients fail their
     handshake), and requires client certificates when ``tls.client_auth``."""
-    if router is None:
-        router = Router(broker.shard.shard_id, broker, broker.cluster)
     server = grpc.aio.server(
         # Edge first: it maps the errors of everything inside, routing included.
         interceptors=[

@@ -17,20 +17,20 @@ from fluxmq.core import keys
 from fluxmq.core.errors import FluxError
 from fluxmq.core.namespaces import scope_of_name
 from fluxmq.core.state_machine import QueueStateMachine
-from fluxmq.server.broker import Broker
+from fluxmq.server.shard.runtime import ShardRuntime
 
 # -- state rows (the metrics collectors' and the status's) ---------------------------------------
 
 
 def hosted_queues(
-    brokers: Iterable[Broker], operators: str = "production"
+    runtimes: Iterable[ShardRuntime], operators: str = "production"
 ) -> list[tuple[str, int, str]]:
-    """-> (name, partitions, environment) of every queue of ``brokers`` (the catalogs only: no
+    """-> (name, partitions, environment) of every queue of ``runtimes`` (the catalogs only: no
     LMDB read); the environment "" for the operators' (``operators``), else the name's scope,
     or for a queue made before namespaces its config's."""
     out = []
-    for broker in brokers:
-        for entry in list(broker.state.catalog.values()):
+    for runtime in runtimes:
+        for entry in list(runtime.state.catalog.values()):
             env = scope_of_name(entry.name) or str(entry.queue.config.environment)
             out.append((entry.name, entry.policy.partitions, "" if env == operators else env))
     return out
@@ -51,16 +51,18 @@ def partition_rows(
                 yield entry.name, p, wm.low, wm.high, lg.size_bytes()
 
 
-def group_rows(broker: Broker, only: Collection[str] | None = None) -> Iterator[metrics.GroupRow]:
+def group_rows(
+    runtime: ShardRuntime, only: Collection[str] | None = None
+) -> Iterator[metrics.GroupRow]:
     """One row per consumer group of every queue (in ``only`` when given), summed over the
     partitions."""
-    reader = broker.reader
-    for entry in list(broker.state.catalog.values()):
+    reader = runtime.reader
+    for entry in list(runtime.state.catalog.values()):
         if only is not None and entry.name not in only:
             continue
         for meta in reader.groups(entry):
             try:
-                parts = reader.group_partitions(entry, meta.name, broker.now_ms())
+                parts = reader.group_partitions(entry, meta.name, runtime.now_ms())
             except FluxError:
                 continue  # deleted meanwhile
             yield metrics.GroupRow(
@@ -76,15 +78,15 @@ def group_rows(broker: Broker, only: Collection[str] | None = None) -> Iterator[
 
 
 def dead_letter_rows(
-    broker: Broker, only: Collection[str] | None = None
+    runtime: ShardRuntime, only: Collection[str] | None = None
 ) -> Iterator[tuple[str, int, bool]]:
     """-> (queue, dead letters, alert raised) of every queue (in ``only`` when given) with a
     dead-letter queue."""
-    for entry in list(broker.state.catalog.values()):
+    for entry in list(runtime.state.catalog.values()):
         if entry.policy.dead_letter_queue is None or (only is not None and entry.name not in only):
             continue
-        depth = broker.reader.dead_letter_depth(entry)
-        yield entry.name, depth, entry.name in broker.consumers.dead_letter_alerts
+        depth = runtime.reader.dead_letter_depth(entry)
+        yield entry.name, depth, entry.name in runtime.dead_letters.alerts
 
 
 @dataclass(slots=True)
@@ -102,26 +104,26 @@ class QueueRow:
     groups: list[metrics.GroupRow] = field(default_factory=list)
 
 
-def queue_rows(broker: Broker) -> list[QueueRow]:
-    """Every queue of ``broker``'s group, by name, with its consumer groups and dead letters
+def queue_rows(runtime: ShardRuntime) -> list[QueueRow]:
+    """Every queue of ``runtime``'s shard, by name, with its consumer groups and dead letters
     (built from the rows above, so they say what /metrics says)."""
     rows: dict[str, QueueRow] = {}
 
     def row(name: str) -> QueueRow:
         return rows.setdefault(name, QueueRow(name))
 
-    for name, _p, low, high, nbytes in partition_rows(broker.state):
+    for name, _p, low, high, nbytes in partition_rows(runtime.state):
         r = row(name)
         r.partitions += 1
         r.published += high
         r.stored += high - low
         r.stored_bytes += nbytes
-    for g in group_rows(broker):
+    for g in group_rows(runtime):
         row(g.queue).groups.append(g)
-    for name, depth, raised in dead_letter_rows(broker):
+    for name, depth, raised in dead_letter_rows(runtime):
         r = row(name)
         r.dead_letters, r.alert = depth, raised
-    for entry in list(broker.state.catalog.values()):
+    for entry in list(runtime.state.catalog.values()):
         if entry.name in rows and entry.policy.dead_letter_queue is not None:
             rows[entry.name].dead_letter_queue = entry.policy.dead_letter_queue
     for r in rows.values():

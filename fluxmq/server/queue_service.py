@@ -1,4 +1,4 @@
-"""QueueService: protobuf in, protobuf out. All the work is in Broker and fluxmq.core."""
+"""QueueService: protobuf in, protobuf out. All the work is in the shard runtime and fluxmq.core."""
 
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ from fluxmq.core.producers import IDLE_EXPIRY_MS
 from fluxmq.core.queue_config import normalize_new
 from fluxmq.core.reader import page_token_after
 from fluxmq.core.state_machine import AppendResult, LeaseResult, SettleResult
-from fluxmq.server.broker import Broker
-from fluxmq.server.consumers import Consumers
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_rpc_status
 from fluxmq.server.forwarding import was_forwarded
 from fluxmq.server.guard import current_identity
 from fluxmq.server.interceptors import request_id_var
-from fluxmq.server.router import Router, current_broker, group_unreachable
+from fluxmq.server.router import Router, current_shard, group_unreachable
 from fluxmq.server.scoping import Scope, caller_error, stored_queue
+from fluxmq.server.shard.runtime import ShardRuntime
 from storage import Record
 
 PUBLISH_STREAM_IN_FLIGHT_MAX = 64  # requests of one PublishStream being processed at once
@@ -108,39 +107,35 @@ def _holds_stream_slot(handler: StreamHandler) -> StreamHandler:
 
 
 class QueueService(pb_grpc.QueueServiceServicer):
-    """Served for the replication group the router resolved each call to (``current_broker``;
-    the node's own group when there is only one)."""
+    """Served by the shard the router resolved each call to (``current_shard``; the node's
+    first shard when there is only one)."""
 
     def __init__(self, router: Router) -> None:
         self._router = router
         self._forwarder = router.forwarder
 
     @property
-    def _broker(self) -> Broker:
-        return current_broker.get() or self._router.home
-
-    @property
-    def _consumers(self) -> Consumers:
-        return self._broker.consumers
+    def _shard(self) -> ShardRuntime:
+        return current_shard.get() or self._router.home
 
     async def CreateQueue(self, request: pb.CreateQueueRequest, context: Any) -> pb.Queue:
         view = self._router.view
         if view is None:
-            return await self._router.home.create_queue(request.config)
+            return await self._router.home.queues.create_queue(request.config)
         config = normalize_new(request.config)
-        brokers = self._router.brokers
+        shards = self._router.shards
 
         def exists_in(group_id: str) -> bool | None:
-            broker = brokers.get(group_id)
-            return None if broker is None else config.name in broker.state.catalog
+            runtime = shards.get(group_id)
+            return None if runtime is None else config.name in runtime.state.catalog
 
         group_id = await view.place_queue(config, exists_in)
         if config.dead_letter_queue:
             await view.place_dead_letter_queue(config.dead_letter_queue, group_id)
         config.replication.group = group_id
-        broker = await self._router.ensure_hosted(group_id)
-        if broker is not None:
-            return await broker.create_queue(config)
+        runtime = await self._router.ensure_hosted(group_id)
+        if runtime is not None:
+            return await runtime.queues.create_queue(config)
         address = view.address_for_group(group_id)
         if address is None or was_forwarded(context):
             raise group_unreachable(group_id)
@@ -150,10 +145,12 @@ class QueueService(pb_grpc.QueueServiceServicer):
         return queue
 
     async def UpdateQueue(self, request: pb.UpdateQueueRequest, context: Any) -> pb.Queue:
-        return await self._broker.update_queue(request.config, list(request.update_mask.paths))
+        return await self._shard.queues.update_queue(
+            request.config, list(request.update_mask.paths)
+        )
 
     async def GetQueue(self, request: pb.GetQueueRequest, context: Any) -> pb.Queue:
-        return self._broker.reader.entry(request.name, "name").queue
+        return self._shard.reader.entry(request.name, "name").queue
 
     def _caller_scope(self) -> Scope:
         guard, identity = self._router.guard, current_identity.get()
@@ -171,14 +168,14 @@ class QueueService(pb_grpc.QueueServiceServicer):
             b.reader.list_queues(
                 request.prefix, request.label_selector, request.page_token, limit, visible
             )
-            for b in self._router.brokers.values()
+            for b in self._router.shards.values()
         ]
         view = self._router.view
         if view is not None and not was_forwarded(context):
             # Groups this node does not host: one node of each lists its own.
             addresses = {
                 a
-                for g in sorted(set(view.groups) - set(self._router.brokers))
+                for g in sorted(set(view.groups) - set(self._router.shards))
                 if (a := view.address_for_group(g)) is not None
             }
             for address in sorted(addresses):
@@ -198,21 +195,23 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def DeleteQueue(
         self, request: pb.DeleteQueueRequest, context: Any
     ) -> pb.DeleteQueueResponse:
-        await self._broker.delete_queue(request.name)
+        await self._shard.queues.delete_queue(request.name)
         return pb.DeleteQueueResponse()
 
     async def PurgeQueue(
         self, request: pb.PurgeQueueRequest, context: Any
     ) -> pb.PurgeQueueResponse:
-        result = await self._broker.purge_queue(request.name, request.scope, request.destructive)
+        result = await self._shard.queues.purge_queue(
+            request.name, request.scope, request.destructive
+        )
         return pb.PurgeQueueResponse(
             purged_messages=result.purged_records, skipped_deliveries=result.skipped_deliveries
         )
 
     async def GetQueueStats(self, request: pb.GetQueueStatsRequest, context: Any) -> pb.QueueStats:
-        entry = self._broker.reader.entry(request.name, "name")
+        entry = self._shard.reader.entry(request.name, "name")
         stats = pb.QueueStats(name=entry.name)
-        for partition, wm, nbytes in self._broker.reader.stats(entry):
+        for partition, wm, nbytes in self._shard.reader.stats(entry):
             stats.partitions.add(
                 partition=partition,
                 low_watermark=wm.low,
@@ -222,8 +221,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
             )
             stats.messages += wm.high - wm.low
             stats.bytes += nbytes
-        stats.groups.extend(self._broker.reader.group_lags(entry, self._broker.now_ms()))
-        stats.dead_letters = self._broker.reader.dead_letter_depth(entry)
+        stats.groups.extend(self._shard.reader.group_lags(entry, self._shard.now_ms()))
+        stats.dead_letters = self._shard.reader.dead_letter_depth(entry)
         return stats
 
     async def Publish(self, request: pb.PublishRequest, context: Any) -> pb.PublishResponse:
@@ -233,7 +232,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
             timeout_ms = min(timeout_ms, max(1, int(remaining * 1000)))
         producer = request.producer if request.HasField("producer") else None
         encoded = request.encoded if request.HasField("encoded") else None
-        result = await self._broker.publish(
+        result = await self._shard.queues.publish(
             request.queue, request.messages, timeout_ms, producer, encoded
         )
         return _publish_response(result, encoded is not None)
@@ -241,7 +240,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def InitProducer(
         self, request: pb.InitProducerRequest, context: Any
     ) -> pb.InitProducerResponse:
-        grant = await self._broker.init_producer(request.queue, request.producer_name)
+        grant = await self._shard.queues.init_producer(request.queue, request.producer_name)
         return pb.InitProducerResponse(
             producer_id=grant.producer_id,
             producer_epoch=grant.producer_epoch,
@@ -274,7 +273,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
                     return resp
                 producer = req.publish.producer if req.publish.HasField("producer") else None
                 encoded = req.publish.encoded if req.publish.HasField("encoded") else None
-                result = await target.publish(
+                result = await target.queues.publish(
                     req.publish.queue, req.publish.messages, timeout_ms, producer, encoded
                 )
             except Exception as exc:
@@ -312,7 +311,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
             # the stream ends, so an open stream never holds the shutdown for its grace
             # period; the client sends what it wrote after that again elsewhere.
             reading_all = asyncio.ensure_future(read_all())
-            draining = asyncio.ensure_future(self._broker.notifier.until_draining())
+            draining = asyncio.ensure_future(self._shard.wakeups.until_draining())
             try:
                 await asyncio.wait({reading_all, draining}, return_when=asyncio.FIRST_COMPLETED)
                 if reading_all.done():
@@ -337,7 +336,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def Fetch(self, request: pb.FetchRequest, context: Any) -> pb.FetchResponse:
         if request.offset < 0:
             raise invalid_argument("offset", f"must be >= 0 (got {request.offset})")
-        result = await self._broker.fetch(
+        result = await self._shard.streams.fetch(
             request.queue,
             request.partition,
             request.offset,
@@ -365,7 +364,9 @@ class QueueService(pb_grpc.QueueServiceServicer):
         batch_max = request.max_messages or 500
         if batch_max > 10_000:
             raise invalid_argument("max_messages", "at most 10000")
-        stream = self._broker.tail(request.queue, request.partitions, request.start, batch_max)
+        stream = self._shard.streams.tail(
+            request.queue, request.partitions, request.start, batch_max
+        )
         try:
             async for chunk in stream:
                 resp = pb.TailResponse()
@@ -379,41 +380,41 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def SeekToTimestamp(
         self, request: pb.SeekToTimestampRequest, context: Any
     ) -> pb.SeekToTimestampResponse:
-        offset = self._broker.seek(request.queue, request.partition, request.timestamp_ms)
+        offset = self._shard.streams.seek(request.queue, request.partition, request.timestamp_ms)
         return pb.SeekToTimestampResponse(offset=offset)
 
     # -- consumer groups --------------------------------------------------------------------
 
     async def CreateGroup(self, request: pb.CreateGroupRequest, context: Any) -> pb.Group:
-        return await self._consumers.create_group(request)
+        return await self._shard.delivery.create_group(request)
 
     async def ListGroups(
         self, request: pb.ListGroupsRequest, context: Any
     ) -> pb.ListGroupsResponse:
-        entry = self._broker.reader.entry(request.queue)
-        return pb.ListGroupsResponse(groups=self._broker.reader.groups(entry))
+        entry = self._shard.reader.entry(request.queue)
+        return pb.ListGroupsResponse(groups=self._shard.reader.groups(entry))
 
     async def DescribeGroup(
         self, request: pb.DescribeGroupRequest, context: Any
     ) -> pb.GroupDescription:
-        entry = self._broker.reader.entry(request.queue)
-        return self._broker.reader.describe_group(entry, request.group, self._broker.now_ms())
+        entry = self._shard.reader.entry(request.queue)
+        return self._shard.reader.describe_group(entry, request.group, self._shard.now_ms())
 
     async def DeleteGroup(
         self, request: pb.DeleteGroupRequest, context: Any
     ) -> pb.DeleteGroupResponse:
-        await self._consumers.delete_group(request.queue, request.group)
+        await self._shard.delivery.delete_group(request.queue, request.group)
         return pb.DeleteGroupResponse()
 
     async def JoinGroup(self, request: pb.JoinGroupRequest, context: Any) -> pb.MemberAssignment:
-        return await self._consumers.join_group(request)
+        return await self._shard.members.join_group(request)
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.MemberAssignment:
         try:
-            return await self._consumers.heartbeat(request)
+            return await self._shard.members.heartbeat(request)
         except FluxError as err:
             # Sessions live in the leader's memory: any node takes the heartbeat to it.
-            leader = self._broker.leader_address()
+            leader = self._shard.proposer.leader_address()
             if err.reason != "NOT_LEADER" or not leader or was_forwarded(context):
                 raise
         result = await self._forwarder.forward(leader, "Heartbeat", request, context)
@@ -423,11 +424,11 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def LeaveGroup(
         self, request: pb.LeaveGroupRequest, context: Any
     ) -> pb.LeaveGroupResponse:
-        await self._consumers.leave_group(request)
+        await self._shard.members.leave_group(request)
         return pb.LeaveGroupResponse()
 
     async def Lease(self, request: pb.LeaseRequest, context: Any) -> pb.LeaseResponse:
-        result = await self._consumers.lease(request)
+        result = await self._shard.delivery.lease(request)
         resp = pb.LeaseResponse()
         _fill_leased(resp.messages, result)
         return resp
@@ -436,7 +437,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def Consume(
         self, request: pb.ConsumeRequest, context: Any
     ) -> AsyncIterator[pb.ConsumeResponse]:
-        stream = self._consumers.consume(request)
+        stream = self._shard.delivery.consume(request)
         try:
             async for result in stream:
                 resp = pb.ConsumeResponse()
@@ -447,17 +448,17 @@ class QueueService(pb_grpc.QueueServiceServicer):
                 await stream.aclose()  # type: ignore[attr-defined]
 
     async def Ack(self, request: pb.AckRequest, context: Any) -> pb.AckResponse:
-        result = await self._consumers.ack(request)
+        result = await self._shard.delivery.ack(request)
         return pb.AckResponse(statuses=_statuses(result))
 
     async def Nack(self, request: pb.NackRequest, context: Any) -> pb.NackResponse:
-        result = await self._consumers.nack(request)
+        result = await self._shard.delivery.nack(request)
         return pb.NackResponse(statuses=_statuses(result))
 
     async def ExtendLease(
         self, request: pb.ExtendLeaseRequest, context: Any
     ) -> pb.ExtendLeaseResponse:
-        result = await self._consumers.extend(request)
+        result = await self._shard.delivery.extend(request)
         return pb.ExtendLeaseResponse(
             statuses=_statuses(result), lease_deadlines_ms=result.deadlines_ms
         )
@@ -465,24 +466,24 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def CommitOffsets(
         self, request: pb.CommitOffsetsRequest, context: Any
     ) -> pb.OffsetsResponse:
-        return await self._consumers.commit_offsets(request)
+        return await self._shard.delivery.commit_offsets(request)
 
     async def GetOffsets(self, request: pb.GetOffsetsRequest, context: Any) -> pb.OffsetsResponse:
-        entry = self._broker.reader.entry(request.queue)
-        return self._broker.reader.offsets(entry, request.group)
+        entry = self._shard.reader.entry(request.queue)
+        return self._shard.reader.offsets(entry, request.group)
 
     async def ResetOffsets(
         self, request: pb.ResetOffsetsRequest, context: Any
     ) -> pb.OffsetsResponse:
-        return await self._consumers.reset_offsets(request)
+        return await self._shard.delivery.reset_offsets(request)
 
     async def ListDeadLetters(
         self, request: pb.ListDeadLettersRequest, context: Any
     ) -> pb.ListDeadLettersResponse:
-        entry = self._broker.reader.entry(request.queue)
+        entry = self._shard.reader.entry(request.queue)
         if request.from_ms < 0 or request.to_ms < 0:
             raise invalid_argument("from_ms", "times are >= 0")
-        items, token = self._broker.reader.dead_letters(
+        items, token = self._shard.reader.dead_letters(
             entry,
             request.group,
             request.from_ms,
@@ -495,17 +496,15 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def ReplayDeadLetters(
         self, request: pb.ReplayDeadLettersRequest, context: Any
     ) -> pb.ReplayDeadLettersResponse:
-        return pb.ReplayDeadLettersResponse(
-            replayed=await self._consumers.replay_dead_letters(request)
-        )
+        return pb.ReplayDeadLettersResponse(replayed=await self._shard.dead_letters.replay(request))
 
     async def PurgeDeadLetters(
         self, request: pb.PurgeDeadLettersRequest, context: Any
     ) -> pb.PurgeDeadLettersResponse:
-        return pb.PurgeDeadLettersResponse(purged=await self._consumers.purge_dead_letters(request))
+        return pb.PurgeDeadLettersResponse(purged=await self._shard.dead_letters.purge(request))
 
     async def Transact(self, request: pb.TransactRequest, context: Any) -> pb.TransactResponse:
-        result = await self._consumers.transact(request)
+        result = await self._shard.transactions.transact(request)
         resp = pb.TransactResponse()
         for ack in result.acks:
             resp.acks.add(statuses=_statuses(ack))

@@ -1,7 +1,7 @@
 """Which replication group, and which node, serves a request.
 
 Every queue lives in one replication group. A request for a queue is served by this node when
-it hosts the queue's group (the group's Broker goes into ``current_broker`` for the servicer) and
+it hosts the queue's shard (the shard's runtime goes into ``current_shard`` for the servicer) and
 forwarded, once, to a node that hosts it otherwise (a forwarded call is never forwarded again).
 A node without a metadata store has one group, its own, and serves everything itself.
 """
@@ -24,10 +24,10 @@ from fluxmq.server.errors import node_shutting_down
 from fluxmq.server.forwarding import Forwarder, is_remote_shutting_down, was_forwarded
 
 if TYPE_CHECKING:
-    from fluxmq.server.broker import Broker
     from fluxmq.server.cluster_view import ClusterView
     from fluxmq.server.guard import Guard
     from fluxmq.server.key_admin import KeyAdmin
+    from fluxmq.server.shard.runtime import ShardRuntime
 
 QUEUE_SERVICE = pb.DESCRIPTOR.services_by_name["QueueService"].full_name
 # The servicer routes these itself: placement picks the group, a listing spans every group, a
@@ -40,7 +40,7 @@ WAITING_UNARY = frozenset({"Lease", "Fetch"})
 
 T = TypeVar("T")
 
-current_broker: ContextVar[Broker | None] = ContextVar("current_broker", default=None)
+current_shard: ContextVar[ShardRuntime | None] = ContextVar("current_shard", default=None)
 # The gRPC address of the leader of the group a call went to, for the x-fluxmq-leader trailer
 # that EdgeInterceptor adds (set inside the call's task, read after the handler returned).
 call_leader: ContextVar[str | None] = ContextVar("call_leader", default=None)
@@ -72,17 +72,12 @@ def group_unreachable(group_id: str) -> FluxError:
 
 
 class Router:
-    def __init__(
-        self,
-        home_group: str,
-        home: Broker,
-        view: ClusterView | None,
-        forwarder: Forwarder | None = None,
-    ) -> None:
-        self.home_group = home_group
-        self.home = home
-        self.view = view
-        self.brokers: dict[str, Broker] = {home_group: home}
+    def __init__(self, home_shard_id: str, forwarder: Forwarder | None = None) -> None:
+        self.home_shard_id = home_shard_id
+        # The metadata store's view once the node has one (set when it is built: it needs the
+        # port the server bound, and the server needs this router).
+        self.view: ClusterView | None = None
+        self.shards: dict[str, ShardRuntime] = {}
         self.forwarder = forwarder or Forwarder()  # plaintext unless given a TLS one
         # Set by the composition root when authentication is on (before build_server).
         self.guard: Guard | None = None
@@ -94,13 +89,13 @@ class Router:
     # -- draining (SIGTERM) ---------------------------------------------------------------
 
     def drain(self) -> None:
-        """SIGTERM: every hosted group ends its waiting calls (``Broker.drain``), and so do the
-        waiting calls this node only relays to another node (long polls, Consume, Tail), with
-        NODE_SHUTTING_DOWN: their clients go to another node now, not when the grace period
-        cancels them. Relayed writes go on."""
+        """SIGTERM: every hosted shard ends its waiting calls (``ShardRuntime.drain``), and so
+        do the waiting calls this node only relays to another node (long polls, Consume, Tail),
+        with NODE_SHUTTING_DOWN: their clients go to another node now, not when the grace
+        period cancels them. Relayed writes go on."""
         self._draining.set()
-        for broker in list(self.brokers.values()):
-            broker.drain()
+        for runtime in list(self.shards.values()):
+            runtime.drain()
 
     async def until_drained(self, awaitable: Awaitable[T]) -> T:
         """``awaitable``'s result, unless this node drains first: then it is cancelled and
@@ -143,8 +138,8 @@ class Router:
 
     def queue_environment(self, queue: str) -> str | None:
         """The environment in the config of ``queue`` on a group this node hosts (None: none)."""
-        for broker in self.brokers.values():
-            entry = broker.state.catalog.get(queue)
+        for runtime in self.shards.values():
+            entry = runtime.state.catalog.get(queue)
             if entry is not None:
                 return str(entry.queue.config.environment)
         return None
@@ -154,30 +149,43 @@ class Router:
         operators' namespace: created before environments were namespaces. Their environment
         no longer reaches them by name (see the README, Security)."""
         out = []
-        for broker in self.brokers.values():
-            for name, entry in broker.state.catalog.items():
+        for runtime in self.shards.values():
+            for name, entry in runtime.state.catalog.items():
                 env = str(entry.queue.config.environment)
                 if env not in ("", operators) and not scope_of_name(name):
                     out.append(name)
         return sorted(out)
 
-    def add_group(self, group_id: str, broker: Broker) -> None:
-        self.brokers[group_id] = broker
-        if self._draining.is_set():  # started during the shutdown: it drains as the others
-            broker.drain()
+    @classmethod
+    def of_one(cls, runtime: ShardRuntime) -> Router:
+        """The router of a node that runs ``runtime`` alone, without a metadata store."""
+        router = cls(runtime.shard_id)
+        router.add_shard(runtime)
+        return router
 
-    def local(self, queue: str) -> Broker | None:
-        """The hosted group whose state has ``queue`` (replicas serve reads themselves)."""
-        for broker in self.brokers.values():
-            if queue in broker.state.catalog:
-                return broker
+    @property
+    def home(self) -> ShardRuntime:
+        """The node's first shard: it answers for what no other shard holds."""
+        return self.shards[self.home_shard_id]
+
+    def add_shard(self, runtime: ShardRuntime) -> None:
+        self.shards[runtime.shard_id] = runtime
+        if self._draining.is_set():  # started during the shutdown: it drains as the others
+            runtime.drain()
+
+    def local(self, queue: str) -> ShardRuntime | None:
+        """The hosted shard whose state has ``queue`` (replicas serve reads themselves)."""
+        for runtime in self.shards.values():
+            if queue in runtime.state.catalog:
+                return runtime
         return None
 
-    async def locate(self, queue: str, *, forwarded: bool = False) -> Broker | str:
-        """The local Broker that serves ``queue``, or the gRPC address of a node that does."""
-        broker = self.local(queue)
-        if broker is not None or self.view is None:
-            return broker or self.home
+    async def locate(self, queue: str, *, forwarded: bool = False) -> ShardRuntime | str:
+        """The local runtime of the shard that serves ``queue``, or the gRPC address of a node
+        that does."""
+        runtime = self.local(queue)
+        if runtime is not None or self.view is None:
+            return runtime or self.home
         group_id = await self.view.group_of(queue)
         if group_id is None:
             return self.home  # not placed anywhere: the home group answers QUEUE_NOT_FOUND
@@ -191,19 +199,20 @@ class Router:
             raise group_unreachable(group_id)
         return address
 
-    async def ensure_hosted(self, group_id: str) -> Broker | None:
-        """The local Broker of ``group_id`` if this node is (or just became) one of its members,
-        once its shard has a leader: a group provisioned a moment ago is started here first."""
-        broker = self.brokers.get(group_id)
+    async def ensure_hosted(self, group_id: str) -> ShardRuntime | None:
+        """The local runtime of shard ``group_id`` if this node is (or just became) one of its
+        members, once the shard has a leader: one provisioned a moment ago is started here
+        first."""
+        runtime = self.shards.get(group_id)
         view = self.view
-        if broker is None and view is not None:
+        if runtime is None and view is not None:
             group = view.groups.get(group_id)
             if group is None or view.node.node_id in group.members:
                 await view.ensure_groups()
-            broker = self.brokers.get(group_id)
-        if broker is not None:
-            await broker.wait_for_leader(NEW_GROUP_LEADER_WAIT_S)
-        return broker
+            runtime = self.shards.get(group_id)
+        if runtime is not None:
+            await runtime.proposer.wait_for_leader(NEW_GROUP_LEADER_WAIT_S)
+        return runtime
 
     async def check_one_group(self, request: pb.TransactRequest) -> None:
         names = sorted({a.queue for a in request.acks} | {p.queue for p in request.publishes})
@@ -224,15 +233,17 @@ class Router:
         A group that cannot catch up raises its retriable error: the name may be one of its
         own, so NOT_FOUND could deny a write it acknowledged (the others caught up meanwhile,
         so the client's retry finds what they hold)."""
-        brokers = list(self.brokers.values())[:CATCH_UP_GROUPS_MAX]
-        results = await asyncio.gather(*(b.catch_up() for b in brokers), return_exceptions=True)
+        runtimes = list(self.shards.values())[:CATCH_UP_GROUPS_MAX]
+        results = await asyncio.gather(
+            *(r.proposer.catch_up() for r in runtimes), return_exceptions=True
+        )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         return any(results)
 
     def leader_address(self) -> str | None:
-        return call_leader.get() or (current_broker.get() or self.home).leader_address()
+        return call_leader.get() or (current_shard.get() or self.home).proposer.leader_address()
 
     async def close(self) -> None:
         await self.forwarder.close()
@@ -240,7 +251,7 @@ class Router:
 
 class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Sits inside EdgeInterceptor (which maps errors): resolves each QueueService call's queue
-    to a local Broker or forwards the call."""
+    to a local shard runtime or forwards the call."""
 
     def __init__(self, router: Router) -> None:
         self._router = router
@@ -268,7 +279,7 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             )
         return handler
 
-    async def _target(self, request: Any, context: Any) -> Broker | str:
+    async def _target(self, request: Any, context: Any) -> ShardRuntime | str:
         if isinstance(request, pb.TransactRequest):
             await self._router.check_one_group(request)
         queue = queue_of(request)
@@ -283,12 +294,12 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             target = await self._target(request, context)
             if isinstance(target, str):
                 return await self._forward(target, method, request, context)
-            call_leader.set(target.leader_address())
-            token = current_broker.set(target)
+            call_leader.set(target.proposer.leader_address())
+            token = current_shard.set(target)
             try:
                 return await behavior(request, context)
             finally:
-                current_broker.reset(token)
+                current_shard.reset(token)
 
         return wrapper
 
@@ -334,13 +345,13 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 async for item in self._relay_stream(target, method, request, context):
                     yield item
                 return
-            token = current_broker.set(target)
+            token = current_shard.set(target)
             try:
                 async for item in behavior(request, context):
                     yield item
             finally:
                 with contextlib.suppress(ValueError):  # closed from another context
-                    current_broker.reset(token)
+                    current_shard.reset(token)
 
         return wrapper
 

@@ -23,7 +23,8 @@ from fluxmq.core import commands
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.admin_service import AdminService
 from fluxmq.server.app import build_server
-from fluxmq.server.broker import Broker
+from fluxmq.server.router import Router
+from fluxmq.server.shard.runtime import ShardRuntime
 from raft import Entry, NotLeaderError, OutcomeUnknownError, ShardRequestDeniedError, ShardStatus
 from storage import MemoryStore
 
@@ -282,7 +283,7 @@ class StandInShard:
 class InProcess:
     shard: StandInShard
     admin: Admin
-    broker: Broker
+    broker: ShardRuntime
 
     async def call(self, rpc: Callable[[Admin], Any]) -> Any:
         # The synchronous client in a thread: the server runs on this event loop.
@@ -295,9 +296,9 @@ class InProcess:
 @pytest.fixture
 async def in_process() -> AsyncIterator[InProcess]:
     shard = StandInShard()
-    broker = Broker(QueueStateMachine(MemoryStore()), shard)
+    broker = ShardRuntime(QueueStateMachine(MemoryStore()), shard)
     server, _health, port = build_server(
-        broker, "127.0.0.1:0", request_bytes_max=1 << 20, node_id="node-a"
+        Router.of_one(broker), "127.0.0.1:0", request_bytes_max=1 << 20, node_id="node-a"
     )
     await server.start()
     try:

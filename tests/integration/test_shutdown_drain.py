@@ -23,7 +23,8 @@ from fluxmq.client import AsyncClient, Message
 from fluxmq.client.errors import FluxMQError, from_rpc_error
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.app import build_server
-from fluxmq.server.broker import Broker
+from fluxmq.server.router import Router
+from fluxmq.server.shard.runtime import ShardRuntime
 from raft import LocalShard
 from storage import MemoryStore
 from tests.integration.cluster import PATIENT, Cluster, started
@@ -149,7 +150,7 @@ class GatedShard(LocalShard):
 
 @dataclass
 class InProcess:
-    broker: Broker
+    broker: ShardRuntime
     shard: GatedShard
     stub: queue_pb2_grpc.QueueServiceStub
 
@@ -158,9 +159,11 @@ class InProcess:
 async def in_process() -> AsyncIterator[InProcess]:
     state = QueueStateMachine(MemoryStore())
     shard = GatedShard(state)
-    broker = Broker(state, shard)
+    broker = ShardRuntime(state, shard)
     await broker.start()
-    server, _health, port = build_server(broker, "127.0.0.1:0", request_bytes_max=1 << 20)
+    server, _health, port = build_server(
+        Router.of_one(broker), "127.0.0.1:0", request_bytes_max=1 << 20
+    )
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:

@@ -24,9 +24,10 @@ from fluxmq._pb.v1 import queue_pb2_grpc
 from fluxmq.core import commands
 from fluxmq.core.queue_config import normalize_new
 from fluxmq.core.state_machine import QueueStateMachine
-from fluxmq.server import broker as broker_module
 from fluxmq.server.app import build_server
-from fluxmq.server.broker import Broker
+from fluxmq.server.router import Router
+from fluxmq.server.shard import proposer as proposer_module
+from fluxmq.server.shard.runtime import ShardRuntime
 from raft import NotLeaderError, ShardStatus
 from storage import MemoryStore
 
@@ -98,15 +99,15 @@ class Replica:
 
 @pytest.fixture
 def catch_up_budget(monkeypatch: pytest.MonkeyPatch) -> float:
-    monkeypatch.setattr(broker_module, "CATCH_UP_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(proposer_module, "CATCH_UP_TIMEOUT_S", 0.5)
     return 0.5
 
 
 async def _serve(shard_args: dict[str, object]) -> AsyncIterator[Replica]:
     sm = QueueStateMachine(MemoryStore())
     shard = LaggingShard(sm, **shard_args)  # type: ignore[arg-type]
-    broker = Broker(sm, shard)  # type: ignore[arg-type]
-    server, _, port = build_server(broker, "127.0.0.1:0", request_bytes_max=4 << 20)
+    broker = ShardRuntime(sm, shard)  # type: ignore[arg-type]
+    server, _, port = build_server(Router.of_one(broker), "127.0.0.1:0", request_bytes_max=4 << 20)
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

@@ -25,6 +25,7 @@ from fluxmq.core.state_machine import (
     RetentionResult,
     SettleResult,
     TransactResult,
+    dead_letter_depth,
 )
 from storage import LmdbStore, MemoryStore, Store
 from storage.api import Record
@@ -241,7 +242,7 @@ class Q:
 
     def dlq_depth(self) -> int:
         with self.sm.store.read() as txn:
-            return self.sm.dead_letter_depth(txn, self.sm.catalog[self.name])
+            return dead_letter_depth(txn, self.sm.catalog, self.sm.catalog[self.name])
 
 
 def make(store: Store, name: str = "q", **kw: object) -> Q:

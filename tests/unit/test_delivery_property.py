@@ -29,7 +29,9 @@ from fluxmq.core.state_machine import (
     QueueStateMachine,
     RetentionResult,
     SettleResult,
+    dead_letter_depth,
 )
+from fluxmq.core.views import DeliveryView
 from storage import LmdbStore, MemoryStore, Store
 from storage.api import Record
 from tests.unit.test_state_machine import T0, Driver, append_cmd, receipts_of
@@ -680,8 +682,15 @@ class Run:
 
     def check(self) -> None:
         sm = self.sm
+        # The view the event loop reads, built piece by piece after each commit, is exactly the
+        # view built from nothing: no change of the delivery state is left out of it.
+        whole = DeliveryView.of(sm.delivery)
+        assert sm.view.delivery == whole, self.fail(
+            f"published view differs from the state: {_view_diff(sm.view.delivery, whole)}"
+        )
+        assert sm.view.applied_index == sm.last_applied_index()
         with self.store.read() as txn:
-            depth = sm.dead_letter_depth(txn, sm.catalog["q"])
+            depth = dead_letter_depth(txn, sm.catalog, sm.catalog["q"])
         assert depth == len(self.dlq_live), self.fail(f"DLQ depth {depth}")
         for spec in GROUPS:
             group = spec.name
@@ -1076,7 +1085,7 @@ class SharedDlqRun:
         for src in SOURCES:
             entry = self.sm.catalog[src]
             with self.store.read() as txn:
-                depth = self.sm.dead_letter_depth(txn, entry)
+                depth = dead_letter_depth(txn, self.sm.catalog, entry)
             assert depth == len(self.live[src]), self.fail(f"{src} depth {depth}")
             ids: list[int] = []
             token = ""
@@ -1121,3 +1130,21 @@ def test_shared_dlq_runs_alike_on_lmdb(seed: int, tmp_path: Path) -> None:
         SharedDlqRun(seed, lmdb).go(300)
     finally:
         lmdb.close()
+
+
+def _view_diff(published: DeliveryView, whole: DeliveryView) -> str:
+    out = []
+    for gid in sorted(set(published.by_id) | set(whole.by_id)):
+        a, b = published.by_id.get(gid), whole.by_id.get(gid)
+        if a == b:
+            continue
+        if a is None or b is None:
+            out.append(f"group {gid}: published {a is not None}, state {b is not None}")
+            continue
+        for name in ("meta", "queue_id", "in_flight_by_member", "membership", "expiry_head_ms"):
+            if getattr(a, name) != getattr(b, name):
+                out.append(f"group {gid} {name}: {getattr(a, name)} != {getattr(b, name)}")
+        for p in sorted(set(a.parts) | set(b.parts)):
+            if a.parts.get(p) != b.parts.get(p):
+                out.append(f"group {gid} partition {p}: {a.parts.get(p)} != {b.parts.get(p)}")
+    return "; ".join(out) or "by_queue only"

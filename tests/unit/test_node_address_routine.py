@@ -11,7 +11,6 @@ import logging
 
 import pytest
 
-from fluxmq.server.broker import Broker
 from storage import Store
 from tests.unit.test_node_addresses import GRPC_A, RAFT_A, broker_on
 from tests.unit.test_state_machine import store as store  # the fixture: memory and LMDB
@@ -21,7 +20,7 @@ async def test_address_routine_logs_an_unexpected_failure_and_keeps_recording(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     broker, shard = broker_on(store, leading=True)
-    real = broker.maybe_record_address
+    real = broker.timers.maybe_record_address
     calls = 0
 
     async def flaky() -> bool:
@@ -31,9 +30,9 @@ async def test_address_routine_logs_an_unexpected_failure_and_keeps_recording(
             raise RuntimeError("a bug in a new code path")
         return await real()
 
-    broker.maybe_record_address = flaky  # type: ignore[method-assign]
+    broker.timers.maybe_record_address = flaky  # type: ignore[method-assign]
     caplog.set_level(logging.WARNING, logger="fluxmq")
-    task = asyncio.create_task(Broker._address_routine(broker))
+    task = asyncio.create_task(broker.timers.address_routine())
     try:
         async with asyncio.timeout(10):
             while broker.state.node_address(RAFT_A) != GRPC_A:

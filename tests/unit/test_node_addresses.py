@@ -15,7 +15,8 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq.core import commands
 from fluxmq.core.errors import FluxError
 from fluxmq.core.state_machine import QueueStateMachine
-from fluxmq.server.broker import Broker
+from fluxmq.server.shard.proposer import Advertised
+from fluxmq.server.shard.runtime import ShardRuntime
 from raft import NotLeaderError, ShardStatus
 from storage import LmdbStore, Store
 from tests.unit.test_state_machine import Driver, E
@@ -100,39 +101,38 @@ class FakeShard:
         return self.sm.apply_batch([E(index, payload)])[0]
 
 
-def broker_on(store: Store, **shard: object) -> tuple[Broker, FakeShard]:
+def broker_on(store: Store, **shard: object) -> tuple[ShardRuntime, FakeShard]:
     sm = QueueStateMachine(store)
     fake = FakeShard(sm, **shard)  # type: ignore[arg-type]
-    broker = Broker(sm, fake)  # type: ignore[arg-type]
-    broker.advertise(GRPC_A, RAFT_A)
+    broker = ShardRuntime(sm, fake, advertised=Advertised(GRPC_A, RAFT_A))  # type: ignore[arg-type]
     return broker, fake
 
 
 async def test_a_leader_records_its_grpc_address_once(store: Store) -> None:
     broker, shard = broker_on(store, leading=True)
-    assert await broker.maybe_record_address() is True
+    assert await broker.timers.maybe_record_address() is True
     assert broker.state.node_address(RAFT_A) == GRPC_A
-    assert await broker.maybe_record_address() is False  # already there: no log entry
+    assert await broker.timers.maybe_record_address() is False  # already there: no log entry
     assert len(shard.proposed) == 1
-    assert broker.leader_address() == GRPC_A
+    assert broker.proposer.leader_address() == GRPC_A
 
 
 async def test_a_follower_names_the_leader_by_its_grpc_address(store: Store) -> None:
     broker, _ = broker_on(store, leader_raft=RAFT_B)
-    assert await broker.maybe_record_address() is False  # only a leader records
-    assert broker.leader_address() is None  # the leader has not recorded itself yet
+    assert await broker.timers.maybe_record_address() is False  # only a leader records
+    assert broker.proposer.leader_address() is None  # the leader has not recorded itself yet
     with pytest.raises(FluxError) as err:
-        broker.require_leader()
+        broker.proposer.require_leader()
     assert err.value.reason == "NOT_LEADER" and err.value.metadata["leader"] == ""
     assert RAFT_B not in err.value.message
 
     broker.state.apply_batch([E(1, commands.encode(record(RAFT_B, GRPC_B)))])
-    assert broker.leader_address() == GRPC_B
+    assert broker.proposer.leader_address() == GRPC_B
     with pytest.raises(FluxError) as err:
-        broker.require_leader()
+        broker.proposer.require_leader()
     assert err.value.reason == "NOT_LEADER" and err.value.metadata["leader"] == GRPC_B
     # A proposal the shard refuses (NotLeaderError carries the Raft address) says the same.
     with pytest.raises(FluxError) as err:
-        await broker.submit(record(RAFT_A, GRPC_A))
+        await broker.proposer.propose(record(RAFT_A, GRPC_A))
     assert err.value.reason == "NOT_LEADER" and err.value.metadata["leader"] == GRPC_B
     assert RAFT_B not in err.value.message

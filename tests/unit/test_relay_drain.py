@@ -28,7 +28,9 @@ OTHER = "10.0.0.1:7070"
 ENDS_WITHIN_S = 1.0
 
 
-class FakeBroker:
+class FakeShard:
+    shard_id = "g1"
+
     def __init__(self) -> None:
         self.drained = False
 
@@ -73,8 +75,9 @@ class HangingForwarder:
 
 
 def relay(forwarder: HangingForwarder, view: Any = None) -> tuple[Router, RoutingInterceptor]:
-    broker = FakeBroker()
-    router = Router("g1", broker, view, forwarder)  # type: ignore[arg-type]
+    router = Router("g1", forwarder)  # type: ignore[arg-type]
+    router.view = view
+    router.add_shard(FakeShard())  # type: ignore[arg-type]
     return router, RoutingInterceptor(router)
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from fluxmq.core.errors import FluxError
-from fluxmq.server.broker import not_leader
 from fluxmq.server.router import Router, RoutingInterceptor, call_leader
+from fluxmq.server.shard.proposer import not_leader
 
 
 class ScriptedForwarder:
@@ -33,7 +33,7 @@ class ScriptedForwarder:
 
 
 def interceptor(forwarder: ScriptedForwarder) -> RoutingInterceptor:
-    router = Router("g1", object(), None, forwarder)  # type: ignore[arg-type]
+    router = Router("g1", forwarder)  # type: ignore[arg-type]
     return RoutingInterceptor(router)
 
 

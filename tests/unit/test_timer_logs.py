@@ -15,14 +15,14 @@ import pytest
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.errors import FluxError
 from fluxmq.core.state_machine import QueueStateMachine
-from fluxmq.server.broker import Broker
+from fluxmq.server.shard.runtime import ShardRuntime
 from fluxmq.server.timer_failures import TimerFailures
 from raft import NotLeaderError, OutcomeUnknownError, ProposalTimeoutError, ShardStatus
 from storage import MemoryStore
 from tests.unit.test_state_machine import E
 
 T0_MS = 1_700_000_000_000
-LOGGERS = ("fluxmq.server.consumers", "fluxmq.server.broker")
+LOGGERS = ("fluxmq.server.shard.timers",)
 
 
 @dataclass
@@ -58,15 +58,15 @@ class Clock:
         return self.now_ms
 
 
-async def broker_with_an_expired_lease() -> tuple[Broker, FailingShard, Clock]:
+async def broker_with_an_expired_lease() -> tuple[ShardRuntime, FailingShard, Clock]:
     sm = QueueStateMachine(MemoryStore())
     shard = FailingShard(sm)
     clock = Clock()
-    broker = Broker(sm, shard, clock_ms=clock)  # type: ignore[arg-type]
-    await broker.create_queue(pb.QueueConfig(name="q", type=pb.QUEUE_TYPE_WORK))
-    await broker.consumers.create_group(pb.CreateGroupRequest(queue="q", group="g"))
-    await broker.publish("q", [pb.PublishMessage(value=b"m")], 5_000)
-    leased = await broker.consumers.lease(
+    broker = ShardRuntime(sm, shard, clock_ms=clock)  # type: ignore[arg-type]
+    await broker.queues.create_queue(pb.QueueConfig(name="q", type=pb.QUEUE_TYPE_WORK))
+    await broker.delivery.create_group(pb.CreateGroupRequest(queue="q", group="g"))
+    await broker.queues.publish("q", [pb.PublishMessage(value=b"m")], 5_000)
+    leased = await broker.delivery.lease(
         pb.LeaseRequest(queue="q", group="g", consumer_id="c", lease_ms=1_000)
     )
     assert len(leased.deliveries) == 1
@@ -102,7 +102,7 @@ async def test_lease_expiry_on_a_leader_without_majority_logs_one_warning_no_tra
     broker, shard, _ = await broker_with_an_expired_lease()
     shard.failure = failure
     before = shard.proposals
-    await run_for(broker.consumers.expire_routine, 0.65)
+    await run_for(broker.timers.expire_routine, 0.65)
     assert shard.proposals - before >= 4, "every tick retried the expiry"
     records = timer_records(caplog)
     assert [r.levelno for r in records] == [logging.WARNING], [r.getMessage() for r in records]
@@ -111,7 +111,7 @@ async def test_lease_expiry_on_a_leader_without_majority_logs_one_warning_no_tra
     # Once the shard works again the pass succeeds, and the streak's end is said once.
     caplog.clear()
     shard.failure = None
-    await run_for(broker.consumers.expire_routine, 0.35)
+    await run_for(broker.timers.expire_routine, 0.35)
     assert [(r.levelno, "works again" in r.getMessage()) for r in timer_records(caplog)] == [
         (logging.INFO, True)
     ]
@@ -125,7 +125,7 @@ async def test_a_bug_in_the_lease_expiry_pass_is_an_error_with_its_traceback(
     caplog.set_level(logging.INFO)
     broker, shard, _ = await broker_with_an_expired_lease()
     shard.failure = lambda: KeyError("a bug")
-    await run_for(broker.consumers.expire_routine, 0.35)
+    await run_for(broker.timers.expire_routine, 0.35)
     records = timer_records(caplog)
     assert records and all(r.levelno == logging.ERROR for r in records)
     assert all(r.exc_info is not None for r in records), "a bug keeps its traceback"
@@ -137,13 +137,13 @@ async def test_retention_on_a_leader_without_majority_logs_one_warning_no_traceb
     caplog.set_level(logging.INFO)
     sm = QueueStateMachine(MemoryStore())
     shard = FailingShard(sm)
-    broker = Broker(sm, shard, clock_ms=Clock(), retention_interval_ms=50)  # type: ignore[arg-type]
+    broker = ShardRuntime(sm, shard, clock_ms=Clock(), retention_interval_ms=50)  # type: ignore[arg-type]
     config = pb.QueueConfig(name="r", retention=pb.Retention(max_messages=1))
-    await broker.create_queue(config)
-    await broker.publish("r", [pb.PublishMessage(value=b"m") for _ in range(3)], 5_000)
+    await broker.queues.create_queue(config)
+    await broker.queues.publish("r", [pb.PublishMessage(value=b"m") for _ in range(3)], 5_000)
     shard.failure = lambda: OutcomeUnknownError("leadership lost")
     before = shard.proposals
-    await run_for(broker._retention_routine, 0.4)
+    await run_for(broker.timers.retention_routine, 0.4)
     assert shard.proposals - before >= 3
     records = timer_records(caplog)
     assert [(r.levelno, r.exc_info) for r in records] == [(logging.WARNING, None)]
