@@ -16,6 +16,7 @@ from fluxmq import metrics
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys, validation
+from fluxmq.core.catalog import QueueEntry
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument, queue_not_found
 from fluxmq.core.partitioner import prepare_append, prepare_encoded_append
 from fluxmq.core.producers import ProducerGrant, check_name
@@ -24,7 +25,6 @@ from fluxmq.core.reader import FetchResult, QueueReader
 from fluxmq.core.state_machine import (
     AppendResult,
     PurgeResult,
-    QueueEntry,
     QueueStateMachine,
     RetentionResult,
     retention_due,

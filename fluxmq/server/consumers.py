@@ -19,13 +19,13 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import limits, validation
 from fluxmq.core import membership as msh
+from fluxmq.core.catalog import QueueEntry
 from fluxmq.core.errors import FluxError, invalid_argument, nested, queue_not_found
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.state_machine import (
     ExpireResult,
     LeaseResult,
     MemberResult,
-    QueueEntry,
     SettleResult,
     TransactResult,
     foreign_receipt,
