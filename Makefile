@@ -63,6 +63,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy storage raft fluxmq
 	$(VENV)/bin/lint-imports
+	$(PY) tools/check_import_cycles.py
 	$(PY) tools/gen_proto.py --check
 
 fmt: $(STAMP)

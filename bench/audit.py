@@ -57,6 +57,7 @@ AUDIT_SOURCES = (
     "fluxmq/audit/*.py",
     "storage/lmdb_inspect.py",
     "storage/codec.py",
+    "storage/records.py",
     "storage/record_batch.py",
 )
 # bench/results is tracked by git, so the generated stores (GBs) live outside the repository.

@@ -27,28 +27,20 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+# The record types, their limits and the base errors live in storage.records (below the codecs,
+# which must not import this module); they are part of the API all the same.
+from storage.records import IDEMPOTENCY_KEY_BYTES_MAX as IDEMPOTENCY_KEY_BYTES_MAX
+from storage.records import LOG_ID_MAX as LOG_ID_MAX
+from storage.records import RECORD_HEADERS_MAX as RECORD_HEADERS_MAX
+from storage.records import RECORD_KEY_BYTES_MAX as RECORD_KEY_BYTES_MAX
+from storage.records import RECORD_VALUE_BYTES_MAX as RECORD_VALUE_BYTES_MAX
+from storage.records import CorruptRecordError as CorruptRecordError
+from storage.records import NewRecord as NewRecord
+from storage.records import Record as Record
+from storage.records import StorageError as StorageError
+
 if TYPE_CHECKING:
     from storage.record_batch import BatchHeader
-
-# Hard limits: storage refuses anything larger, whatever the layer above asked for.
-RECORD_KEY_BYTES_MAX = 64 * 1024
-RECORD_VALUE_BYTES_MAX = 64 * 1024 * 1024
-RECORD_HEADERS_MAX = 256
-IDEMPOTENCY_KEY_BYTES_MAX = 256
-LOG_ID_MAX = 2**64 - 1
-
-
-class StorageError(Exception):
-    """Base of every error raised by storage."""
-
-
-class CorruptRecordError(StorageError):
-    """A stored record failed its crc32c check (or could not be decoded). Never returns garbage."""
-
-    def __init__(self, log_id: int, offset: int, detail: str) -> None:
-        super().__init__(f"corrupt record in log {log_id} at offset {offset}: {detail}")
-        self.log_id = log_id
-        self.offset = offset
 
 
 class OffsetOutOfRangeError(StorageError):
@@ -67,30 +59,6 @@ class OldFormatError(StorageError):
 class StorageBusyError(StorageError):
     """Too many transactions are open at once (LMDB's reader table is full): nothing was read
     or written, and the same call may succeed once others end."""
-
-
-@dataclass(frozen=True, slots=True)
-class NewRecord:
-    """A record to append; the log assigns its offset."""
-
-    timestamp_ms: int
-    value: bytes
-    key: bytes | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
-    idempotency_key: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A stored record, read back and checked."""
-
-    offset: int
-    timestamp_ms: int
-    value: bytes
-    key: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
-    idempotency_key: str | None
-    size_bytes: int  # its share of its batch's records section (what reads by bytes count)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,40 +25,35 @@ LMDB key, which is why the stores hand it over ready-made instead of packing it 
 
 from __future__ import annotations
 
-import dataclasses
 import struct
-from collections.abc import Callable
 
 from crc32c import crc32c
 
-from storage.api import (
+from storage.records import (
     IDEMPOTENCY_KEY_BYTES_MAX,
     LOG_ID_MAX,
+    OFFSET_MAX,
     RECORD_HEADERS_MAX,
     RECORD_KEY_BYTES_MAX,
     RECORD_VALUE_BYTES_MAX,
     CorruptRecordError,
+    Headers,
     NewRecord,
     Record,
+    decode_headers,
+    decode_text,
+    encode_headers,
+    encode_text,
+    make_record,
 )
 
 FORMAT_V1 = 1
-
-# Limits of the format itself, on top of the contract's. A header name is a short label, so its
-# u16 length field is its real bound; a header value gets the same bound as a record value, so
-# the size of a record stays bounded by its limits rather than by the u32 field width.
-HEADER_NAME_BYTES_MAX = 0xFFFF
-HEADER_VALUE_BYTES_MAX = RECORD_VALUE_BYTES_MAX
 
 # Limits of the key/value table. LMDB refuses keys longer than its compiled-in maximum (511 with
 # the default build; LmdbStore checks it at open) and empty keys, so the memory twin refuses the
 # same ones. Values get the record value bound: the table holds bookkeeping, never payloads.
 KV_KEY_BYTES_MAX = 511
 KV_VALUE_BYTES_MAX = RECORD_VALUE_BYTES_MAX
-
-OFFSET_MAX = 2**64 - 1
-
-_Headers = tuple[tuple[str, bytes], ...]
 
 _NO_KEY = 0xFFFFFFFF
 _NO_IDEMPOTENCY_KEY = 0xFFFF
@@ -67,67 +62,15 @@ _POSITION = struct.Struct(">QQ")
 _CRC = struct.Struct(">I")
 _FIELDS = struct.Struct(">BqIIHH")  # everything of the fixed head after the crc
 _HEAD = struct.Struct(">IBqIIHH")  # the fixed head as read back, crc included
-_HEADER = struct.Struct(">HI")
 _HEAD_SIZE = _HEAD.size
-_HEADER_SIZE = _HEADER.size
 _TIMESTAMP_AT = _CRC.size + 1
 
 _pack_position = _POSITION.pack
 _pack_crc = _CRC.pack
 _pack_fields = _FIELDS.pack
-_pack_header = _HEADER.pack
 _unpack_head = _HEAD.unpack_from
-_unpack_header = _HEADER.unpack_from
 _unpack_crc = _CRC.unpack_from
 _unpack_timestamp = struct.Struct(">q").unpack_from
-
-
-def _record_factory() -> Callable[
-    [int, int, bytes, bytes | None, _Headers, str | None, int], Record
-]:
-    """A constructor of ``Record`` that skips the frozen dataclass ``__init__``.
-
-    That ``__init__`` sets each field through ``object.__setattr__``, which is more than half the
-    cost of decoding a small record. Filling the slots directly builds an identical object, as
-    long as ``Record`` has slots, no ``__post_init__`` and these fields in this order; if that ever
-    changes, the plain constructor is used instead.
-    """
-    names = ("offset", "timestamp_ms", "value", "key", "headers", "idempotency_key", "size_bytes")
-    if (
-        tuple(field.name for field in dataclasses.fields(Record)) != names
-        or hasattr(Record, "__post_init__")
-        or not hasattr(Record, "__slots__")
-    ):
-        return Record
-    new = object.__new__
-    slots = Record.__dict__
-    set_offset, set_timestamp, set_value, set_key, set_headers, set_idem, set_size = (
-        slots[name].__set__ for name in names
-    )
-
-    def make(
-        offset: int,
-        timestamp_ms: int,
-        value: bytes,
-        key: bytes | None,
-        headers: _Headers,
-        idempotency_key: str | None,
-        size_bytes: int,
-    ) -> Record:
-        record = new(Record)
-        set_offset(record, offset)
-        set_timestamp(record, timestamp_ms)
-        set_value(record, value)
-        set_key(record, key)
-        set_headers(record, headers)
-        set_idem(record, idempotency_key)
-        set_size(record, size_bytes)
-        return record
-
-    return make
-
-
-_make_record = _record_factory()
 
 
 def position(log_id: int, offset: int) -> bytes:
@@ -151,7 +94,7 @@ def _encode_body(
     timestamp_ms: int,
     value: bytes,
     key: bytes | None,
-    headers: _Headers,
+    headers: Headers,
     idempotency_key: str | None,
 ) -> bytes:
     """Everything of a record after its crc field."""
@@ -169,7 +112,7 @@ def _encode_body(
         idem_len = _NO_IDEMPOTENCY_KEY
         idem = b""
     else:
-        idem = _utf8(idempotency_key, "idempotency key")
+        idem = encode_text(idempotency_key, "idempotency key")
         idem_len = len(idem)
         if idem_len > IDEMPOTENCY_KEY_BYTES_MAX:
             raise ValueError(
@@ -184,7 +127,7 @@ def _encode_body(
         # Every length was bounded above, so only the timestamp can be out of range.
         raise ValueError(f"timestamp_ms {timestamp_ms!r} is not a signed 64-bit int") from e
     if headers:
-        return b"".join([fields, key, value, *_encode_headers(headers), idem])
+        return b"".join([fields, key, value, *encode_headers(headers), idem])
     return b"".join([fields, key, value, idem])
 
 
@@ -196,7 +139,7 @@ _unpack_fields = _FIELDS.unpack_from
 def prepare(
     value: bytes,
     key: bytes | None = None,
-    headers: _Headers = (),
+    headers: Headers = (),
     idempotency_key: str | None = None,
 ) -> bytes:
     """A record encoded but for its position, timestamp and checksum (see
@@ -228,32 +171,6 @@ def seal_at(pos: bytes, timestamp_ms: int, prepared: bytes) -> bytes:
         raise ValueError(f"timestamp_ms {timestamp_ms!r} is not a signed 64-bit int") from e
     body = b"".join((prepared[:1], stamp, prepared[9:]))
     return _pack_crc(crc32c(body, crc32c(pos))) + body
-
-
-def _encode_headers(headers: _Headers) -> list[bytes]:
-    parts: list[bytes] = []
-    for name, header_value in headers:
-        raw_name = _utf8(name, "header name")
-        if len(raw_name) > HEADER_NAME_BYTES_MAX:
-            raise ValueError(
-                f"header name of {len(raw_name)} bytes exceeds {HEADER_NAME_BYTES_MAX}"
-            )
-        if len(header_value) > HEADER_VALUE_BYTES_MAX:
-            raise ValueError(
-                f"value of header {name!r} has {len(header_value)} bytes, "
-                f"exceeds {HEADER_VALUE_BYTES_MAX}"
-            )
-        parts.append(_pack_header(len(raw_name), len(header_value)))
-        parts.append(raw_name)
-        parts.append(header_value)
-    return parts
-
-
-def _utf8(text: str, what: str) -> bytes:
-    try:
-        return text.encode()
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{what} {text!r} is not encodable as utf-8: {e.reason}") from None
 
 
 def decode(log_id: int, offset: int, buf: bytes) -> Record:
@@ -290,7 +207,7 @@ def decode_at(pos: bytes, log_id: int, offset: int, buf: bytes) -> Record:
     value = buf[at:value_end]
     at = value_end
     if header_count:
-        headers, at = _decode_headers(buf, at, header_count, log_id, offset)
+        headers, at = decode_headers(buf, at, header_count, log_id, offset)
     else:
         headers = ()
     if idem_len == _NO_IDEMPOTENCY_KEY:
@@ -300,38 +217,11 @@ def decode_at(pos: bytes, log_id: int, offset: int, buf: bytes) -> Record:
             raise CorruptRecordError(
                 log_id, offset, f"idempotency key length {idem_len} over the limit"
             )
-        idempotency_key = _text(buf[at : at + idem_len], log_id, offset)
+        idempotency_key = decode_text(buf[at : at + idem_len], log_id, offset)
         at += idem_len
     if at != size:
         raise CorruptRecordError(log_id, offset, f"lengths add up to {at} bytes, record has {size}")
-    return _make_record(offset, timestamp_ms, value, key, headers, idempotency_key, size)
-
-
-def _decode_headers(
-    buf: bytes, at: int, count: int, log_id: int, offset: int
-) -> tuple[_Headers, int]:
-    if count > RECORD_HEADERS_MAX:
-        raise CorruptRecordError(log_id, offset, f"{count} headers over the limit")
-    size = len(buf)
-    headers: list[tuple[str, bytes]] = []
-    for _ in range(count):
-        if at + _HEADER_SIZE > size:
-            raise CorruptRecordError(log_id, offset, "header runs past the end")
-        name_len, value_len = _unpack_header(buf, at)
-        name_at = at + _HEADER_SIZE
-        value_at = name_at + name_len
-        at = value_at + value_len
-        if at > size:
-            raise CorruptRecordError(log_id, offset, "header runs past the end")
-        headers.append((_text(buf[name_at:value_at], log_id, offset), buf[value_at:at]))
-    return tuple(headers), at
-
-
-def _text(raw: bytes, log_id: int, offset: int) -> str:
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        raise CorruptRecordError(log_id, offset, "text field is not valid utf-8") from None
+    return make_record(offset, timestamp_ms, value, key, headers, idempotency_key, size)
 
 
 # Argument checks shared by both stores, so that they refuse exactly the same calls.

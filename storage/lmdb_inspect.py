@@ -27,7 +27,7 @@ import lmdb
 
 from storage.api import OldFormatError, StorageError
 from storage.codec import position
-from storage.lmdb_store import _META_KEY, _unpack_meta
+from storage.lmdb_store import META_KEY, unpack_meta
 
 DATA_FILE = "data.mdb"
 
@@ -57,11 +57,11 @@ class InspectView:
         """Every log's metadata entry, by log_id."""
         with self._txn.cursor(db=self._dbs[1]) as cursor:
             for key, value in cursor:
-                if len(key) != _META_KEY.size:
+                if len(key) != META_KEY.size:
                     continue  # not a log entry; nothing of this store writes such keys
-                log_id = _META_KEY.unpack(key)[0]
+                log_id = META_KEY.unpack(key)[0]
                 try:
-                    low, high, size = _unpack_meta(log_id, key, value)
+                    low, high, size = unpack_meta(log_id, key, value)
                 except StorageError as err:
                     yield LogMeta(log_id, 0, 0, 0, str(err))
                 else:

@@ -82,14 +82,14 @@ if TYPE_CHECKING:
 DEFAULT_MAP_SIZE_BYTES = 64 * 1024**3
 MAX_READERS = 256
 
-_META_KEY = struct.Struct(">Q")
-_META_FIELDS = struct.Struct(">QQQ")
-_META_CRC = struct.Struct(">I")
-_META_SIZE = _META_FIELDS.size + _META_CRC.size
+META_KEY = struct.Struct(">Q")
+META_FIELDS = struct.Struct(">QQQ")
+META_CRC = struct.Struct(">I")
+_META_SIZE = META_FIELDS.size + META_CRC.size
 
 # The databases a copy must hold; anything else in a file handed to replace_from is refused.
-_DB_NAMES = (b"batches", b"logmeta", b"kv")
-_FORMAT_1_DB = b"log"  # record format 1: one row per record
+DB_NAMES = (b"batches", b"logmeta", b"kv")
+FORMAT_1_DB = b"log"  # record format 1: one row per record
 _LOG_PREFIX = struct.Struct(">Q")
 _COPY_MAGIC = b"FLUXMQ-LMDB-COPY-1"
 _COPY_TRAILER_BYTES = len(_COPY_MAGIC) + hashlib.sha256().digest_size
@@ -99,14 +99,14 @@ _ENDED = "the transaction has ended"
 _FAILED = "an earlier operation of this write transaction failed; it can only be aborted"
 
 
-def _unpack_meta(log_id: int, meta_key: bytes, raw: bytes) -> tuple[int, int, int]:
+def unpack_meta(log_id: int, meta_key: bytes, raw: bytes) -> tuple[int, int, int]:
     """(low, high, size_bytes) of a stored metadata entry, checked."""
     if len(raw) != _META_SIZE:
         raise StorageError(f"metadata of log {log_id} has {len(raw)} bytes")
-    fields = raw[: _META_FIELDS.size]
-    if crc32c(fields, crc32c(meta_key)) != _META_CRC.unpack_from(raw, len(fields))[0]:
+    fields = raw[: META_FIELDS.size]
+    if crc32c(fields, crc32c(meta_key)) != META_CRC.unpack_from(raw, len(fields))[0]:
         raise StorageError(f"metadata of log {log_id} failed its crc32c check")
-    low, high, size = _META_FIELDS.unpack(fields)
+    low, high, size = META_FIELDS.unpack(fields)
     if low > high or (size == 0) != (low == high):
         raise StorageError(
             f"metadata of log {log_id} is inconsistent: low={low} high={high} size_bytes={size}"
@@ -114,14 +114,14 @@ def _unpack_meta(log_id: int, meta_key: bytes, raw: bytes) -> tuple[int, int, in
     return low, high, size
 
 
-def _log_metas(txn: Any, meta_db: object) -> Iterator[tuple[int, bytes, bytes, int, int, int]]:
+def log_metas(txn: Any, meta_db: object) -> Iterator[tuple[int, bytes, bytes, int, int, int]]:
     """(log_id, meta key, meta value, low, high, size_bytes) of every log, by log_id."""
     with txn.cursor(db=meta_db) as cursor:
         for key, value in cursor:
-            if len(key) != _META_KEY.size:
+            if len(key) != META_KEY.size:
                 raise StorageError(f"a log metadata key has {len(key)} bytes")
-            log_id = _META_KEY.unpack(key)[0]
-            low, high, size = _unpack_meta(log_id, key, value)
+            log_id = META_KEY.unpack(key)[0]
+            low, high, size = unpack_meta(log_id, key, value)
             yield log_id, key, value, low, high, size
 
 
@@ -195,7 +195,7 @@ def _file_sha256(fd: int, size_bytes: int) -> bytes:
     return digest.digest()
 
 
-def _check_copy_file(path: str) -> int:
+def check_copy_file(path: str) -> int:
     """Check a copy against its trailer; return the size of its LMDB data file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -323,7 +323,7 @@ class LmdbStore:
             with env.begin(write=True) as txn:
                 with txn.cursor() as cursor:
                     names = {key for key, _value in cursor}
-                if _FORMAT_1_DB in names:
+                if FORMAT_1_DB in names:
                     raise OldFormatError(
                         f"the store at {path!r} was written by FluxMQ's record format 1 (one "
                         "row per message); this version stores record batches (format 2) and "
@@ -458,7 +458,7 @@ class LmdbStore:
 
     def replace_from(self, path: str) -> None:
         env = self._live_env()
-        data_bytes = _check_copy_file(path)
+        data_bytes = check_copy_file(path)
         try:
             source = lmdb.open(
                 path, subdir=False, readonly=True, lock=False, max_dbs=8, readahead=False
@@ -500,7 +500,7 @@ class LmdbStore:
         dbs = self._dbs
         try:
             with env.begin(write=False) as raw:
-                for log_id, _key, _value, low, high, size in _log_metas(raw, dbs.meta):
+                for log_id, _key, _value, low, high, size in log_metas(raw, dbs.meta):
                     digest.log(log_id, low, high, size)
                     for header, _pos, stored in _log_batches(raw, dbs.log, log_id, low, high):
                         digest.batch(header.base_offset, stored)
@@ -517,13 +517,13 @@ def _open_copy_dbs(source: Any, src: Any, path: str) -> _Dbs:
     """The databases of a copy, refusing a file that holds anything else."""
     with src.cursor() as cursor:
         names = [key for key, _value in cursor]
-    if sorted(names) != sorted(_DB_NAMES):
+    if sorted(names) != sorted(DB_NAMES):
         raise StorageError(
             f"{path!r} is not a copy of a store: it holds the databases {names!r}, "
-            f"a copy holds exactly {list(_DB_NAMES)!r}"
+            f"a copy holds exactly {list(DB_NAMES)!r}"
         )
     try:
-        log, meta, kv = (source.open_db(name, txn=src, create=False) for name in _DB_NAMES)
+        log, meta, kv = (source.open_db(name, txn=src, create=False) for name in DB_NAMES)
     except lmdb.Error as e:
         raise StorageError(f"{path!r} is not a copy of a store: {e}") from e
     return _Dbs(log=log, meta=meta, kv=kv)
@@ -542,7 +542,7 @@ def _replace(dst: Any, dbs: _Dbs, src: Any, src_dbs: _Dbs, path: str) -> None:
     batches = 0
     try:
         with dst.cursor(db=dbs.meta) as out_meta, dst.cursor(db=dbs.log) as out_log:
-            for log_id, key, value, low, high, size in _log_metas(src, src_dbs.meta):
+            for log_id, key, value, low, high, size in log_metas(src, src_dbs.meta):
                 # Logs come by log_id and batches by offset, so positions only ever grow and
                 # every put may append at the end of the (emptied) database.
                 out_meta.put(key, value, append=True)
@@ -726,7 +726,7 @@ class LmdbPartitionLogReader:
         self._txn = owner._txn
         self._db = owner._dbs.log
         self._log_id = log_id
-        self._meta_key = _META_KEY.pack(log_id)
+        self._meta_key = META_KEY.pack(log_id)
         try:
             raw = self._txn.get(self._meta_key, db=owner._dbs.meta)
         except lmdb.Error as e:
@@ -737,7 +737,7 @@ class LmdbPartitionLogReader:
             self._low, self._high, self._size = self._unpack_meta(raw)
 
     def _unpack_meta(self, raw: bytes) -> tuple[int, int, int]:
-        return _unpack_meta(self._log_id, self._meta_key, raw)
+        return unpack_meta(self._log_id, self._meta_key, raw)
 
     @property
     def log_id(self) -> int:
@@ -1014,8 +1014,8 @@ class LmdbPartitionLog(LmdbPartitionLogReader):
         return removed
 
     def _put_meta(self) -> None:
-        fields = _META_FIELDS.pack(self._low, self._high, self._size)
-        value = fields + _META_CRC.pack(crc32c(fields, crc32c(self._meta_key)))
+        fields = META_FIELDS.pack(self._low, self._high, self._size)
+        value = fields + META_CRC.pack(crc32c(fields, crc32c(self._meta_key)))
         try:
             self._txn.put(self._meta_key, value, db=self._writer._dbs.meta)
         except lmdb.Error as e:

@@ -51,22 +51,22 @@ from storage import record_batch, unsynced_marker
 from storage.api import NewRecord, Record, StorageError
 from storage.codec import decode_at, encode, position
 from storage.lmdb_store import (
-    _DB_NAMES,
-    _FORMAT_1_DB,
-    _META_CRC,
-    _META_FIELDS,
+    DB_NAMES,
     DEFAULT_MAP_SIZE_BYTES,
+    FORMAT_1_DB,
+    META_CRC,
+    META_FIELDS,
     LmdbStore,
-    _check_copy_file,
-    _log_metas,
-    _unpack_meta,
+    check_copy_file,
+    log_metas,
+    unpack_meta,
 )
 
 BATCH_RECORDS_MAX = 1  # see the module docstring: what replaying a format-1 entry stores
 BATCH_BYTES_MAX = 1024 * 1024
 TEMP_PREFIX = ".fluxmq-migrate-"
 
-_BATCHES_DB, _META_DB, _KV_DB = _DB_NAMES
+_BATCHES_DB, _META_DB, _KV_DB = DB_NAMES
 _ROW_KEY = struct.Struct(">QQ")
 _KV_LENGTHS = struct.Struct(">II")
 _VERIFY_READ_RECORDS = 1000
@@ -196,7 +196,7 @@ def copy_format(path: str) -> int:
     """The record format (1 or 2) of the store copy ``path`` (``LmdbStore.copy_to``'s file),
     after checking its sha256 trailer."""
     with _open_copy(path) as (_env, txn):
-        return 1 if _FORMAT_1_DB in _db_names(txn) else 2
+        return 1 if FORMAT_1_DB in _db_names(txn) else 2
 
 
 def migrate_copy(src_copy_file: str, dst_copy_file: str) -> MigrationReport:
@@ -207,7 +207,7 @@ def migrate_copy(src_copy_file: str, dst_copy_file: str) -> MigrationReport:
     parent = os.path.dirname(os.path.abspath(dst_copy_file))
     with _open_copy(src_copy_file) as (src_env, src_txn):
         names = _db_names(src_txn)
-        if _FORMAT_1_DB not in names:
+        if FORMAT_1_DB not in names:
             raise MigrationError(f"the copy {src_copy_file!r} holds format 2 already")
         try:
             work = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent)
@@ -246,7 +246,7 @@ def _migrate_in_place(path: str) -> _Converted | None:
     try:
         with env.begin(write=True) as txn:
             names = _db_names(txn)
-            if _FORMAT_1_DB not in names:
+            if FORMAT_1_DB not in names:
                 return None
             _check_names(path, names)
             dbs = _open_dbs(env, txn, create=True)
@@ -266,7 +266,7 @@ def _migrate_in_place(path: str) -> _Converted | None:
 def _open_copy(path: str) -> Iterator[tuple[Any, Any]]:
     """The checked copy file ``path`` as a read-only environment and a read transaction."""
     try:
-        data_bytes = _check_copy_file(path)
+        data_bytes = check_copy_file(path)
     except StorageError as e:
         raise MigrationError(str(e)) from e
     try:
@@ -294,7 +294,7 @@ def _convert_copy(
 ) -> _Converted:
     _check_names(src_path, names)
     src_dbs = _Dbs(
-        log=src_env.open_db(_FORMAT_1_DB, txn=src_txn, create=False),
+        log=src_env.open_db(FORMAT_1_DB, txn=src_txn, create=False),
         batches=None,
         meta=src_env.open_db(_META_DB, txn=src_txn, create=False),
         kv=src_env.open_db(_KV_DB, txn=src_txn, create=False),
@@ -344,7 +344,7 @@ def _db_names(txn: Any) -> set[bytes]:
 
 
 def _check_names(path: str, names: set[bytes]) -> None:
-    unknown = names - {_FORMAT_1_DB, *_DB_NAMES}
+    unknown = names - {FORMAT_1_DB, *DB_NAMES}
     if unknown:
         raise MigrationError(
             f"{path!r} holds databases this migration does not know: {sorted(unknown)!r}"
@@ -354,7 +354,7 @@ def _check_names(path: str, names: set[bytes]) -> None:
 def _open_dbs(env: Any, txn: Any, create: bool) -> _Dbs:
     names = _db_names(txn)
     return _Dbs(
-        log=env.open_db(_FORMAT_1_DB, txn=txn, create=False) if _FORMAT_1_DB in names else None,
+        log=env.open_db(FORMAT_1_DB, txn=txn, create=False) if FORMAT_1_DB in names else None,
         batches=env.open_db(_BATCHES_DB, txn=txn, create=create),
         meta=env.open_db(_META_DB, txn=txn, create=create),
         kv=env.open_db(_KV_DB, txn=txn, create=create),
@@ -371,7 +371,7 @@ def _convert(
     try:
         metas = [
             (log_id, key, low, high, size)
-            for log_id, key, _v, low, high, size in _log_metas(src, src_dbs.meta)
+            for log_id, key, _v, low, high, size in log_metas(src, src_dbs.meta)
         ]
     except StorageError as e:
         raise MigrationError(f"cannot migrate {path!r}: {e}; nothing was changed") from e
@@ -419,9 +419,9 @@ def _decoded(path: str, pos: bytes, log_id: int, offset: int, row: bytes) -> Rec
 
 def _meta_value(log_id: int, meta_key: bytes, low: int, high: int, size: int) -> bytes:
     """A log's metadata entry, in LmdbStore's layout, checked by LmdbStore's own reader."""
-    fields = _META_FIELDS.pack(low, high, size)
-    value = fields + _META_CRC.pack(crc32c(fields, crc32c(meta_key)))
-    _unpack_meta(log_id, meta_key, value)
+    fields = META_FIELDS.pack(low, high, size)
+    value = fields + META_CRC.pack(crc32c(fields, crc32c(meta_key)))
+    unpack_meta(log_id, meta_key, value)
     return value
 
 

@@ -44,7 +44,7 @@ variable parts); the records of a batch add up to ``records_bytes``, and the bat
 counted once, by the batch (``BatchHeader.size_bytes``). A log that stores whole batches counts
 batch sizes for retention by bytes, since it deletes whole batches.
 
-Limits are those of format 1 (``storage.api`` and ``storage.codec``), refused with the same
+Limits are those of format 1 (``storage.records``), refused with the same
 ValueError messages, so a record that one format accepts the other accepts too.
 """
 
@@ -58,23 +58,21 @@ from itertools import repeat
 
 from crc32c import crc32c
 
-from storage.api import (
+from storage.codec import position
+from storage.records import (
     IDEMPOTENCY_KEY_BYTES_MAX,
+    OFFSET_MAX,
     RECORD_HEADERS_MAX,
     RECORD_KEY_BYTES_MAX,
     RECORD_VALUE_BYTES_MAX,
     CorruptRecordError,
     NewRecord,
     Record,
-)
-from storage.codec import (
-    OFFSET_MAX,
-    _decode_headers,
-    _encode_headers,
-    _make_record,
-    _text,
-    _utf8,
-    position,
+    decode_headers,
+    decode_text,
+    encode_headers,
+    encode_text,
+    make_record,
 )
 
 FORMAT_V2 = 2
@@ -267,7 +265,7 @@ def _section(records: Iterable[RecordFields], timestamp_deltas: Iterable[int]) -
             idem_len = _NO_IDEMPOTENCY_KEY
             idem = b""
         else:
-            idem = _utf8(idempotency_key, "idempotency key")
+            idem = encode_text(idempotency_key, "idempotency key")
             idem_len = len(idem)
             if idem_len > IDEMPOTENCY_KEY_BYTES_MAX:
                 raise ValueError(
@@ -281,7 +279,7 @@ def _section(records: Iterable[RecordFields], timestamp_deltas: Iterable[int]) -
             append(key)
         append(value)
         if headers:
-            parts.extend(_encode_headers(headers))
+            parts.extend(encode_headers(headers))
         if idem:
             append(idem)
     return b"".join(parts)
@@ -601,7 +599,7 @@ def _records(
         raise _bad_record(log_id, base_offset, base_offset, last_offset, "timestamp delta not 0")
     records: list[Record] = []
     append = records.append
-    make = _make_record
+    make = make_record
     unpack = _unpack_record
     first_kept = base_offset + skip
     previous_delta = 0
@@ -650,7 +648,7 @@ def _records(
             value = buf[pos:value_end]
             pos = value_end
             if header_count:
-                headers, pos = _decode_headers(buf, pos, header_count, log_id, offset)
+                headers, pos = decode_headers(buf, pos, header_count, log_id, offset)
             else:
                 headers = ()
             idempotency_key: str | None
@@ -666,7 +664,7 @@ def _records(
                         last_offset,
                         f"idempotency key length {idem_len} over the limit or past the end",
                     )
-                idempotency_key = _text(buf[pos:idem_end], log_id, offset)
+                idempotency_key = decode_text(buf[pos:idem_end], log_id, offset)
                 pos = idem_end
             if offset >= first_kept:
                 append(

@@ -20,17 +20,14 @@ machine, so two creates racing through different nodes cannot both slip past it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys
+from fluxmq.core.catalog import QueueEntry
 from fluxmq.core.delivery import header
 from fluxmq.core.errors import FieldViolation, FluxError
 from fluxmq.core.queue_config import policy_of
 from storage.api import PartitionLogReader, ReadTxn, Record, WriteTxn
-
-if TYPE_CHECKING:
-    from fluxmq.core.state_machine import QueueEntry
 
 ORIGIN_HEADER = "fluxmq-original-queue"
 READ_BYTES_MAX = 16 * 1024 * 1024  # one read of the DLQ log

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import dead_letters, keys
+from fluxmq.core.catalog import QueueEntry, dead_letter_entry
 from fluxmq.core.delivery import header
 from fluxmq.core.errors import (
     invalid_argument,
@@ -19,10 +20,8 @@ from fluxmq.core.errors import (
 from fluxmq.core.membership import Membership, check_member, releasable
 from fluxmq.core.queue_config import labels_match, parse_label_selector, validate_name
 from fluxmq.core.state_machine import (
-    QueueEntry,
     QueueStateMachine,
     dead_letter_depth,
-    dead_letter_entry,
     member_required,
     member_view,
 )

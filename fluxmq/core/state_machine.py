@@ -22,6 +22,7 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import dead_letters as dls
 from fluxmq.core import keys, limits, producers
 from fluxmq.core import membership as msh
+from fluxmq.core.catalog import QueueEntry, dead_letter_entry, load_catalog, same_environment
 from fluxmq.core.commands import Op, decode
 from fluxmq.core.delivery import REPLAY_GROUP_HEADER, Delivery, DeliveryState, GroupState, header
 from fluxmq.core.errors import (
@@ -50,22 +51,6 @@ DEAD_HEADERS = (
     "fluxmq-group",
 )
 REPLAYED_FROM_HEADER = "fluxmq-replayed-from"
-
-
-@dataclass(frozen=True, slots=True)
-class QueueEntry:
-    """A queue as the catalog holds it. Never mutated: an update replaces the entry."""
-
-    queue: pb.Queue
-    policy: QueuePolicy
-
-    @property
-    def name(self) -> str:
-        return str(self.queue.config.name)
-
-    @property
-    def queue_id(self) -> int:
-        return int(self.queue.queue_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,14 +152,6 @@ class _Batch:
     catalog: dict[str, QueueEntry] | None = None  # copy-on-write of the catalog
     last_ts: dict[int, int] = field(default_factory=dict)
     node_addresses: dict[str, str] | None = None  # copy-on-write of node_addresses
-
-
-def load_catalog(txn: ReadTxn) -> dict[str, QueueEntry]:
-    catalog: dict[str, QueueEntry] = {}
-    for _key, value in txn.scan(keys.QUEUE):
-        queue = pb.Queue.FromString(value)
-        catalog[queue.config.name] = QueueEntry(queue, policy_of(queue.config))
-    return catalog
 
 
 class QueueStateMachine:
@@ -1209,18 +1186,6 @@ def dead_letter_depth(txn: ReadTxn, catalog: Mapping[str, QueueEntry], origin: Q
     if dlq is None:
         return 0
     return dls.count(txn, dlq.queue_id, origin.name)
-
-
-def same_environment(a: QueueEntry, b: QueueEntry) -> bool:
-    return a.queue.config.environment == b.queue.config.environment
-
-
-def dead_letter_entry(catalog: Mapping[str, QueueEntry], origin: QueueEntry) -> QueueEntry | None:
-    """The DLQ of ``origin`` if it exists and is in the same environment (a queue of another
-    environment never serves as one: its messages would cross environments)."""
-    name = origin.policy.dead_letter_queue
-    dlq = catalog.get(name) if name is not None else None
-    return dlq if dlq is not None and same_environment(dlq, origin) else None
 
 
 def check_dead_letter_environments(

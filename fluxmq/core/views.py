@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys, limits
+from fluxmq.core.catalog import QueueEntry
 from fluxmq.core.delivery import (
     SCHEDULED,
     DeliveryState,
@@ -32,9 +32,6 @@ from fluxmq.core.delivery import (
 from fluxmq.core.membership import Member, Membership
 from fluxmq.core.queue_config import QueuePolicy
 from storage.api import ReadTxn
-
-if TYPE_CHECKING:
-    from fluxmq.core.state_machine import QueueEntry
 
 _READ_BYTES_MAX = 16 * 1024 * 1024
 

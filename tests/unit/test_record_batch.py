@@ -9,7 +9,7 @@ import struct
 import pytest
 from crc32c import crc32c
 
-from storage import codec
+from storage import codec, records
 from storage.api import (
     IDEMPOTENCY_KEY_BYTES_MAX,
     RECORD_HEADERS_MAX,
@@ -122,7 +122,7 @@ def test_batch_round_trips_fields_at_their_limits() -> None:
     biggest: RecordFields = (
         b"v" * RECORD_VALUE_BYTES_MAX,
         b"k" * RECORD_KEY_BYTES_MAX,
-        (("n" * codec.HEADER_NAME_BYTES_MAX, b"h" * 1024),),
+        (("n" * records.HEADER_NAME_BYTES_MAX, b"h" * 1024),),
         "\u00e9" * (IDEMPOTENCY_KEY_BYTES_MAX // 2),  # 2 utf-8 bytes each: exactly the limit
     )
     buf = seal(LOG_ID, BASE, STAMP_MS, 2, prepare_records([biggest, (b"", None, (), None)]))
@@ -314,9 +314,9 @@ def test_limits_match_codec_format_1() -> None:
         (b"v", None, (), "i" * (IDEMPOTENCY_KEY_BYTES_MAX + 1)),
         (b"v", None, (), "\ud800"),  # a lone surrogate: not encodable as utf-8
         (b"v", None, (("h", b""),) * (RECORD_HEADERS_MAX + 1), None),
-        (b"v", None, (("n" * (codec.HEADER_NAME_BYTES_MAX + 1), b""),), None),
+        (b"v", None, (("n" * (records.HEADER_NAME_BYTES_MAX + 1), b""),), None),
         (b"v", None, (("\udfff", b""),), None),
-        (b"v", None, (("h", b"x" * (codec.HEADER_VALUE_BYTES_MAX + 1)),), None),
+        (b"v", None, (("h", b"x" * (records.HEADER_VALUE_BYTES_MAX + 1)),), None),
     ]
     for fields in over_limit:
         with pytest.raises(ValueError) as format_1:

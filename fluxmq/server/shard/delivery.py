@@ -16,11 +16,11 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import limits, validation
 from fluxmq.core import membership as msh
+from fluxmq.core.catalog import QueueEntry
 from fluxmq.core.errors import FluxError, invalid_argument, queue_not_found
 from fluxmq.core.reader import QueueReader
 from fluxmq.core.state_machine import (
     LeaseResult,
-    QueueEntry,
     SettleResult,
     foreign_receipt,
     no_dead_letter_queue,
