@@ -494,7 +494,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         request_bytes_max=cfg.request_bytes_max_value,
         streams=StreamSlots(cfg.streams_max),
     )
-    router = Router(cfg.shard_id, forwarder)
+    router = Router(shard.shard_id, forwarder)
     router.inflight = InflightBudget(
         cfg.inflight_bytes_max_value, cfg.inflight_bytes_max_value // 2
     )
