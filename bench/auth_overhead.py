@@ -30,7 +30,7 @@ from bench.results_md import write_section
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
 from fluxmq.core.auth import new_key
-from fluxmq.launcher import free_port
+from fluxmq.devcluster.launcher import free_port
 
 THREADS = 4
 CALLS_MAX = 10_000_000

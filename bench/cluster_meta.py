@@ -26,7 +26,7 @@ import grpc
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
-from fluxmq.launcher import LocalCluster, port_free
+from fluxmq.devcluster.launcher import LocalCluster, port_free
 
 PARTITIONS = 100
 SESSION_MS = 3000

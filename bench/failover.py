@@ -29,7 +29,7 @@ from bench.cluster_meta import Metadata, auth_metadata, free_base_port
 from bench.results_md import write_section
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
-from fluxmq.launcher import LocalCluster, cluster_status
+from fluxmq.devcluster.launcher import LocalCluster, cluster_status
 
 QUEUE = "failover"
 BEFORE_S = 2.0  # writes before the stop

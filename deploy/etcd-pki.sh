@@ -10,7 +10,7 @@
 #   root.crt  root.key     etcd's root user (CN root): for etcd_auth and operators only
 #   fluxmq.crt fluxmq.key  the FluxMQ nodes' etcd user (CN fluxmq)
 # etcd runs with --client-cert-auth: a client needs a certificate of this CA, and with etcd's
-# authentication on (python -m fluxmq.cluster.etcd_auth) its common name is its etcd user.
+# authentication on (python -m fluxmq.metadata.etcd_auth) its common name is its etcd user.
 # Keys are mode 0644 inside the 0700 directory: containers running as another user (the node
 # image runs as uid 10001) read them through single-file mounts; nobody else on the host can.
 set -eu

@@ -62,7 +62,7 @@ class NodeConfig:
     etcd: str = ""  # host:port of an etcd v3 endpoint
     etcd_prefix: str = "/fluxmq/"
     # etcd's authentication and TLS: whoever can write to etcd could otherwise change the cluster
-    # (API key records are sealed with the cluster secret too, see fluxmq/cluster/metadata.py).
+    # (API key records are sealed with the cluster secret too, see fluxmq/metadata/metadata.py).
     etcd_user: str = ""
     etcd_password: str = field(default="", repr=False)
     etcd_password_file: str = ""

@@ -23,12 +23,12 @@ from prometheus_client import PlatformCollector, ProcessCollector
 
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
-from fluxmq.cluster import EmbeddedMetadataStore, EtcdMetadataStore, NodeInfo
-from fluxmq.cluster.metadata import MetadataError
 from fluxmq.core.errors import FluxError
 from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.core.text import printable
+from fluxmq.metadata import EmbeddedMetadataStore, EtcdMetadataStore, NodeInfo
+from fluxmq.metadata.metadata import MetadataError
 from fluxmq.server.app import build_server, set_serving
 from fluxmq.server.cluster_view import ClusterView
 from fluxmq.server.forwarding import Forwarder
@@ -653,7 +653,7 @@ def package_version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "cluster":
-        from fluxmq.cluster_cli import main as cluster_main
+        from fluxmq.devcluster.cli import main as cluster_main
 
         return cluster_main(args[1:])
     if args and args[0] == "migrate":

@@ -16,7 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.cluster import (
+from fluxmq.core.errors import FieldViolation, FluxError, queue_exists
+from fluxmq.metadata import (
     AlreadyExists,
     GroupInfo,
     MetadataCorrupt,
@@ -27,7 +28,6 @@ from fluxmq.cluster import (
     NodeNotRegistered,
     Placement,
 )
-from fluxmq.core.errors import FieldViolation, FluxError, queue_exists
 from raft import Shard
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from fluxmq.cluster.metadata import InvalidArgument as MetadataInvalidArgument
 from fluxmq.core.errors import FluxError, invalid_argument
+from fluxmq.metadata.metadata import InvalidArgument as MetadataInvalidArgument
 from raft import (
     NotLeaderError,
     OutcomeUnknownError,

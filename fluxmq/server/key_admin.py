@@ -11,13 +11,6 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from fluxmq._pb.v1 import admin_pb2 as apb
-from fluxmq.cluster.metadata import (
-    AlreadyExists,
-    LimitExceeded,
-    MetadataError,
-    MetadataRefused,
-    NotFound,
-)
 from fluxmq.core.auth import (
     ACTIVE_KEYS_PER_ENV_ROLE_MAX,
     SALT_BYTES,
@@ -30,6 +23,13 @@ from fluxmq.core.auth import (
     permission_denied,
 )
 from fluxmq.core.errors import FluxError
+from fluxmq.metadata.metadata import (
+    AlreadyExists,
+    LimitExceeded,
+    MetadataError,
+    MetadataRefused,
+    NotFound,
+)
 from fluxmq.server.guard import Identity, KeyCache
 
 log = logging.getLogger("fluxmq.auth")

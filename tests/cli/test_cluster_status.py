@@ -16,7 +16,7 @@ from fluxmq._pb.v1 import admin_pb2 as apb
 from fluxmq._pb.v1 import admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.cli.cluster import NodeView, Sample, _queue_views, _shards
-from fluxmq.launcher import LocalCluster, port_free
+from fluxmq.devcluster.launcher import LocalCluster, port_free
 from fluxmq.server import node_stats
 from tests.integration.cluster import Cluster
 from tests.integration.conftest import Node

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fluxmq.client import AsyncClient, Message
-from fluxmq.launcher import LocalCluster
+from fluxmq.devcluster.launcher import LocalCluster
 from tests.integration.cluster import PATIENT, Cluster, started
 from tests.integration.conftest import Node
 from tests.integration.test_cluster_cli import free_port_range

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from fluxmq.cluster import (
+from fluxmq.core import auth
+from fluxmq.core.auth import KeyRecord
+from fluxmq.metadata import (
     AlreadyExists,
     EmbeddedMetadataStore,
     EtcdMetadataStore,
@@ -27,12 +29,10 @@ from fluxmq.cluster import (
     MetadataStore,
     NotFound,
 )
-from fluxmq.cluster import embedded as embedded_module
-from fluxmq.cluster import etcd as etcd_module
-from fluxmq.cluster import metadata as md
-from fluxmq.cluster.metadata import LimitExceeded, RevisionConflict
-from fluxmq.core import auth
-from fluxmq.core.auth import KeyRecord
+from fluxmq.metadata import embedded as embedded_module
+from fluxmq.metadata import etcd as etcd_module
+from fluxmq.metadata import metadata as md
+from fluxmq.metadata.metadata import LimitExceeded, RevisionConflict
 from tests.contract import test_metadata_contract as contract
 from tests.contract.test_metadata_contract import Harness, _prefix, established, next_event
 from tests.etcd_server import EtcdServer

@@ -1,4 +1,4 @@
-"""The metadata contract (fluxmq/cluster/metadata.py), checked against every implementation.
+"""The metadata contract (fluxmq/metadata/metadata.py), checked against every implementation.
 
 Each contract test runs on the embedded store (LMDB file and memory, both on a fake clock) and on
 EtcdMetadataStore against a real etcd process (real time, a fresh key prefix per test). Timing
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from fluxmq.cluster import (
+from fluxmq.metadata import (
     AlreadyExists,
     EmbeddedMetadataStore,
     EtcdMetadataStore,
@@ -35,7 +35,7 @@ from fluxmq.cluster import (
     Placement,
     RevisionConflict,
 )
-from fluxmq.cluster import metadata as md
+from fluxmq.metadata import metadata as md
 from tests.etcd_server import EtcdServer
 
 TTL_MS = 1000  # etcd's lease floor with tests/etcd_server.py's election timings
@@ -77,7 +77,7 @@ class Harness:
         if isinstance(self.store, EtcdMetadataStore):
             await self.store.client.put(self.store._key(kind, name), raw)  # type: ignore[arg-type]
             return
-        from fluxmq.cluster import embedded
+        from fluxmq.metadata import embedded
 
         assert isinstance(self.store, EmbeddedMetadataStore)
         with self.store._backend.write() as txn:

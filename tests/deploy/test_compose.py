@@ -591,7 +591,7 @@ def test_etcd_runs_with_tls_client_certificates_and_auth_reachable_by_the_nodes_
     # etcd-auth turns authentication on before any node starts; only it holds root's key.
     assert list(jobs) == ["etcd-auth"]
     job = jobs["etcd-auth"]
-    assert as_list(job["entrypoint"]) == ["python", "-m", "fluxmq.cluster.etcd_auth"]
+    assert as_list(job["entrypoint"]) == ["python", "-m", "fluxmq.metadata.etcd_auth"]
     assert job["depends_on"][etcd_name]["condition"] == "service_healthy"
     job_args = dict(a.partition("=")[::2] for a in as_list(job["command"]))
     assert job_args["--endpoint"] == f"{etcd_name}:2379"

@@ -638,7 +638,7 @@ def test_etcd_serves_tls_only_to_client_certificates_of_its_ca() -> None:
 def test_etcd_auth_job_enables_authentication_with_roots_certificate_for_the_brokers_user() -> None:
     job = find("Job", "etcd-auth")
     argv = container(job, "etcd-auth")["command"]
-    assert argv[:3] == ["python", "-m", "fluxmq.cluster.etcd_auth"]
+    assert argv[:3] == ["python", "-m", "fluxmq.metadata.etcd_auth"]
     args = dict(a.partition("=")[::2] for a in argv[3:])
     assert args["--endpoint"].rpartition(":")[0] == "etcd"
     assert args["--prefix"] == config_toml()["etcd_prefix"]

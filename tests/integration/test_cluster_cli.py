@@ -18,8 +18,8 @@ import grpc
 import pytest
 
 from fluxmq._pb.v1 import queue_pb2, queue_pb2_grpc
-from fluxmq.cluster_cli import main as cluster_main
-from fluxmq.launcher import (
+from fluxmq.devcluster.cli import main as cluster_main
+from fluxmq.devcluster.launcher import (
     STATE_FILE,
     LauncherError,
     LocalCluster,

@@ -13,8 +13,8 @@ import pytest
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc
-from fluxmq.cluster import GroupInfo
-from fluxmq.launcher import LocalCluster
+from fluxmq.devcluster.launcher import LocalCluster
+from fluxmq.metadata import GroupInfo
 from tests.integration.group_helpers import wait_for
 from tests.integration.test_placement import KEY, launched, metadata, shards_of
 

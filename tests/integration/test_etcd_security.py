@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from fluxmq.cluster import EtcdMetadataStore, MetadataEvent
-from fluxmq.cluster import metadata as md_codec
-from fluxmq.cluster.metadata import MetadataRefused, MetadataUnavailable
 from fluxmq.core import auth
 from fluxmq.core.auth import KeyRecord
+from fluxmq.metadata import EtcdMetadataStore, MetadataEvent
+from fluxmq.metadata import metadata as md_codec
+from fluxmq.metadata.metadata import MetadataRefused, MetadataUnavailable
 from tests.contract.test_metadata_contract import established, next_event
 from tests.etcd_server import PASSWORD, USER, EtcdServer
 from tests.integration.cluster import SECRET, Cluster
@@ -248,7 +248,7 @@ def _etcd_auth(etcd: EtcdServer, *extra: str) -> subprocess.CompletedProcess[str
     root = etcd.client_cert("root")
     return subprocess.run(
         [
-            sys.executable, "-m", "fluxmq.cluster.etcd_auth",
+            sys.executable, "-m", "fluxmq.metadata.etcd_auth",
             "--endpoint", etcd.endpoint, "--ca-file", str(etcd.ca_file),
             "--cert-file", str(root.cert), "--key-file", str(root.key), *extra,
         ],

@@ -19,9 +19,9 @@ import pytest
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.cluster import EtcdMetadataStore, GroupInfo
 from fluxmq.core.auth import new_key
-from fluxmq.launcher import ADMIN_KEY_FILE, LocalCluster
+from fluxmq.devcluster.launcher import ADMIN_KEY_FILE, LocalCluster
+from fluxmq.metadata import EtcdMetadataStore, GroupInfo
 from tests.integration.conftest import authorized_channel
 from tests.integration.group_helpers import wait_for
 from tests.integration.rpc_helpers import rich_error

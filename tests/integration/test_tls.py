@@ -21,8 +21,8 @@ from cryptography import x509
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.cluster import EtcdMetadataStore, GroupInfo
 from fluxmq.core.auth import new_key
+from fluxmq.metadata import EtcdMetadataStore, GroupInfo
 from fluxmq.server.forwarding import FORWARDED_KEY, forwarded_metadata
 from fluxmq.server.tls import names_host
 from tests.certs import LOCAL_SANS, Authority, CertFiles, Issued

@@ -14,8 +14,8 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from fluxmq.cluster import EtcdMetadataStore, NodeInfo
 from fluxmq.core.errors import FluxError
+from fluxmq.metadata import EtcdMetadataStore, NodeInfo
 from fluxmq.server.cluster_view import AUTO_PROVISION_SETTING, ClusterView
 from fluxmq.server.errors import status_code
 from tests.etcd_server import EtcdServer

@@ -13,15 +13,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fluxmq.cluster.embedded import EmbeddedMetadataStore
-from fluxmq.cluster.etcd import EtcdMetadataStore
-from fluxmq.cluster.metadata import InvalidArgument
 from fluxmq.core import limits
 from fluxmq.core.errors import DETAIL_BYTES_MAX, MESSAGE_BYTES_MAX, queue_not_found
 from fluxmq.core.queue_config import validate_name
 from fluxmq.core.text import LOG_MESSAGE_CHARS_MAX, printable
 from fluxmq.core.validation import group_name
 from fluxmq.logging_setup import setup
+from fluxmq.metadata.embedded import EmbeddedMetadataStore
+from fluxmq.metadata.etcd import EtcdMetadataStore
+from fluxmq.metadata.metadata import InvalidArgument
 from fluxmq.server import guard as guard_module
 from fluxmq.server.errors import domain_error, status_code, to_rpc_status
 from fluxmq.server.guard import UNAUTHENTICATED_AUDIT, Identity, audit

@@ -22,7 +22,7 @@ from fluxmq.server.shard.runtime import ShardRuntime
 from raft import Shard
 
 if TYPE_CHECKING:
-    from fluxmq.cluster.metadata import GroupInfo, NodeInfo
+    from fluxmq.metadata.metadata import GroupInfo, NodeInfo
     from fluxmq.server.cluster_view import ClusterView
     from fluxmq.server.router import Router
 

@@ -1,13 +1,13 @@
-"""Cluster metadata: live nodes, replication groups, queue placement, shard leaders, settings,
+"""The metadata store: live nodes, replication groups, queue placement, shard leaders, settings,
 API keys.
 
 ``MetadataStore`` is the interface; ``EtcdMetadataStore`` keeps the metadata in etcd for a
 cluster, ``EmbeddedMetadataStore`` in a local LMDB file (or memory) for a single node.
 """
 
-from fluxmq.cluster.embedded import EmbeddedMetadataStore
-from fluxmq.cluster.etcd import EtcdMetadataStore
-from fluxmq.cluster.metadata import (
+from fluxmq.metadata.embedded import EmbeddedMetadataStore
+from fluxmq.metadata.etcd import EtcdMetadataStore
+from fluxmq.metadata.metadata import (
     AlreadyExists,
     GroupInfo,
     LimitExceeded,

@@ -4,7 +4,7 @@ Layout under the prefix (default ``/fluxmq/``): ``nodes/<id>`` (leased), ``group
 ``placements/<queue>``, ``leaders/<group>``, ``settings/<key>``, ``keys/<key_id>`` (API keys),
 ``key_slots/<environment>/<role>`` (the ids of that pair's active keys) and
 ``keys_used/<key_id>`` (last-used times); values are the JSON records of
-``fluxmq.cluster.metadata``. Only the first six are watched: slots and usage make no events.
+``fluxmq.metadata.metadata``. Only the first six are watched: slots and usage make no events.
 
 - Nodes: ``register_node`` grants an etcd lease of ``ceil(ttl_ms / 1000)`` seconds (etcd may raise
   it to its own minimum, 1.5 x election timeout) and attaches the key to it; ``refresh_node`` is a
@@ -59,7 +59,8 @@ import aetcd.rpc
 import aetcd.watcher
 import grpc
 
-from fluxmq.cluster.metadata import (
+from fluxmq.core.auth import KeyRecord
+from fluxmq.metadata.metadata import (
     API_KEYS_MAX,
     API_KEYS_READ_MAX,
     EVENT_KINDS,
@@ -116,7 +117,6 @@ from fluxmq.cluster.metadata import (
     keys_to_forget,
     sort_api_keys,
 )
-from fluxmq.core.auth import KeyRecord
 
 T = TypeVar("T")
 

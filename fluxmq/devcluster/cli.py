@@ -1,5 +1,5 @@
 """``fluxmq cluster up|down|status``: a local cluster (etcd + N nodes on loopback) for trying
-FluxMQ, tests and benchmarks. The work is done by ``fluxmq.launcher.LocalCluster``."""
+FluxMQ, tests and benchmarks. The work is done by ``fluxmq.devcluster.launcher.LocalCluster``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from fluxmq.launcher import ADMIN_KEY_FILE, LauncherError, LocalCluster
+from fluxmq.devcluster.launcher import ADMIN_KEY_FILE, LauncherError, LocalCluster
 
 DEFAULT_DIR = "./cluster"
 

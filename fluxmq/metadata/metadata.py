@@ -566,6 +566,8 @@ _SEAL_CONTEXT = b"fluxmq api key record seal v1"
 FORGED_LOG_INTERVAL_S = 60.0
 _FORGED_LOGGED_MAX = 1024
 _forged_logged_at: dict[str, float] = {}
+# The logger keeps the package's old name: operators filter and alert on it (the JSON logs'
+# ``logger`` field; README, "ignored API key record"), so it outlived the move to fluxmq.metadata.
 _log = logging.getLogger("fluxmq.cluster.metadata")
 
 

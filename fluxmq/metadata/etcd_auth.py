@@ -1,4 +1,4 @@
-"""``python -m fluxmq.cluster.etcd_auth``: turn on etcd's authentication for a FluxMQ cluster.
+"""``python -m fluxmq.metadata.etcd_auth``: turn on etcd's authentication for a FluxMQ cluster.
 
 The deployments (deploy/compose, deploy/k8s) run it once after etcd starts, as etcd's ``root``
 (a client certificate whose common name is ``root``): it creates the users ``root`` and
@@ -95,7 +95,7 @@ async def enable_auth(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fluxmq.cluster.etcd_auth",
+        prog="python -m fluxmq.metadata.etcd_auth",
         description="Enable etcd authentication for FluxMQ: certificate-only users root and "
         "--user, the latter read-write on --prefix. Idempotent.",
     )

@@ -32,7 +32,8 @@ from typing import Protocol
 
 import lmdb
 
-from fluxmq.cluster.metadata import (
+from fluxmq.core.auth import KeyRecord
+from fluxmq.metadata.metadata import (
     API_KEYS_MAX,
     API_KEYS_READ_MAX,
     GROUPS_MAX,
@@ -83,7 +84,6 @@ from fluxmq.cluster.metadata import (
     keys_to_forget,
     sort_api_keys,
 )
-from fluxmq.core.auth import KeyRecord
 
 FILE_NAME = "metadata.lmdb"
 MAP_SIZE_BYTES_DEFAULT = 64 * 1024 * 1024
