@@ -531,7 +531,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
         ),
     )
     if directory is not None:
-        directory.host_group = host.host
+        directory.host_shard = host.host
     # In the router before it starts: what the node checks at start (auth) sees its queues.
     home = host.build(state, shard, cfg.raft_listen if cfg.cluster_mode else None)
     router.add_shard(home)

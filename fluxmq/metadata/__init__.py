@@ -9,7 +9,6 @@ from fluxmq.metadata.embedded import EmbeddedMetadataStore
 from fluxmq.metadata.etcd import EtcdMetadataStore
 from fluxmq.metadata.metadata import (
     AlreadyExists,
-    GroupInfo,
     LimitExceeded,
     MetadataCorrupt,
     MetadataError,
@@ -22,6 +21,7 @@ from fluxmq.metadata.metadata import (
     NotFound,
     Placement,
     RevisionConflict,
+    ShardRecord,
     Versioned,
 )
 
@@ -29,7 +29,6 @@ __all__ = [
     "AlreadyExists",
     "EmbeddedMetadataStore",
     "EtcdMetadataStore",
-    "GroupInfo",
     "LimitExceeded",
     "MetadataCorrupt",
     "MetadataError",
@@ -42,5 +41,6 @@ __all__ = [
     "NotFound",
     "Placement",
     "RevisionConflict",
+    "ShardRecord",
     "Versioned",
 ]

@@ -36,10 +36,9 @@ from fluxmq.core.auth import KeyRecord
 from fluxmq.metadata.metadata import (
     API_KEYS_MAX,
     API_KEYS_READ_MAX,
-    GROUPS_MAX,
     NODES_MAX,
+    SHARDS_MAX,
     AlreadyExists,
-    GroupInfo,
     LimitExceeded,
     MetadataCorrupt,
     MetadataError,
@@ -51,9 +50,9 @@ from fluxmq.metadata.metadata import (
     NotFound,
     Placement,
     RevisionConflict,
+    ShardRecord,
     Versioned,
     api_key_seal_key,
-    check_group_id,
     check_key_id,
     check_key_usage,
     check_list_args,
@@ -64,22 +63,23 @@ from fluxmq.metadata.metadata import (
     check_revoked_ms,
     check_setting_key,
     check_setting_value,
+    check_shard_id,
     check_term,
     check_ttl_ms,
-    decode_group,
     decode_key_usage,
     decode_leader,
     decode_node,
     decode_placement,
     decode_sealed_api_key,
     decode_setting,
+    decode_shard,
     encode_api_key,
-    encode_group,
     encode_key_usage,
     encode_leader,
     encode_node,
     encode_placement,
     encode_setting,
+    encode_shard,
     key_limit_reached,
     keys_to_forget,
     sort_api_keys,
@@ -438,21 +438,21 @@ class EmbeddedMetadataStore:
 
     # --- groups -------------------------------------------------------------------------------
 
-    async def create_group(self, group: GroupInfo) -> None:
-        if not isinstance(group, GroupInfo):
-            raise ValueError(f"group must be a GroupInfo, got {type(group).__name__}")
+    async def create_shard(self, group: ShardRecord) -> None:
+        if not isinstance(group, ShardRecord):
+            raise ValueError(f"group must be a ShardRecord, got {type(group).__name__}")
         key = _key("group", group.group_id)
         with self._write() as txn:
             if txn.get(key) is not None:
                 raise AlreadyExists(f"group {group.group_id!r} already exists")
-            if self._count(txn, "group") >= GROUPS_MAX:
-                raise LimitExceeded(f"at most {GROUPS_MAX} groups")
-            self._put(txn, key, encode_group(group), self._next_revision(txn))
+            if self._count(txn, "group") >= SHARDS_MAX:
+                raise LimitExceeded(f"at most {SHARDS_MAX} groups")
+            self._put(txn, key, encode_shard(group), self._next_revision(txn))
         self._publish(MetadataEvent("group", group.group_id))
 
-    async def update_group(self, group: GroupInfo, expect_revision: int) -> int:
-        if not isinstance(group, GroupInfo):
-            raise ValueError(f"group must be a GroupInfo, got {type(group).__name__}")
+    async def update_shard(self, group: ShardRecord, expect_revision: int) -> int:
+        if not isinstance(group, ShardRecord):
+            raise ValueError(f"group must be a ShardRecord, got {type(group).__name__}")
         check_revision(expect_revision)
         key = _key("group", group.group_id)
         with self._write() as txn:
@@ -465,22 +465,22 @@ class EmbeddedMetadataStore:
                     f"not {expect_revision}"
                 )
             revision = self._next_revision(txn)
-            self._put(txn, key, encode_group(group), revision)
+            self._put(txn, key, encode_shard(group), revision)
         self._publish(MetadataEvent("group", group.group_id))
         return revision
 
-    async def get_group(self, group_id: str) -> Versioned[GroupInfo] | None:
-        check_group_id(group_id)
+    async def get_shard(self, group_id: str) -> Versioned[ShardRecord] | None:
+        check_shard_id(group_id)
         with self._read() as txn:
             entry = self._entry(txn, _key("group", group_id))
             if entry is None:
                 return None
-            return Versioned(decode_group(entry.record, group_id), entry.mod_revision)
+            return Versioned(decode_shard(entry.record, group_id), entry.mod_revision)
 
-    async def list_groups(self) -> list[Versioned[GroupInfo]]:
+    async def list_shards(self) -> list[Versioned[ShardRecord]]:
         with self._read() as txn:
             return [
-                Versioned(decode_group(entry.record, name), entry.mod_revision)
+                Versioned(decode_shard(entry.record, name), entry.mod_revision)
                 for name, entry in self._scan(txn, "group")
             ]
 
@@ -527,8 +527,8 @@ class EmbeddedMetadataStore:
 
     # --- leaders ------------------------------------------------------------------------------
 
-    async def set_group_leader(self, group_id: str, node_id: str, term: int) -> None:
-        check_group_id(group_id)
+    async def set_shard_leader(self, group_id: str, node_id: str, term: int) -> None:
+        check_shard_id(group_id)
         check_node_id(node_id)
         check_term(term)
         key = _key("leader", group_id)
@@ -539,7 +539,7 @@ class EmbeddedMetadataStore:
             self._put(txn, key, encode_leader(node_id, term), self._next_revision(txn))
         self._publish(MetadataEvent("leader", group_id))
 
-    async def get_group_leaders(self) -> dict[str, tuple[str, int]]:
+    async def get_shard_leaders(self) -> dict[str, tuple[str, int]]:
         with self._read() as txn:
             return {
                 name: decode_leader(entry.record, name) for name, entry in self._scan(txn, "leader")

@@ -27,7 +27,7 @@ Layout under the prefix (default ``/fluxmq/``): ``nodes/<id>`` (leased), ``group
 - A watch owns a background task that re-creates the etcd watch after failures (with backoff)
   and emits resync events once it is established again, since events in between are lost.
 
-The count limits (NODES_MAX, GROUPS_MAX, API_KEYS_MAX) are checked before writing, not inside the
+The count limits (NODES_MAX, SHARDS_MAX, API_KEYS_MAX) are checked before writing, not inside the
 transaction: concurrent creators may overshoot them slightly (the per-role key limit is exact).
 One endpoint only: aetcd connects to a single host, so high availability of etcd itself needs a
 load balancer or DNS name in front of it.
@@ -64,11 +64,10 @@ from fluxmq.metadata.metadata import (
     API_KEYS_MAX,
     API_KEYS_READ_MAX,
     EVENT_KINDS,
-    GROUPS_MAX,
     NODES_MAX,
+    SHARDS_MAX,
     AlreadyExists,
     EventKind,
-    GroupInfo,
     LimitExceeded,
     MetadataCorrupt,
     MetadataError,
@@ -81,9 +80,9 @@ from fluxmq.metadata.metadata import (
     NotFound,
     Placement,
     RevisionConflict,
+    ShardRecord,
     Versioned,
     api_key_seal_key,
-    check_group_id,
     check_int,
     check_key_id,
     check_key_usage,
@@ -95,9 +94,9 @@ from fluxmq.metadata.metadata import (
     check_revoked_ms,
     check_setting_key,
     check_setting_value,
+    check_shard_id,
     check_term,
     check_ttl_ms,
-    decode_group,
     decode_key_slots,
     decode_key_usage,
     decode_leader,
@@ -105,14 +104,15 @@ from fluxmq.metadata.metadata import (
     decode_placement,
     decode_sealed_api_key,
     decode_setting,
+    decode_shard,
     encode_api_key,
-    encode_group,
     encode_key_slots,
     encode_key_usage,
     encode_leader,
     encode_node,
     encode_placement,
     encode_setting,
+    encode_shard,
     key_limit_reached,
     keys_to_forget,
     sort_api_keys,
@@ -609,22 +609,22 @@ class EtcdMetadataStore:
 
     # --- groups -------------------------------------------------------------------------------
 
-    async def create_group(self, group: GroupInfo) -> None:
-        if not isinstance(group, GroupInfo):
-            raise ValueError(f"group must be a GroupInfo, got {type(group).__name__}")
+    async def create_shard(self, group: ShardRecord) -> None:
+        if not isinstance(group, ShardRecord):
+            raise ValueError(f"group must be a ShardRecord, got {type(group).__name__}")
         key = self._key("group", group.group_id)
 
         async def create() -> None:
-            if await self._count("group") >= GROUPS_MAX:
-                raise LimitExceeded(f"at most {GROUPS_MAX} groups")
-            if not await self._create(key, encode_group(group)):
+            if await self._count("group") >= SHARDS_MAX:
+                raise LimitExceeded(f"at most {SHARDS_MAX} groups")
+            if not await self._create(key, encode_shard(group)):
                 raise AlreadyExists(f"group {group.group_id!r} already exists")
 
         await self._call("create_group", create)
 
-    async def update_group(self, group: GroupInfo, expect_revision: int) -> int:
-        if not isinstance(group, GroupInfo):
-            raise ValueError(f"group must be a GroupInfo, got {type(group).__name__}")
+    async def update_shard(self, group: ShardRecord, expect_revision: int) -> int:
+        if not isinstance(group, ShardRecord):
+            raise ValueError(f"group must be a ShardRecord, got {type(group).__name__}")
         check_revision(expect_revision)
         key = self._key("group", group.group_id)
         tx = self.client.transactions
@@ -632,7 +632,7 @@ class EtcdMetadataStore:
         async def update() -> int:
             succeeded, responses = await self.client.transaction(
                 compare=[tx.mod(key) == expect_revision],
-                success=[tx.put(key, encode_group(group)), tx.get(key)],
+                success=[tx.put(key, encode_shard(group)), tx.get(key)],
                 failure=[tx.get(key)],
             )
             if succeeded:
@@ -648,21 +648,21 @@ class EtcdMetadataStore:
 
         return await self._call("update_group", update)
 
-    async def get_group(self, group_id: str) -> Versioned[GroupInfo] | None:
-        check_group_id(group_id)
+    async def get_shard(self, group_id: str) -> Versioned[ShardRecord] | None:
+        check_shard_id(group_id)
 
-        async def get() -> Versioned[GroupInfo] | None:
+        async def get() -> Versioned[ShardRecord] | None:
             kv = await self.client.get(self._key("group", group_id))
             if kv is None:
                 return None
-            return Versioned(decode_group(bytes(kv.value), group_id), int(kv.mod_revision))
+            return Versioned(decode_shard(bytes(kv.value), group_id), int(kv.mod_revision))
 
         return await self._call("get_group", get)
 
-    async def list_groups(self) -> list[Versioned[GroupInfo]]:
-        async def list_all() -> list[Versioned[GroupInfo]]:
+    async def list_shards(self) -> list[Versioned[ShardRecord]]:
+        async def list_all() -> list[Versioned[ShardRecord]]:
             return [
-                Versioned(decode_group(bytes(kv.value), name), int(kv.mod_revision))
+                Versioned(decode_shard(bytes(kv.value), name), int(kv.mod_revision))
                 for name, kv in await self._scan("group")
             ]
 
@@ -718,8 +718,8 @@ class EtcdMetadataStore:
 
     # --- leaders ------------------------------------------------------------------------------
 
-    async def set_group_leader(self, group_id: str, node_id: str, term: int) -> None:
-        check_group_id(group_id)
+    async def set_shard_leader(self, group_id: str, node_id: str, term: int) -> None:
+        check_shard_id(group_id)
         check_node_id(node_id)
         check_term(term)
         key = self._key("leader", group_id)
@@ -746,7 +746,7 @@ class EtcdMetadataStore:
 
         await self._call("set_group_leader", set_leader)
 
-    async def get_group_leaders(self) -> dict[str, tuple[str, int]]:
+    async def get_shard_leaders(self) -> dict[str, tuple[str, int]]:
         async def get_all() -> dict[str, tuple[str, int]]:
             return {
                 name: decode_leader(bytes(kv.value), name)

@@ -41,9 +41,9 @@ ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")  # node ids and group ids
 SETTING_KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 SETTING_VALUE_BYTES_MAX = 64 * 1024
 ADDRESS_CHARS_MAX = 256
-GROUP_MEMBERS_MAX = 7
+SHARD_MEMBERS_MAX = 7
 NODES_MAX = 1000
-GROUPS_MAX = 10_000
+SHARDS_MAX = 10_000
 LIST_LIMIT_MAX = 1000
 NODE_TTL_MS_MIN = 1000  # etcd leases have whole-second TTLs and a 1 s floor
 NODE_TTL_MS_MAX = 300_000
@@ -175,7 +175,7 @@ def check_node_id(value: object, what: str = "node_id") -> str:
     return _check_pattern(what, value, ID_RE, "1..64 characters of A-Z a-z 0-9 . _ -")
 
 
-def check_group_id(value: object, what: str = "group_id") -> str:
+def check_shard_id(value: object, what: str = "group_id") -> str:
     return _check_pattern(what, value, ID_RE, "1..64 characters of A-Z a-z 0-9 . _ -")
 
 
@@ -363,7 +363,7 @@ class NodeInfo:
 
 
 @dataclass(frozen=True)
-class GroupInfo:
+class ShardRecord:
     """A replication group (Raft shard): its member nodes and each member's Raft port."""
 
     group_id: str
@@ -373,12 +373,12 @@ class GroupInfo:
     created_ms: int
 
     def __post_init__(self) -> None:
-        check_group_id(self.group_id)
+        check_shard_id(self.group_id)
         if not isinstance(self.members, tuple | list):
             raise ValueError(f"members must be a tuple, got {type(self.members).__name__}")
         members = tuple(self.members)
-        if not 1 <= len(members) <= GROUP_MEMBERS_MAX:
-            raise ValueError(f"a group has 1..{GROUP_MEMBERS_MAX} members, got {len(members)}")
+        if not 1 <= len(members) <= SHARD_MEMBERS_MAX:
+            raise ValueError(f"a group has 1..{SHARD_MEMBERS_MAX} members, got {len(members)}")
         for member in members:
             check_node_id(member, "member")
         if len(set(members)) != len(members):
@@ -392,7 +392,7 @@ class GroupInfo:
             )
         for member, port in self.raft_ports.items():
             _check_port(f"raft_ports[{member!r}]", port)
-        check_int("factor", self.factor, 1, GROUP_MEMBERS_MAX)
+        check_int("factor", self.factor, 1, SHARD_MEMBERS_MAX)
         check_int("created_ms", self.created_ms, 0)
         object.__setattr__(self, "members", members)
         object.__setattr__(self, "raft_ports", dict(self.raft_ports))
@@ -408,7 +408,7 @@ class Placement:
 
     def __post_init__(self) -> None:
         check_queue_name(self.queue)
-        check_group_id(self.group_id)
+        check_shard_id(self.group_id)
         check_int("created_ms", self.created_ms, 0)
 
 
@@ -461,7 +461,7 @@ def _load(
 
 
 _NODE_FIELDS = frozenset(("node_id", "grpc_address", "raft_host", "raft_port_base", "started_ms"))
-_GROUP_FIELDS = frozenset(("group_id", "members", "raft_ports", "factor", "created_ms"))
+_SHARD_FIELDS = frozenset(("group_id", "members", "raft_ports", "factor", "created_ms"))
 _PLACEMENT_FIELDS = frozenset(("queue", "group_id", "created_ms"))
 
 
@@ -485,7 +485,7 @@ def decode_node(data: bytes, key: str) -> NodeInfo:
     return node
 
 
-def encode_group(group: GroupInfo) -> bytes:
+def encode_shard(group: ShardRecord) -> bytes:
     return _dump(
         {
             "group_id": group.group_id,
@@ -497,9 +497,9 @@ def encode_group(group: GroupInfo) -> bytes:
     )
 
 
-def decode_group(data: bytes, key: str) -> GroupInfo:
-    obj = _load(data, f"group {key!r}", _GROUP_FIELDS)
-    group = _build(f"group {key!r}", GroupInfo, obj)
+def decode_shard(data: bytes, key: str) -> ShardRecord:
+    obj = _load(data, f"group {key!r}", _SHARD_FIELDS)
+    group = _build(f"group {key!r}", ShardRecord, obj)
     _expect(group.group_id == key, f"group record under {key!r} names {group.group_id!r}")
     return group
 
@@ -804,18 +804,18 @@ class MetadataStore(Protocol):
         """Live nodes only, by node_id."""
         ...
 
-    async def create_group(self, group: GroupInfo) -> None:
-        """AlreadyExists if the id is taken; LimitExceeded past GROUPS_MAX."""
+    async def create_shard(self, group: ShardRecord) -> None:
+        """AlreadyExists if the id is taken; LimitExceeded past SHARDS_MAX."""
         ...
 
-    async def update_group(self, group: GroupInfo, expect_revision: int) -> int:
+    async def update_shard(self, group: ShardRecord, expect_revision: int) -> int:
         """Compare-and-set: RevisionConflict unless the stored revision is ``expect_revision``,
         NotFound if the group does not exist. Returns the new revision."""
         ...
 
-    async def get_group(self, group_id: str) -> Versioned[GroupInfo] | None: ...
+    async def get_shard(self, group_id: str) -> Versioned[ShardRecord] | None: ...
 
-    async def list_groups(self) -> list[Versioned[GroupInfo]]: ...
+    async def list_shards(self) -> list[Versioned[ShardRecord]]: ...
 
     async def create_placement(self, placement: Placement) -> None:
         """Atomic create-if-absent: of concurrent creators exactly one wins, the rest get
@@ -835,12 +835,12 @@ class MetadataStore(Protocol):
         """True if a placement was removed."""
         ...
 
-    async def set_group_leader(self, group_id: str, node_id: str, term: int) -> None:
+    async def set_shard_leader(self, group_id: str, node_id: str, term: int) -> None:
         """Records who leads a shard. Only a strictly higher term replaces the record; an
         equal or lower term is ignored (Raft elects at most one leader per term)."""
         ...
 
-    async def get_group_leaders(self) -> dict[str, tuple[str, int]]:
+    async def get_shard_leaders(self) -> dict[str, tuple[str, int]]:
         """group_id -> (node_id, term)."""
         ...
 

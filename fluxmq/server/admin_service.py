@@ -288,10 +288,10 @@ class AdminService(pb_grpc.AdminServiceServicer):
         view = self._router.view
         if view is not None:
             await view.ensure_directory()  # fresh when the store answers; else the last seen
-            await view.ensure_groups()
+            await view.ensure_shards()
             out.metadata_error = view.metadata_error
             out.etcd_session = "up" if view.session_up else "down"
-            for group_id, group in sorted(view.groups.items()):
+            for group_id, group in sorted(view.shard_records.items()):
                 leader, term = view.leaders.get(group_id, ("", 0))
                 out.groups.add(
                     group_id=group_id, members=list(group.members), leader=leader, term=term

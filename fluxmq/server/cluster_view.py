@@ -19,7 +19,6 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.errors import FieldViolation, FluxError, queue_exists
 from fluxmq.metadata import (
     AlreadyExists,
-    GroupInfo,
     MetadataCorrupt,
     MetadataError,
     MetadataStore,
@@ -27,6 +26,7 @@ from fluxmq.metadata import (
     NodeInfo,
     NodeNotRegistered,
     Placement,
+    ShardRecord,
 )
 from raft import Shard
 
@@ -36,13 +36,13 @@ DIRECTORY_POLL_MS = 1000  # re-read the directory this often even without watch 
 LEADER_CHECK_MS = 100
 ROUTINE_RESTART_MS = 1000  # pause before restarting a background routine that failed
 CLOSE_STEP_TIMEOUT_S = 2.0
-GROUPS_PER_NODE_MAX = 16  # replication groups one node hosts (each is a Raft shard + a store)
+SHARDS_PER_NODE_MAX = 16  # replication groups one node hosts (each is a Raft shard + a store)
 PLACEMENT_CACHE_MAX = 100_000
 PLACEMENT_PAGE = 1000
 GROUP_CREATE_ATTEMPTS = 8
 AUTO_PROVISION_SETTING = "auto_provision_groups"
 
-HostGroup = Callable[[GroupInfo, dict[str, NodeInfo]], Awaitable[bool]]
+HostShard = Callable[[ShardRecord, dict[str, NodeInfo]], Awaitable[bool]]
 
 
 def metadata_unavailable(what: str, err: MetadataError) -> FluxError:
@@ -119,13 +119,13 @@ class ClusterView:
         self._tasks: list[asyncio.Task[None]] = []
         self._peers = peers  # raft addresses of the home group's other members
         self._auto_provision = auto_provision_groups
-        self.groups: dict[str, GroupInfo] = {}  # last read of every replication group
+        self.shard_records: dict[str, ShardRecord] = {}  # last read of every replication group
         self.leaders: dict[str, tuple[str, int]] = {}  # group -> (node id, term)
         self._placements: dict[str, str] = {}  # queue -> group, as read or written
         self.hosted: set[str] = {shard_id}  # groups this node runs a shard of
         self._hosting = asyncio.Lock()
         # Set by the composition root: starts this node's replica of a group (-> started).
-        self.host_group: HostGroup | None = None
+        self.host_shard: HostShard | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -206,7 +206,7 @@ class ClusterView:
         """Re-read on every watch event, and on a timer (the watch is only a hint)."""
         while True:
             await self.ensure_directory()
-            await self.ensure_groups()
+            await self.ensure_shards()
             await self.ensure_placements()
             try:
                 watch = self.store.watch()
@@ -216,7 +216,7 @@ class ClusterView:
                         if event.kind == "node":
                             await self.ensure_directory()
                         elif event.kind in ("group", "leader"):
-                            await self.ensure_groups()
+                            await self.ensure_shards()
                         elif event.kind == "placement":
                             if event.resync:
                                 await self.ensure_placements()
@@ -234,28 +234,28 @@ class ClusterView:
 
     # -- replication groups -----------------------------------------------------------------
 
-    async def ensure_groups(self) -> None:
+    async def ensure_shards(self) -> None:
         """Converge: the group records and leaders are fresh, the home group is recorded, and
         this node runs a replica of every group that lists it."""
         try:
-            groups = {v.value.group_id: v.value for v in await self.store.list_groups()}
-            self.leaders = await self.store.get_group_leaders()
+            groups = {v.value.group_id: v.value for v in await self.store.list_shards()}
+            self.leaders = await self.store.get_shard_leaders()
         except MetadataError as err:
             self._failed("replication groups", err)
             return
-        self.groups = groups
+        self.shard_records = groups
         if self._shard_id not in groups:
-            await self.maybe_record_home_group()
+            await self.maybe_record_home_shard()
         async with self._hosting:  # two passes at once would open a group's store twice
             for gid, group in sorted(groups.items()):
                 if gid in self.hosted or self.node.node_id not in group.members:
                     continue
-                if self.host_group is None or len(self.hosted) >= GROUPS_PER_NODE_MAX:
+                if self.host_shard is None or len(self.hosted) >= SHARDS_PER_NODE_MAX:
                     continue
-                if await self.host_group(group, dict(self.nodes)):
+                if await self.host_shard(group, dict(self.nodes)):
                     self.hosted.add(gid)
 
-    async def maybe_record_home_group(self) -> None:
+    async def maybe_record_home_shard(self) -> None:
         """The static group this node started with goes into the metadata once every member
         is in the directory (so that it has node ids)."""
         by_raft = {f"{n.raft_host}:{n.raft_port_base}": n for n in self.nodes.values()}
@@ -264,7 +264,7 @@ class ClusterView:
         if any(m is None for m in members):
             return  # a member is not registered yet: the next pass tries again
         known = [m for m in members if m is not None]
-        group = GroupInfo(
+        group = ShardRecord(
             group_id=self._shard_id,
             members=tuple(sorted(m.node_id for m in known)),
             raft_ports={m.node_id: m.raft_port_base for m in known},
@@ -272,26 +272,26 @@ class ClusterView:
             created_ms=self._clock_ms(),
         )
         try:
-            await self.store.create_group(group)
+            await self.store.create_shard(group)
         except AlreadyExists:
             pass
         except MetadataError as err:
             self._failed("recording the home group", err)
             return
-        self.groups[group.group_id] = group
+        self.shard_records[group.group_id] = group
 
-    def address_for_group(self, group_id: str) -> str | None:
+    def address_for_shard(self, group_id: str) -> str | None:
         """A node that serves ``group_id``: its leader when known and alive, else a member."""
         leader = self.leaders.get(group_id)
         if leader is not None and leader[0] in self.nodes:
             return self.nodes[leader[0]].grpc_address
-        group = self.groups.get(group_id)
+        group = self.shard_records.get(group_id)
         for member in group.members if group is not None else ():
             if member in self.nodes and member != self.node.node_id:
                 return self.nodes[member].grpc_address
         return None
 
-    async def group_of(self, queue: str) -> str | None:
+    async def shard_of(self, queue: str) -> str | None:
         """The group a queue is placed on (None: placed nowhere)."""
         cached = self._placements.get(queue)
         if cached is not None:
@@ -351,7 +351,7 @@ class ClusterView:
         for n in self.nodes.values():
             if f"{n.raft_host}:{n.raft_port_base}" == raft_address:
                 return n.grpc_address
-        for group in self.groups.values():
+        for group in self.shard_records.values():
             for node_id, port in group.raft_ports.items():
                 member = self.nodes.get(node_id)
                 if member is not None and f"{member.raft_host}:{port}" == raft_address:
@@ -374,7 +374,7 @@ class ClusterView:
             if term == self._published_terms.get(group_id):
                 continue
             try:
-                await self.store.set_group_leader(group_id, self.node.node_id, term)
+                await self.store.set_shard_leader(group_id, self.node.node_id, term)
                 self._published_terms[group_id] = term
             except MetadataError as err:
                 self._failed("leader record", err)
@@ -398,7 +398,7 @@ class ClusterView:
         try:
             existing = await self.store.get_placement(name)
             if existing is None:
-                group_id = await self._choose_group(config)
+                group_id = await self._choose_shard(config)
                 try:
                     await self.store.create_placement(Placement(name, group_id, self._clock_ms()))
                 except AlreadyExists:
@@ -417,22 +417,23 @@ class ClusterView:
         self._remember(name, group_id)
         return group_id
 
-    async def _choose_group(self, config: pb.QueueConfig) -> str:
+    async def _choose_shard(self, config: pb.QueueConfig) -> str:
         """Explicit ``replication.group``; else the least loaded group of the right size; else
         a new group when auto-provisioning is on. The group table is the one the watch keeps
         fresh; it is re-read only when it does not know what the request names."""
         explicit = config.replication.group
-        if not self.groups or (explicit and explicit not in self.groups):
-            await self.ensure_groups()
-        if not self.groups:
+        if not self.shard_records or (explicit and explicit not in self.shard_records):
+            await self.ensure_shards()
+        if not self.shard_records:
             return self._shard_id  # the home group is not recorded yet: it is the only one
         factor = config.replication.factor
         if explicit:
-            group = self.groups.get(explicit)
+            group = self.shard_records.get(explicit)
             if group is None:
                 raise FluxError(
                     "REPLICATION_GROUP_NOT_FOUND",
-                    f"no replication group {explicit!r} (groups: {', '.join(sorted(self.groups))})",
+                    f"no replication group {explicit!r} (groups: "
+                    f"{', '.join(sorted(self.shard_records))})",
                     violations=(
                         FieldViolation("config.replication.group", "not a replication group"),
                     ),
@@ -446,11 +447,17 @@ class ClusterView:
                     ),
                 )
             return explicit
-        size = factor or len(self.groups.get(self._shard_id, self.groups[min(self.groups)]).members)
-        fitting = sorted(g for g, info in self.groups.items() if len(info.members) == size)
+        size = factor or len(
+            self.shard_records.get(
+                self._shard_id, self.shard_records[min(self.shard_records)]
+            ).members
+        )
+        fitting = sorted(g for g, info in self.shard_records.items() if len(info.members) == size)
         if not fitting:
-            await self.ensure_groups()  # maybe one was made a moment ago elsewhere
-            fitting = sorted(g for g, info in self.groups.items() if len(info.members) == size)
+            await self.ensure_shards()  # maybe one was made a moment ago elsewhere
+            fitting = sorted(
+                g for g, info in self.shard_records.items() if len(info.members) == size
+            )
         if fitting:
             load = {g: 0 for g in fitting}
             for placed in self._placement_counts().items():
@@ -458,11 +465,11 @@ class ClusterView:
                     load[placed[0]] = placed[1]
             return min(fitting, key=lambda g: (load[g], g))
         if await self._auto_provisioning():
-            return await self._provision_group(size)
+            return await self._provision_shard(size)
         raise FluxError(
             "REPLICATION_UNSATISFIABLE",
             f"no replication group has {size} replicas (sizes: "
-            f"{sorted({len(g.members) for g in self.groups.values()})}); enable the cluster "
+            f"{sorted({len(g.members) for g in self.shard_records.values()})}); enable the cluster "
             f"setting {AUTO_PROVISION_SETTING} or pick a factor of an existing group",
             violations=(FieldViolation("config.replication.factor", "no group of that size"),),
         )
@@ -482,7 +489,7 @@ class ClusterView:
             self._auto_provision if value is None else setting_bool(AUTO_PROVISION_SETTING, value)
         )
 
-    async def _provision_group(self, size: int) -> str:
+    async def _provision_shard(self, size: int) -> str:
         """A new group of ``size`` live nodes that host the fewest groups, on distinct nodes."""
         live = sorted(self.nodes.values(), key=lambda n: n.node_id)
         if len(live) < size:
@@ -493,7 +500,7 @@ class ClusterView:
             )
         hosting = {n.node_id: 0 for n in live}
         used_ports: dict[str, set[int]] = {n.node_id: set() for n in live}
-        for g in self.groups.values():
+        for g in self.shard_records.values():
             for m in g.members:
                 if m in hosting:
                     hosting[m] += 1
@@ -505,10 +512,10 @@ class ClusterView:
             while port in used_ports[n.node_id]:
                 port += 1
             ports[n.node_id] = port
-        numbers = [int(g[1:]) for g in self.groups if g[:1] == "g" and g[1:].isdigit()]
+        numbers = [int(g[1:]) for g in self.shard_records if g[:1] == "g" and g[1:].isdigit()]
         number = max(numbers, default=0) + 1
         for _ in range(GROUP_CREATE_ATTEMPTS):
-            group = GroupInfo(
+            group = ShardRecord(
                 group_id=f"g{number}",
                 members=tuple(sorted(n.node_id for n in members)),
                 raft_ports=ports,
@@ -516,12 +523,12 @@ class ClusterView:
                 created_ms=self._clock_ms(),
             )
             try:
-                await self.store.create_group(group)
+                await self.store.create_shard(group)
             except AlreadyExists:
                 number += 1
                 continue
             log.info("provisioned replication group %s on %s", group.group_id, group.members)
-            self.groups[group.group_id] = group
+            self.shard_records[group.group_id] = group
             return group.group_id
         raise FluxError(
             "GROUP_UNAVAILABLE", "could not provision a replication group", retriable=True

@@ -21,7 +21,7 @@ from fluxmq.server.errors import domain_error, internal_error, status_code, to_r
 from fluxmq.server.forwarding import was_forwarded
 from fluxmq.server.guard import current_identity
 from fluxmq.server.interceptors import request_id_var
-from fluxmq.server.router import Router, current_shard, group_unreachable
+from fluxmq.server.router import Router, current_shard, shard_unreachable
 from fluxmq.server.scoping import Scope, caller_error, stored_queue
 from fluxmq.server.shard.runtime import ShardRuntime
 from storage import Record
@@ -136,9 +136,9 @@ class QueueService(pb_grpc.QueueServiceServicer):
         runtime = await self._router.ensure_hosted(group_id)
         if runtime is not None:
             return await runtime.queues.create_queue(config)
-        address = view.address_for_group(group_id)
+        address = view.address_for_shard(group_id)
         if address is None or was_forwarded(context):
-            raise group_unreachable(group_id)
+            raise shard_unreachable(group_id)
         forwarded = pb.CreateQueueRequest(config=config)
         queue = await self._forwarder.forward(address, "CreateQueue", forwarded, context)
         assert isinstance(queue, pb.Queue)
@@ -175,8 +175,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
             # Groups this node does not host: one node of each lists its own.
             addresses = {
                 a
-                for g in sorted(set(view.groups) - set(self._router.shards))
-                if (a := view.address_for_group(g)) is not None
+                for g in sorted(set(view.shard_records) - set(self._router.shards))
+                if (a := view.address_for_shard(g)) is not None
             }
             for address in sorted(addresses):
                 resp = await self._forwarder.forward(address, "ListQueues", request, context)

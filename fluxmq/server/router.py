@@ -33,8 +33,8 @@ QUEUE_SERVICE = pb.DESCRIPTOR.services_by_name["QueueService"].full_name
 # The servicer routes these itself: placement picks the group, a listing spans every group, a
 # stream carries requests for any queue.
 SERVICER_ROUTED = frozenset({"CreateQueue", "ListQueues", "PublishStream"})
-CATCH_UP_GROUPS_MAX = 64
-NEW_GROUP_LEADER_WAIT_S = 10.0  # a group started a moment ago elects its first leader
+CATCH_UP_SHARDS_MAX = 64
+NEW_SHARD_LEADER_WAIT_S = 10.0  # a group started a moment ago elects its first leader
 # Relayed calls that wait for messages: ended at once when this node drains (SIGTERM).
 WAITING_UNARY = frozenset({"Lease", "Fetch"})
 
@@ -61,7 +61,7 @@ def queue_of(request: Any) -> str | None:
     return None
 
 
-def group_unreachable(group_id: str) -> FluxError:
+def shard_unreachable(group_id: str) -> FluxError:
     return FluxError(
         "GROUP_UNAVAILABLE",
         f"no live node of replication group {group_id!r} is known to this node; retry",
@@ -123,10 +123,10 @@ class Router:
         """The gRPC address of another live node of ``queue``'s group than ``failed`` (its
         leader first), for a relayed call that ``failed`` refused because it shuts down."""
         view = self.view
-        group_id = await view.group_of(queue) if view is not None else None
+        group_id = await view.shard_of(queue) if view is not None else None
         if view is None or group_id is None:
             return None
-        group = view.groups.get(group_id)
+        group = view.shard_records.get(group_id)
         leader = view.leaders.get(group_id)
         members = [leader[0]] if leader is not None else []
         members += list(group.members) if group is not None else []
@@ -186,7 +186,7 @@ class Router:
         runtime = self.local(queue)
         if runtime is not None or self.view is None:
             return runtime or self.home
-        group_id = await self.view.group_of(queue)
+        group_id = await self.view.shard_of(queue)
         if group_id is None:
             return self.home  # not placed anywhere: the home group answers QUEUE_NOT_FOUND
         hosted = await self.ensure_hosted(group_id)
@@ -194,9 +194,9 @@ class Router:
             return hosted  # placed here, not applied yet on this replica: it catches up
         if forwarded:
             return self.home  # never forward twice
-        address = self.view.address_for_group(group_id)
+        address = self.view.address_for_shard(group_id)
         if address is None:
-            raise group_unreachable(group_id)
+            raise shard_unreachable(group_id)
         return address
 
     async def ensure_hosted(self, group_id: str) -> ShardRuntime | None:
@@ -206,19 +206,19 @@ class Router:
         runtime = self.shards.get(group_id)
         view = self.view
         if runtime is None and view is not None:
-            group = view.groups.get(group_id)
+            group = view.shard_records.get(group_id)
             if group is None or view.node.node_id in group.members:
-                await view.ensure_groups()
+                await view.ensure_shards()
             runtime = self.shards.get(group_id)
         if runtime is not None:
-            await runtime.proposer.wait_for_leader(NEW_GROUP_LEADER_WAIT_S)
+            await runtime.proposer.wait_for_leader(NEW_SHARD_LEADER_WAIT_S)
         return runtime
 
-    async def check_one_group(self, request: pb.TransactRequest) -> None:
+    async def check_one_shard(self, request: pb.TransactRequest) -> None:
         names = sorted({a.queue for a in request.acks} | {p.queue for p in request.publishes})
         if self.view is None or len(names) < 2:
             return
-        groups = {n: await self.view.group_of(n) for n in names}
+        groups = {n: await self.view.shard_of(n) for n in names}
         if len({g for g in groups.values() if g is not None}) > 1:
             raise FluxError(
                 "TRANSACTION_SPANS_GROUPS",
@@ -233,7 +233,7 @@ class Router:
         A group that cannot catch up raises its retriable error: the name may be one of its
         own, so NOT_FOUND could deny a write it acknowledged (the others caught up meanwhile,
         so the client's retry finds what they hold)."""
-        runtimes = list(self.shards.values())[:CATCH_UP_GROUPS_MAX]
+        runtimes = list(self.shards.values())[:CATCH_UP_SHARDS_MAX]
         results = await asyncio.gather(
             *(r.proposer.catch_up() for r in runtimes), return_exceptions=True
         )
@@ -281,7 +281,7 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     async def _target(self, request: Any, context: Any) -> ShardRuntime | str:
         if isinstance(request, pb.TransactRequest):
-            await self._router.check_one_group(request)
+            await self._router.check_one_shard(request)
         queue = queue_of(request)
         if not queue:
             return self._router.home

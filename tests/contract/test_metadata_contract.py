@@ -23,7 +23,6 @@ from fluxmq.metadata import (
     AlreadyExists,
     EmbeddedMetadataStore,
     EtcdMetadataStore,
-    GroupInfo,
     MetadataCorrupt,
     MetadataEvent,
     MetadataStore,
@@ -34,6 +33,7 @@ from fluxmq.metadata import (
     NotFound,
     Placement,
     RevisionConflict,
+    ShardRecord,
 )
 from fluxmq.metadata import metadata as md
 from tests.etcd_server import EtcdServer
@@ -113,10 +113,10 @@ def node(node_id: str, port: int = 7100, **labels: str) -> NodeInfo:
     return NodeInfo(node_id, f"{node_id}:7070", "127.0.0.1", port, 1_000, dict(labels))
 
 
-def group(group_id: str, *members: str, factor: int | None = None) -> GroupInfo:
+def group(group_id: str, *members: str, factor: int | None = None) -> ShardRecord:
     members = members or ("n1",)
     ports = {m: 7100 + i for i, m in enumerate(members)}
-    return GroupInfo(group_id, tuple(members), ports, factor or len(members), 5_000)
+    return ShardRecord(group_id, tuple(members), ports, factor or len(members), 5_000)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
@@ -277,47 +277,47 @@ async def test_list_placements_pages_in_name_order_by_prefix_after_and_limit(h: 
 
 
 async def test_group_update_with_a_stale_revision_gets_revision_conflict(h: Harness) -> None:
-    await h.store.create_group(group("g1", "n1", "n2", "n3"))
+    await h.store.create_shard(group("g1", "n1", "n2", "n3"))
     with pytest.raises(AlreadyExists):
-        await h.store.create_group(group("g1", "n1"))
-    first = await h.store.get_group("g1")
+        await h.store.create_shard(group("g1", "n1"))
+    first = await h.store.get_shard("g1")
     assert first is not None and first.value == group("g1", "n1", "n2", "n3")
 
     grown = group("g1", "n1", "n2", "n3", "n4", factor=3)
-    second = await h.store.update_group(grown, first.revision)
+    second = await h.store.update_shard(grown, first.revision)
     assert second > first.revision
     with pytest.raises(RevisionConflict) as raised:
-        await h.store.update_group(group("g1", "n1"), first.revision)
+        await h.store.update_shard(group("g1", "n1"), first.revision)
     assert raised.value.retriable and raised.value.reason == "REVISION_CONFLICT"
-    now = await h.store.get_group("g1")
+    now = await h.store.get_shard("g1")
     assert now is not None and now.value == grown and now.revision == second
 
     with pytest.raises(NotFound):
-        await h.store.update_group(group("nope", "n1"), second)
-    assert await h.store.get_group("nope") is None
+        await h.store.update_shard(group("nope", "n1"), second)
+    assert await h.store.get_shard("nope") is None
 
 
 async def test_list_groups_returns_every_group_by_id_with_its_revision(h: Harness) -> None:
     for group_id in ("g2", "g1", "g3"):
-        await h.store.create_group(group(group_id, "n1", "n2"))
-    listed = await h.store.list_groups()
+        await h.store.create_shard(group(group_id, "n1", "n2"))
+    listed = await h.store.list_shards()
     assert [v.value.group_id for v in listed] == ["g1", "g2", "g3"]
     for versioned in listed:
-        assert versioned == await h.store.get_group(versioned.value.group_id)
+        assert versioned == await h.store.get_shard(versioned.value.group_id)
 
 
 # --- leaders and settings -------------------------------------------------------------------------
 
 
 async def test_leader_record_only_moves_forward_in_term(h: Harness) -> None:
-    assert await h.store.get_group_leaders() == {}
-    await h.store.set_group_leader("g1", "n1", 5)
-    await h.store.set_group_leader("g2", "n2", 1)
-    await h.store.set_group_leader("g1", "n2", 4)  # older term: ignored
-    await h.store.set_group_leader("g1", "n3", 5)  # same term, another node: ignored
-    assert await h.store.get_group_leaders() == {"g1": ("n1", 5), "g2": ("n2", 1)}
-    await h.store.set_group_leader("g1", "n3", 6)
-    assert (await h.store.get_group_leaders())["g1"] == ("n3", 6)
+    assert await h.store.get_shard_leaders() == {}
+    await h.store.set_shard_leader("g1", "n1", 5)
+    await h.store.set_shard_leader("g2", "n2", 1)
+    await h.store.set_shard_leader("g1", "n2", 4)  # older term: ignored
+    await h.store.set_shard_leader("g1", "n3", 5)  # same term, another node: ignored
+    assert await h.store.get_shard_leaders() == {"g1": ("n1", 5), "g2": ("n2", 1)}
+    await h.store.set_shard_leader("g1", "n3", 6)
+    assert (await h.store.get_shard_leaders())["g1"] == ("n3", 6)
 
 
 async def test_settings_read_back_what_was_last_put(h: Harness) -> None:
@@ -347,9 +347,9 @@ async def test_watch_opens_with_a_resync_then_reports_each_change(h: Harness) ->
     assert await next_event(watch, lambda e: e.kind == "placement") == MetadataEvent(
         "placement", "orders", deleted=True
     )
-    await h.store.create_group(group("g1"))
+    await h.store.create_shard(group("g1"))
     assert await next_event(watch, lambda e: e.kind == "group") == MetadataEvent("group", "g1")
-    await h.store.set_group_leader("g1", "n1", 1)
+    await h.store.set_shard_leader("g1", "n1", 1)
     assert await next_event(watch, lambda e: e.kind == "leader") == MetadataEvent("leader", "g1")
     await h.store.register_node(node("n1"), TTL_MS * 30)
     assert await next_event(watch, lambda e: e.kind == "node") == MetadataEvent("node", "n1")
@@ -416,10 +416,10 @@ BAD_RECORDS: list[tuple[str, Callable[[], object]]] = [
         lambda: NodeInfo("n1", "a:1", "h", 7100, 0, {f"k{i}": "" for i in range(65)}),
     ),
     ("eight members", lambda: group("g", *(f"n{i}" for i in range(8)))),
-    ("no members", lambda: GroupInfo("g", (), {}, 1, 0)),
-    ("duplicate members", lambda: GroupInfo("g", ("n1", "n1"), {"n1": 1}, 1, 0)),
-    ("ports for others", lambda: GroupInfo("g", ("n1",), {"n2": 1}, 1, 0)),
-    ("factor 0", lambda: GroupInfo("g", ("n1",), {"n1": 1}, 0, 0)),
+    ("no members", lambda: ShardRecord("g", (), {}, 1, 0)),
+    ("duplicate members", lambda: ShardRecord("g", ("n1", "n1"), {"n1": 1}, 1, 0)),
+    ("ports for others", lambda: ShardRecord("g", ("n1",), {"n2": 1}, 1, 0)),
+    ("factor 0", lambda: ShardRecord("g", ("n1",), {"n1": 1}, 0, 0)),
     ("queue with a space", lambda: Placement("my queue", "g1", 0)),
     ("queue with a newline", lambda: Placement("q\n", "g1", 0)),
     ("queue name too long", lambda: Placement("q" * 201, "g1", 0)),
@@ -442,14 +442,14 @@ BAD_CALLS: list[tuple[str, Callable[[MetadataStore], Awaitable[object]]]] = [
     ("limit 1001", lambda s: s.list_placements(limit=1001)),
     ("bad prefix", lambda s: s.list_placements(prefix="a/")),
     ("bad after", lambda s: s.list_placements(after="\x00")),
-    ("revision 0", lambda s: s.update_group(group("g1"), 0)),
-    ("negative term", lambda s: s.set_group_leader("g1", "n1", -1)),
-    ("bad leader node", lambda s: s.set_group_leader("g1", "", 1)),
+    ("revision 0", lambda s: s.update_shard(group("g1"), 0)),
+    ("negative term", lambda s: s.set_shard_leader("g1", "n1", -1)),
+    ("bad leader node", lambda s: s.set_shard_leader("g1", "", 1)),
     ("bad setting key", lambda s: s.put_setting("a b", "v")),
     ("setting too long", lambda s: s.put_setting("k", "x" * (64 * 1024 + 1))),
     ("lone surrogate", lambda s: s.put_setting("k", "\ud800")),
     ("get bad queue", lambda s: s.get_placement("")),
-    ("get bad group", lambda s: s.get_group("g" * 65)),
+    ("get bad group", lambda s: s.get_shard("g" * 65)),
 ]
 
 
@@ -488,10 +488,10 @@ def test_records_encode_as_compact_json_with_sorted_keys_and_round_trip() -> Non
     n = node("n1", zone="eu", rack="r2")
     assert md.decode_node(md.encode_node(n), "n1") == n
     g = group("g1", "n2", "n1", "n3")
-    assert md.decode_group(md.encode_group(g), "g1") == g
+    assert md.decode_shard(md.encode_shard(g), "g1") == g
     assert md.decode_leader(md.encode_leader("n1", 9), "g1") == ("n1", 9)
     assert md.decode_setting(md.encode_setting("x"), "k") == "x"
-    assert json.loads(md.encode_group(g))["members"] == ["n2", "n1", "n3"]  # order is meaning
+    assert json.loads(md.encode_shard(g))["members"] == ["n2", "n1", "n3"]  # order is meaning
 
 
 def test_records_copy_their_mutable_fields() -> None:
@@ -512,18 +512,18 @@ async def test_embedded_state_survives_reopening_the_file(tmp_path: Path) -> Non
     clock = FakeClock()
     store = EmbeddedMetadataStore(tmp_path, clock_ms=clock)
     await store.create_placement(Placement("orders", "g1", 1))
-    await store.create_group(group("g1", "n1"))
+    await store.create_shard(group("g1", "n1"))
     await store.register_node(node("n1"), TTL_MS * 10)
-    revision = await store.update_group(group("g1", "n1", "n2"), 2)
+    revision = await store.update_shard(group("g1", "n1", "n2"), 2)
     await store.close()
     assert _files(tmp_path) == ["metadata.lmdb", "metadata.lmdb-lock"]
 
     store = EmbeddedMetadataStore(tmp_path, clock_ms=clock)
     assert await store.get_placement("orders") == Placement("orders", "g1", 1)
     assert await node_ids(store) == ["n1"]
-    got = await store.get_group("g1")
+    got = await store.get_shard("g1")
     assert got is not None and got.revision == revision
-    assert await store.update_group(group("g1", "n1"), revision) > revision  # revisions go on
+    assert await store.update_shard(group("g1", "n1"), revision) > revision  # revisions go on
     clock.advance(TTL_MS * 10)
     assert await store.list_nodes() == []  # the lease deadline was stored, not just kept in memory
     await store.close()
@@ -603,7 +603,7 @@ async def test_hung_etcd_calls_end_with_unavailable_at_the_timeout_not_later() -
             for call in (
                 lambda: store.get_placement("orders"),
                 lambda: store.list_placements(),
-                lambda: store.set_group_leader("g1", "n1", 3),
+                lambda: store.set_shard_leader("g1", "n1", 3),
             ):
                 started = time.monotonic()
                 with pytest.raises(MetadataUnavailable):

@@ -16,7 +16,7 @@ from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import new_key
 from fluxmq.devcluster.launcher import ADMIN_KEY_FILE, LocalCluster
-from fluxmq.metadata import EtcdMetadataStore, GroupInfo
+from fluxmq.metadata import EtcdMetadataStore, ShardRecord
 from tests.integration.conftest import authorized_channel
 from tests.integration.group_helpers import wait_for
 from tests.integration.rpc_helpers import rich_error
@@ -94,7 +94,7 @@ def test_queues_spread_over_groups_and_any_node_serves_any_queue(cluster: LocalC
         gid = solo.config.replication.group
         assert gid not in ("", "g1")
         group = metadata(cluster, "get_group", gid)
-        assert isinstance(group.value, GroupInfo) and len(group.value.members) == 1  # type: ignore[attr-defined]
+        assert isinstance(group.value, ShardRecord) and len(group.value.members) == 1  # type: ignore[attr-defined]
         host = group.value.members[0]  # type: ignore[attr-defined]
         host_addr = cluster.node_addresses[int(host.removeprefix("node")) - 1]
         wait_for("the group's shard to start", lambda: gid in shards_of(host_addr))
@@ -140,7 +140,7 @@ def test_queues_spread_over_groups_and_any_node_serves_any_queue(cluster: LocalC
         metadata(
             cluster,
             "create_group",
-            GroupInfo("gx", (other,), {other: port}, 1, 0),
+            ShardRecord("gx", (other,), {other: port}, 1, 0),
         )
         wait_for("node2 to see the new group", lambda: "gx" in groups_seen_by(a2))
         assert create(s2, "solo2", factor=1).config.replication.group == "gx"

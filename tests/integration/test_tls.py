@@ -22,7 +22,7 @@ from cryptography import x509
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import new_key
-from fluxmq.metadata import EtcdMetadataStore, GroupInfo
+from fluxmq.metadata import EtcdMetadataStore, ShardRecord
 from fluxmq.server.forwarding import FORWARDED_KEY, forwarded_metadata
 from fluxmq.server.tls import names_host
 from tests.certs import LOCAL_SANS, Authority, CertFiles, Issued
@@ -266,7 +266,7 @@ def run_forwarding_checks(nodes: list[TlsNode], etcd_endpoint: str) -> None:
     async def make_group() -> None:
         store = EtcdMetadataStore(etcd_endpoint)
         try:
-            await store.create_group(GroupInfo("gx", ("n1",), {"n1": free_port()}, 1, 0))
+            await store.create_shard(ShardRecord("gx", ("n1",), {"n1": free_port()}, 1, 0))
         finally:
             await store.close()
 

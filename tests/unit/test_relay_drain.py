@@ -139,11 +139,11 @@ def view_of_group(relay_node: str = "node4") -> Any:
     """A directory: queue q on group ga (node1..node3, led by node3); this node is node4."""
     addresses = {"node1": OTHER, "node2": "10.0.0.2:7070", "node3": RELAYED_TO}
 
-    async def group_of(queue: str) -> str:
+    async def shard_of(queue: str) -> str:
         return "ga"
 
     return SimpleNamespace(
-        group_of=group_of,
+        shard_of=shard_of,
         groups={"ga": SimpleNamespace(members=("node1", "node2", "node3"))},
         leaders={"ga": ("node3", 4)},
         nodes={n: SimpleNamespace(grpc_address=a) for n, a in addresses.items()},

@@ -22,7 +22,7 @@ from fluxmq.server.shard.runtime import ShardRuntime
 from raft import Shard
 
 if TYPE_CHECKING:
-    from fluxmq.metadata.metadata import GroupInfo, NodeInfo
+    from fluxmq.metadata.metadata import NodeInfo, ShardRecord
     from fluxmq.server.cluster_view import ClusterView
     from fluxmq.server.router import Router
 
@@ -135,7 +135,7 @@ class ShardHost:
     def _dir(self, shard_id: str) -> str:
         return os.path.join(self._shards_dir, shard_id)
 
-    async def host(self, group: GroupInfo, nodes: dict[str, NodeInfo]) -> bool:
+    async def host(self, group: ShardRecord, nodes: dict[str, NodeInfo]) -> bool:
         """Placement made this node a member of ``group``'s shard: start it (-> started)."""
         assert self._directory is not None
         me = self._directory.node
