@@ -144,7 +144,7 @@ def view_of_group(relay_node: str = "node4") -> Any:
 
     return SimpleNamespace(
         shard_of=shard_of,
-        groups={"ga": SimpleNamespace(members=("node1", "node2", "node3"))},
+        shard_records={"ga": SimpleNamespace(members=("node1", "node2", "node3"))},
         leaders={"ga": ("node3", 4)},
         nodes={n: SimpleNamespace(grpc_address=a) for n, a in addresses.items()},
         node=SimpleNamespace(node_id=relay_node),
