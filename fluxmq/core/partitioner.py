@@ -55,6 +55,47 @@ def _deliver_at(msg: pb.PublishMessage, i: int, now_ms: int) -> bytes:
     return str(at).encode()
 
 
+def _message_fields(
+    msg: pb.PublishMessage, i: int, now_ms: int, limit: int
+) -> tuple[RecordFields, int]:
+    """One message's record fields, checked against the queue's limits; -> (fields, the bytes
+    that count against max_message_bytes: key + value + headers)."""
+    value = msg.value
+    size = len(value)
+    key: bytes | None = None
+    if msg.HasField("key"):
+        key = msg.key
+        if len(key) > limits.MESSAGE_KEY_BYTES_MAX:
+            raise message_too_large(f"messages[{i}].key", len(key), limits.MESSAGE_KEY_BYTES_MAX)
+        size += len(key)
+    headers: tuple[tuple[str, bytes], ...] = ()
+    if msg.headers:
+        if len(msg.headers) > limits.MESSAGE_HEADERS_MAX:
+            raise invalid_argument(
+                f"messages[{i}].headers", f"at most {limits.MESSAGE_HEADERS_MAX} headers"
+            )
+        headers = tuple(sorted(msg.headers.items()))
+        for name, header_value in headers:
+            if not name or len(name) > limits.HEADER_NAME_CHARS_MAX:
+                raise invalid_argument(
+                    f"messages[{i}].headers", "header names are 1..256 characters"
+                )
+            if name.startswith(RESERVED_HEADER_PREFIX):
+                raise invalid_argument(
+                    f"messages[{i}].headers[{name}]",
+                    f"header names starting with {RESERVED_HEADER_PREFIX!r} are reserved",
+                )
+            size += len(name) + len(header_value)
+    if msg.deliver_at_ms or msg.delay_ms:
+        headers = tuple(sorted((*headers, (DELIVER_AT_HEADER, _deliver_at(msg, i, now_ms)))))
+    if size > limit:
+        raise message_too_large(f"messages[{i}].value", size, limit)
+    idem = msg.idempotency_key
+    if idem and len(idem.encode()) > limits.IDEMPOTENCY_KEY_BYTES_MAX:
+        raise invalid_argument(f"messages[{i}].idempotency_key", "at most 256 bytes")
+    return (value, key, headers, idem or None), size
+
+
 def prepare_append(
     queue: str,
     queue_id: int,
@@ -77,51 +118,14 @@ def prepare_append(
         raise invalid_argument(
             "messages", f"a publish carries 1..{limits.PUBLISH_MESSAGES_MAX} messages; got {count}"
         )
-    limit = policy.max_message_bytes
     npart = policy.partitions
     fields: list[RecordFields] = []
     partitions: list[int] = []
     idempotency_keys: list[str] = []
-    any_idempotency_key = False
     total = 0
     for i, msg in enumerate(messages):
-        value = msg.value
-        size = len(value)
-        key: bytes | None = None
-        if msg.HasField("key"):
-            key = msg.key
-            if len(key) > limits.MESSAGE_KEY_BYTES_MAX:
-                raise message_too_large(
-                    f"messages[{i}].key", len(key), limits.MESSAGE_KEY_BYTES_MAX
-                )
-            size += len(key)
-        headers: tuple[tuple[str, bytes], ...] = ()
-        if msg.headers:
-            if len(msg.headers) > limits.MESSAGE_HEADERS_MAX:
-                raise invalid_argument(
-                    f"messages[{i}].headers", f"at most {limits.MESSAGE_HEADERS_MAX} headers"
-                )
-            headers = tuple(sorted(msg.headers.items()))
-            for name, header_value in headers:
-                if not name or len(name) > limits.HEADER_NAME_CHARS_MAX:
-                    raise invalid_argument(
-                        f"messages[{i}].headers", "header names are 1..256 characters"
-                    )
-                if name.startswith(RESERVED_HEADER_PREFIX):
-                    raise invalid_argument(
-                        f"messages[{i}].headers[{name}]",
-                        f"header names starting with {RESERVED_HEADER_PREFIX!r} are reserved",
-                    )
-                size += len(name) + len(header_value)
-        if msg.deliver_at_ms or msg.delay_ms:
-            headers = tuple(sorted((*headers, (DELIVER_AT_HEADER, _deliver_at(msg, i, now_ms)))))
-        if size > limit:
-            raise message_too_large(f"messages[{i}].value", size, limit)
-        idem = msg.idempotency_key
-        if idem:
-            if len(idem.encode()) > limits.IDEMPOTENCY_KEY_BYTES_MAX:
-                raise invalid_argument(f"messages[{i}].idempotency_key", "at most 256 bytes")
-            any_idempotency_key = True
+        record, size = _message_fields(msg, i, now_ms, policy.max_message_bytes)
+        key = record[1]
         if msg.HasField("partition"):
             if msg.partition >= npart:
                 raise partition_out_of_range(
@@ -133,9 +137,10 @@ def prepare_append(
         else:
             partitions.append(cursor % npart)
             cursor += 1
-        fields.append((value, key, headers, idem or None))
-        idempotency_keys.append(idem)
+        fields.append(record)
+        idempotency_keys.append(msg.idempotency_key)
         total += size
+    any_idempotency_key = any(idempotency_keys)
     command = cpb.AppendCmd(queue=queue, queue_id=queue_id, now_ms=now_ms, partitions=partitions)
     if any_idempotency_key:
         # A duplicate is left out of what is stored, which only apply knows: one record each.

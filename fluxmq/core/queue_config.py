@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import limits
@@ -95,7 +96,46 @@ def validate_name(name: str, field_path: str = "name") -> None:
 
 
 def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
-    """Parse and range-check every numeric field; raises FluxError(INVALID_ARGUMENT)."""
+    """Parse and range-check every numeric field; raises FluxError(INVALID_ARGUMENT).
+
+    Fields are checked in a fixed order (sizes and retention, delivery, dead letters,
+    replication), so a config with several faults always names the same one first."""
+    sizes = _sizes(config, prefix)
+    delivery = _delivery(config, prefix)
+    dlq = _dead_letter_queue(config, prefix)
+    rep = config.replication
+    return QueuePolicy(
+        replication_factor=rep.factor,
+        min_in_sync=rep.min_in_sync,
+        ack_timeout_ms=_replication_ack_timeout_ms(rep, prefix),
+        replication_async=rep.mode == pb.REPLICATION_MODE_ASYNC,
+        lease_ms=delivery.lease_ms,
+        max_attempts=config.max_attempts,
+        backoff_base_ms=delivery.backoff_base_ms,
+        backoff_max_ms=delivery.backoff_max_ms,
+        message_ttl_ms=delivery.message_ttl_ms,
+        delivery_delay_ms=delivery.delivery_delay_ms,
+        dead_letter_queue=dlq,
+        retain_until_consumed=config.retain_until_consumed,
+        dead_letter_alert_threshold=config.dead_letter_alert_threshold,
+        partitions=sizes.partitions,
+        max_age_ms=sizes.max_age_ms,
+        max_messages=config.retention.max_messages,
+        max_bytes=sizes.max_bytes,
+        dedup_window_ms=sizes.dedup_window_ms,
+        max_message_bytes=sizes.max_message_bytes,
+    )
+
+
+class _Sizes(NamedTuple):
+    partitions: int
+    max_message_bytes: int
+    dedup_window_ms: int
+    max_age_ms: int
+    max_bytes: int
+
+
+def _sizes(config: pb.QueueConfig, prefix: str) -> _Sizes:
     r = config.retention
     max_age_ms = parse_duration_ms(r.max_age, f"{prefix}.retention.max_age") if r.max_age else 0
     max_bytes = parse_bytes(r.max_bytes, f"{prefix}.retention.max_bytes") if r.max_bytes else 0
@@ -118,6 +158,18 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
         raise invalid_argument(
             f"{prefix}.retention.max_bytes", "must be positive (empty = unlimited)"
         )
+    return _Sizes(partitions, max_message_bytes, dedup_ms, max_age_ms, max_bytes)
+
+
+class _Delivery(NamedTuple):
+    lease_ms: int
+    backoff_base_ms: int
+    backoff_max_ms: int
+    message_ttl_ms: int
+    delivery_delay_ms: int
+
+
+def _delivery(config: pb.QueueConfig, prefix: str) -> _Delivery:
     lease_ms = _duration(
         config.lease_timeout or limits.LEASE_TIMEOUT_DEFAULT,
         f"{prefix}.lease_timeout",
@@ -151,13 +203,21 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
         if config.delivery_delay
         else 0
     )
-    dlq: str | None = None
-    if not config.dead_letter_disabled:
-        dlq = config.dead_letter_queue or f"{config.name}.dlq"
-        validate_name(dlq, f"{prefix}.dead_letter_queue")
-        if dlq == config.name:
-            raise invalid_argument(f"{prefix}.dead_letter_queue", "a queue cannot be its own DLQ")
-    rep = config.replication
+    return _Delivery(lease_ms, base_ms, backoff_max_ms, ttl_ms, delay_ms)
+
+
+def _dead_letter_queue(config: pb.QueueConfig, prefix: str) -> str | None:
+    if config.dead_letter_disabled:
+        return None
+    dlq = config.dead_letter_queue or f"{config.name}.dlq"
+    validate_name(dlq, f"{prefix}.dead_letter_queue")
+    if dlq == config.name:
+        raise invalid_argument(f"{prefix}.dead_letter_queue", "a queue cannot be its own DLQ")
+    return dlq
+
+
+def _replication_ack_timeout_ms(rep: pb.Replication, prefix: str) -> int:
+    """Checks the replication settings; -> the ack timeout."""
     if rep.factor > limits.REPLICATION_FACTOR_MAX:
         raise invalid_argument(
             f"{prefix}.replication.factor", f"at most {limits.REPLICATION_FACTOR_MAX}"
@@ -178,32 +238,11 @@ def policy_of(config: pb.QueueConfig, prefix: str = "config") -> QueuePolicy:
         pb.REPLICATION_MODE_ASYNC,
     ):
         raise invalid_argument(f"{prefix}.replication.mode", f"unknown mode {rep.mode}")
-    ack_timeout_ms = _duration(
+    return _duration(
         rep.ack_timeout or limits.ACK_TIMEOUT_DEFAULT,
         f"{prefix}.replication.ack_timeout",
         limits.ACK_TIMEOUT_MS_MIN,
         limits.ACK_TIMEOUT_MS_MAX,
-    )
-    return QueuePolicy(
-        replication_factor=rep.factor,
-        min_in_sync=rep.min_in_sync,
-        ack_timeout_ms=ack_timeout_ms,
-        replication_async=rep.mode == pb.REPLICATION_MODE_ASYNC,
-        lease_ms=lease_ms,
-        max_attempts=config.max_attempts,
-        backoff_base_ms=base_ms,
-        backoff_max_ms=backoff_max_ms,
-        message_ttl_ms=ttl_ms,
-        delivery_delay_ms=delay_ms,
-        dead_letter_queue=dlq,
-        retain_until_consumed=config.retain_until_consumed,
-        dead_letter_alert_threshold=config.dead_letter_alert_threshold,
-        partitions=partitions,
-        max_age_ms=max_age_ms,
-        max_messages=r.max_messages,
-        max_bytes=max_bytes,
-        dedup_window_ms=dedup_ms,
-        max_message_bytes=max_message_bytes,
     )
 
 

@@ -259,48 +259,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
         forwarded_here = was_forwarded(context)  # a call's metadata is read once, not per request
 
         async def one(req: pb.PublishStreamRequest) -> pb.PublishStreamResponse:
-            try:
-                timeout_ms = validation.request_timeout_ms(req.publish.request_timeout_ms)
-                target = await self._router.locate(req.publish.queue, forwarded=forwarded_here)
-                if isinstance(target, str):
-                    forwarded = await self._forwarder.forward_unary(
-                        target, "Publish", req.publish, context
-                    )
-                    resp = pb.PublishStreamResponse(sequence=req.sequence)
-                    resp.results.extend(forwarded.results)
-                    if forwarded.HasField("batch"):
-                        resp.batch.CopyFrom(forwarded.batch)
-                    return resp
-                producer = req.publish.producer if req.publish.HasField("producer") else None
-                encoded = req.publish.encoded if req.publish.HasField("encoded") else None
-                result = await target.queues.publish(
-                    req.publish.queue, req.publish.messages, timeout_ms, producer, encoded
-                )
-            except Exception as exc:
-                rid = request_id_var.get()
-                err = domain_error(exc)
-                # The fields are the Publish's (forwarded or not): name them in the stream's
-                # request, as ``publish.messages[0].value``.
-                err = internal_error(rid) if err is None else nested("publish", err)
-                # The serialized status is out of the edge's reach: in the caller's words now.
-                caller_error(err, self._caller_scope())
-                status = to_rpc_status(err, rid)
-                return pb.PublishStreamResponse(
-                    sequence=req.sequence,
-                    error=pb.RequestError(
-                        code=status_code(err).value[0],
-                        message=err.message,
-                        reason=err.reason,
-                        status_details=status.SerializeToString(),
-                    ),
-                )
-            if encoded is not None:
-                return pb.PublishStreamResponse(
-                    sequence=req.sequence, batch=_published_batch(result)
-                )
-            resp = pb.PublishStreamResponse(sequence=req.sequence)
-            resp.results.extend(_publish_response(result).results)
-            return resp
+            return await self._stream_publish(req, forwarded_here, context)
 
         async def read_all() -> None:
             async for req in request_iterator:
@@ -332,6 +291,54 @@ class QueueService(pb_grpc.QueueServiceServicer):
                 pending = window.get_nowait()
                 if pending is not None:
                     pending.cancel()
+
+    async def _stream_publish(
+        self, req: pb.PublishStreamRequest, forwarded_here: bool, context: Any
+    ) -> pb.PublishStreamResponse:
+        """One request of a PublishStream, answered (an error is an answer, not a raise)."""
+        try:
+            timeout_ms = validation.request_timeout_ms(req.publish.request_timeout_ms)
+            target = await self._router.locate(req.publish.queue, forwarded=forwarded_here)
+            if isinstance(target, str):
+                forwarded = await self._forwarder.forward_unary(
+                    target, "Publish", req.publish, context
+                )
+                resp = pb.PublishStreamResponse(sequence=req.sequence)
+                resp.results.extend(forwarded.results)
+                if forwarded.HasField("batch"):
+                    resp.batch.CopyFrom(forwarded.batch)
+                return resp
+            producer = req.publish.producer if req.publish.HasField("producer") else None
+            encoded = req.publish.encoded if req.publish.HasField("encoded") else None
+            result = await target.queues.publish(
+                req.publish.queue, req.publish.messages, timeout_ms, producer, encoded
+            )
+        except Exception as exc:
+            return self._stream_error(req.sequence, exc)
+        if encoded is not None:
+            return pb.PublishStreamResponse(sequence=req.sequence, batch=_published_batch(result))
+        resp = pb.PublishStreamResponse(sequence=req.sequence)
+        resp.results.extend(_publish_response(result).results)
+        return resp
+
+    def _stream_error(self, sequence: int, exc: Exception) -> pb.PublishStreamResponse:
+        rid = request_id_var.get()
+        err = domain_error(exc)
+        # The fields are the Publish's (forwarded or not): name them in the stream's request,
+        # as ``publish.messages[0].value``.
+        err = internal_error(rid) if err is None else nested("publish", err)
+        # The serialized status is out of the edge's reach: in the caller's words now.
+        caller_error(err, self._caller_scope())
+        status = to_rpc_status(err, rid)
+        return pb.PublishStreamResponse(
+            sequence=sequence,
+            error=pb.RequestError(
+                code=status_code(err).value[0],
+                message=err.message,
+                reason=err.reason,
+                status_details=status.SerializeToString(),
+            ),
+        )
 
     async def Fetch(self, request: pb.FetchRequest, context: Any) -> pb.FetchResponse:
         if request.offset < 0:
