@@ -215,6 +215,9 @@ class DeliveryState:
         self._dirty: set[tuple[int, int]] = set()  # (group_id, partition) with a changed row
         self.dead_letters: list[DeadLetter] = []  # to be written by the state machine
         self.touched: set[int] = set()  # group ids changed since the owner last looked
+        # Of those, the groups whose membership was saved: the others' published membership
+        # copies stay valid (a membership changes only through save_membership).
+        self.members_touched: set[int] = set()
         self._next_lease_id = 1
 
     # -- loading ----------------------------------------------------------------------------
@@ -344,6 +347,7 @@ class DeliveryState:
         ms.check()
         txn.put(keys.membership_key(g.group_id), ms.to_proto().SerializeToString())
         self.touched.add(g.group_id)
+        self.members_touched.add(g.group_id)
 
     def busy(self, g: GroupState, p: int) -> bool:
         """Whether a partition of an ordered group still has a batch out (it cannot move)."""

@@ -322,13 +322,15 @@ class QueueStateMachine:
             self._node_addresses = batch.node_addresses
         self._last_ts.update(batch.last_ts)
         touched = sorted(self.delivery.touched)
+        members_touched = set(self.delivery.members_touched)
         self.delivery.touched.clear()
+        self.delivery.members_touched.clear()
         before = self._view
         self._view = StateView(
             applied,
             self._catalog,
             self._node_addresses,
-            DeliveryView.changed(before.delivery, self.delivery, touched),
+            DeliveryView.changed(before.delivery, self.delivery, touched, members_touched),
         )
         if (batch.last_ts or touched) and self.commit_listener is not None:
             self.commit_listener(sorted(batch.last_ts), touched)

@@ -14,7 +14,7 @@ the view before it, and a group view is built from counters the delivery state k
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -105,15 +105,22 @@ class GroupView:
     expiry_head_ms: int | None  # the earliest lease deadline (maybe of a stale heap entry)
 
     @classmethod
-    def of(cls, g: GroupState) -> GroupView:
-        meta = pb.Group()
-        meta.CopyFrom(g.meta)
+    def of(cls, g: GroupState, before: GroupView | None = None) -> GroupView:
+        """``g`` as it is now. ``before``: its view before this commit, when its meta (never
+        changed after creation) and membership (not saved in this commit) are still valid:
+        those copies are shared instead of made again."""
+        if before is not None:
+            meta, membership = before.meta, before.membership
+        else:
+            meta = pb.Group()
+            meta.CopyFrom(g.meta)
+            membership = copy_membership(g.membership)
         return cls(
             meta=meta,
             queue_id=g.queue_id,
             parts=MappingProxyType({p: PartitionSummary.of(p, g.parts[p]) for p in g.parts}),
             in_flight_by_member=MappingProxyType(dict(g.in_flight_by_member)),
-            membership=copy_membership(g.membership),
+            membership=membership,
             expiry_head_ms=g.expiry[0][0] if g.expiry else None,
         )
 
@@ -178,7 +185,8 @@ class DeliveryView:
     @classmethod
     def of(cls, state: DeliveryState) -> DeliveryView:
         """The whole view, built from nothing (at start, after a snapshot or a rollback)."""
-        return cls.changed(cls.empty(), state, [g.group_id for g in state.iter_groups()])
+        every = [g.group_id for g in state.iter_groups()]
+        return cls.changed(cls.empty(), state, every, every)
 
     @classmethod
     def empty(cls) -> DeliveryView:
@@ -186,10 +194,15 @@ class DeliveryView:
 
     @classmethod
     def changed(
-        cls, before: DeliveryView, state: DeliveryState, touched: Iterable[int]
+        cls,
+        before: DeliveryView,
+        state: DeliveryState,
+        touched: Iterable[int],
+        members_touched: Collection[int],
     ) -> DeliveryView:
         """``before`` with the groups in ``touched`` read again from ``state`` (gone ones
-        dropped); every other group view is shared with ``before``."""
+        dropped); every other group view is shared with ``before``. ``members_touched``: the
+        groups whose membership changed (the others keep their membership copy)."""
         by_id = dict(before.by_id)
         queues: set[int] = set()
         for group_id in touched:
@@ -198,7 +211,9 @@ class DeliveryView:
                 queues.add(old.queue_id)
             g = state.by_id(group_id)
             if g is not None:
-                by_id[group_id] = GroupView.of(g)
+                same = old is not None and old.queue_id == g.queue_id
+                keep = old if same and group_id not in members_touched else None
+                by_id[group_id] = GroupView.of(g, keep)
                 queues.add(g.queue_id)
         if not queues:  # nothing was there before nor is now
             return before

@@ -20,6 +20,7 @@ from fluxmq.core.state_machine import (
     QueueStateMachine,
     RetentionResult,
 )
+from fluxmq.core.views import DeliveryView
 from storage import LmdbStore, MemoryStore, Store
 
 T0 = 1_700_000_000_000
@@ -70,7 +71,10 @@ class Driver:
         for cmd in cmds:
             self.index += 1
             entries.append(E(self.index, commands.encode(cmd)))
-        return self.sm.apply_batch(entries)
+        results = self.sm.apply_batch(entries)
+        # What readers see, published piece by piece, is the state built again from nothing.
+        assert self.sm.view.delivery == DeliveryView.of(self.sm.delivery)
+        return results
 
     def one(self, cmd: object) -> object:
         return self.run(cmd)[0]
