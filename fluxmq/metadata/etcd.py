@@ -620,7 +620,7 @@ class EtcdMetadataStore:
             if not await self._create(key, encode_shard(group)):
                 raise AlreadyExists(f"group {group.group_id!r} already exists")
 
-        await self._call("create_group", create)
+        await self._call("create_shard", create)
 
     async def update_shard(self, group: ShardRecord, expect_revision: int) -> int:
         if not isinstance(group, ShardRecord):
@@ -646,7 +646,7 @@ class EtcdMetadataStore:
                 f"group {group.group_id!r} is at revision {current}, not {expect_revision}"
             )
 
-        return await self._call("update_group", update)
+        return await self._call("update_shard", update)
 
     async def get_shard(self, group_id: str) -> Versioned[ShardRecord] | None:
         check_shard_id(group_id)
@@ -657,7 +657,7 @@ class EtcdMetadataStore:
                 return None
             return Versioned(decode_shard(bytes(kv.value), group_id), int(kv.mod_revision))
 
-        return await self._call("get_group", get)
+        return await self._call("get_shard", get)
 
     async def list_shards(self) -> list[Versioned[ShardRecord]]:
         async def list_all() -> list[Versioned[ShardRecord]]:
@@ -666,7 +666,7 @@ class EtcdMetadataStore:
                 for name, kv in await self._scan("group")
             ]
 
-        return await self._call("list_groups", list_all)
+        return await self._call("list_shards", list_all)
 
     # --- placements ---------------------------------------------------------------------------
 
@@ -744,7 +744,7 @@ class EtcdMetadataStore:
                     return
             raise RevisionConflict(f"leader of {group_id!r}: lost {LEADER_CAS_ATTEMPTS} races")
 
-        await self._call("set_group_leader", set_leader)
+        await self._call("set_shard_leader", set_leader)
 
     async def get_shard_leaders(self) -> dict[str, tuple[str, int]]:
         async def get_all() -> dict[str, tuple[str, int]]:
@@ -753,7 +753,7 @@ class EtcdMetadataStore:
                 for name, kv in await self._scan("leader")
             }
 
-        return await self._call("get_group_leaders", get_all)
+        return await self._call("get_shard_leaders", get_all)
 
     # --- settings -----------------------------------------------------------------------------
 

@@ -83,7 +83,7 @@ def test_a_fetch_over_4_mib_through_a_node_outside_the_group_is_answered(
     a1, _, a3 = cluster.node_addresses
     host = "node1"
     port = cluster.specs()[0].ports[2] + 5
-    metadata(cluster, "create_group", ShardRecord("solo", (host,), {host: port}, 1, 0))
+    metadata(cluster, "create_shard", ShardRecord("solo", (host,), {host: port}, 1, 0))
     wait_for("node1 to run the group", lambda: "solo" in shards_of(a1))
     ch1, s1 = stub(a1)
     ch3, s3 = stub(a3)

@@ -93,7 +93,7 @@ def test_queues_spread_over_groups_and_any_node_serves_any_queue(cluster: LocalC
         solo = create(s1, "solo", factor=1)  # no 1-replica group yet: one is provisioned
         gid = solo.config.replication.group
         assert gid not in ("", "g1")
-        group = metadata(cluster, "get_group", gid)
+        group = metadata(cluster, "get_shard", gid)
         assert isinstance(group.value, ShardRecord) and len(group.value.members) == 1  # type: ignore[attr-defined]
         host = group.value.members[0]  # type: ignore[attr-defined]
         host_addr = cluster.node_addresses[int(host.removeprefix("node")) - 1]
@@ -139,7 +139,7 @@ def test_queues_spread_over_groups_and_any_node_serves_any_queue(cluster: LocalC
         port = cluster.specs()[int(other.removeprefix("node")) - 1].ports[2] + 5
         metadata(
             cluster,
-            "create_group",
+            "create_shard",
             ShardRecord("gx", (other,), {other: port}, 1, 0),
         )
         wait_for("node2 to see the new group", lambda: "gx" in groups_seen_by(a2))
@@ -190,7 +190,7 @@ def test_a_group_on_a_killed_node_comes_back_with_its_data(cluster: LocalCluster
     ch, s = stub(cluster.node_addresses[0])
     with ch:
         gid = create(s, "single", factor=1).config.replication.group
-        group = metadata(cluster, "get_group", gid)
+        group = metadata(cluster, "get_shard", gid)
         host = group.value.members[0]  # type: ignore[attr-defined]
         index = int(host.removeprefix("node"))
         other = cluster.node_addresses[index % 3]  # a node outside the group
