@@ -9,7 +9,7 @@ Layout under the prefix (default ``/fluxmq/``): ``nodes/<id>`` (leased), ``group
 - Nodes: ``register_node`` grants an etcd lease of ``ceil(ttl_ms / 1000)`` seconds (etcd may raise
   it to its own minimum, 1.5 x election timeout) and attaches the key to it; ``refresh_node`` is a
   lease keepalive. A node that stops refreshing disappears when etcd expires the lease.
-- Creations are transactions guarded by ``create_revision == 0``; ``update_group`` by
+- Creations are transactions guarded by ``create_revision == 0``; ``update_shard`` by
   ``mod_revision == expect_revision``; so two nodes never both win.
 - API keys: the rotation limit is a property of the slot record, not of a count of keys. Creating
   a key is one transaction guarded by ``create_revision(key) == 0`` and the slot's
