@@ -42,10 +42,11 @@ from bench.results_md import write_section
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands
+from fluxmq.core.commands.results import AppendResult, LeaseResult, SettleResult
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.producers import ProducerGrant
 from fluxmq.core.queue_config import normalize_new, policy_of
-from fluxmq.core.state_machine import AppendResult, LeaseResult, QueueStateMachine, SettleResult
+from fluxmq.core.state_machine import QueueStateMachine
 from raft.api import Entry
 from storage import LmdbStore
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys
-from fluxmq.core.queue_config import QueuePolicy, policy_of
+from fluxmq.core.errors import queue_not_found
+from fluxmq.core.queue_config import QueuePolicy, policy_of, validate_name
 from storage.api import ReadTxn
 
 
@@ -37,6 +38,17 @@ def load_catalog(txn: ReadTxn) -> dict[str, QueueEntry]:
         queue = pb.Queue.FromString(value)
         catalog[queue.config.name] = QueueEntry(queue, policy_of(queue.config))
     return catalog
+
+
+def find_entry(
+    catalog: Mapping[str, QueueEntry], name: str, field_path: str = "queue"
+) -> QueueEntry:
+    """The queue a request names (a name that could not be a queue's is refused as such)."""
+    entry = catalog.get(name)
+    if entry is None:
+        validate_name(name, field_path)
+        raise queue_not_found(name)
+    return entry
 
 
 def same_environment(a: QueueEntry, b: QueueEntry) -> bool:

@@ -9,24 +9,17 @@ from dataclasses import dataclass, field
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import dead_letters, keys
-from fluxmq.core.catalog import QueueEntry, dead_letter_entry
+from fluxmq.core.catalog import QueueEntry, dead_letter_entry, find_entry
+from fluxmq.core.commands.letters import dead_letter_depth
+from fluxmq.core.commands.results import member_view
+from fluxmq.core.commands.rules import group_view
 from fluxmq.core.delivery import header
-from fluxmq.core.errors import (
-    invalid_argument,
-    offset_out_of_range,
-    partition_out_of_range,
-    queue_not_found,
-)
-from fluxmq.core.membership import Membership, check_member, releasable
-from fluxmq.core.queue_config import labels_match, parse_label_selector, validate_name
-from fluxmq.core.state_machine import (
-    QueueStateMachine,
-    dead_letter_depth,
-    member_required,
-    member_view,
-)
+from fluxmq.core.errors import invalid_argument, offset_out_of_range, partition_out_of_range
+from fluxmq.core.membership import Membership, releasable
+from fluxmq.core.queue_config import labels_match, parse_label_selector
+from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.core.validation import group_name as validate_group_name
-from fluxmq.core.views import GroupView, copy_membership
+from fluxmq.core.views import GroupView, StateView, copy_membership
 from storage.api import Record, StoredBatch, Watermarks
 
 _TOKEN_TAG = b"queues:"  # page tokens are base64url("queues:" + last name of the page)
@@ -63,16 +56,17 @@ class QueueReader:
         self._store = state.store
 
     @property
+    def view(self) -> StateView:
+        """The state as of the last commit (what a leader prepares its commands against)."""
+        return self._state.view
+
+    @property
     def catalog(self) -> Mapping[str, QueueEntry]:
         """The catalog as of the last commit."""
         return self._state.catalog
 
     def entry(self, name: str, field_path: str = "queue") -> QueueEntry:
-        entry = self._state.catalog.get(name)
-        if entry is None:
-            validate_name(name, field_path)
-            raise queue_not_found(name)
-        return entry
+        return find_entry(self._state.catalog, name, field_path)
 
     def _log_id(self, entry: QueueEntry, partition: int) -> int:
         if partition >= entry.policy.partitions:
@@ -175,8 +169,7 @@ class QueueReader:
     # -- consumer groups --------------------------------------------------------------------
 
     def group(self, entry: QueueEntry, name: str) -> GroupView:
-        validate_group_name(name)
-        return self._state.view.delivery.get(entry.queue_id, entry.name, name)
+        return group_view(self._state.view, entry, name)
 
     def groups(self, entry: QueueEntry) -> list[pb.Group]:
         return [g.meta for g in self._state.view.delivery.of_queue(entry.queue_id)]
@@ -246,16 +239,6 @@ class QueueReader:
         return _owned_partitions(
             self._state.view.delivery.get(entry.queue_id, entry.name, group), member_id
         )
-
-    def check_member(
-        self, entry: QueueEntry, group: str, member_id: str, generation_id: int, *, lease: bool
-    ) -> None:
-        """Fail early (before proposing) the way applying the request would fail."""
-        g = self._state.view.delivery.get(entry.queue_id, entry.name, group)
-        if member_id:
-            check_member(g.membership, member_id, generation_id, exact=lease)
-        elif lease and g.ordered and g.membership is not None and g.membership.members:
-            raise member_required(g)
 
     def releasable(
         self, entry: QueueEntry, group: str, member_id: str, generation_id: int

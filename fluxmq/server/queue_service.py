@@ -12,11 +12,11 @@ import grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc as pb_grpc
 from fluxmq.core import validation
+from fluxmq.core.commands.results import AppendResult, LeaseResult, SettleResult
 from fluxmq.core.errors import FluxError, invalid_argument, nested
 from fluxmq.core.producers import IDLE_EXPIRY_MS
 from fluxmq.core.queue_config import normalize_new
 from fluxmq.core.reader import page_token_after
-from fluxmq.core.state_machine import AppendResult, LeaseResult, SettleResult
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_rpc_status
 from fluxmq.server.forwarding import was_forwarded
 from fluxmq.server.guard import current_identity

@@ -17,20 +17,20 @@ import pytest
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys
-from fluxmq.core.delivery import PartitionView
-from fluxmq.core.errors import FluxError
-from fluxmq.core.queue_config import normalize_new
-from fluxmq.core.reader import QueueReader
-from fluxmq.core.state_machine import (
+from fluxmq.core.commands.letters import dead_letter_depth
+from fluxmq.core.commands.results import (
     AppendResult,
     ExpireResult,
     LeaseResult,
     PurgeResult,
-    QueueStateMachine,
     RetentionResult,
     SettleResult,
-    dead_letter_depth,
 )
+from fluxmq.core.delivery import PartitionView
+from fluxmq.core.errors import FluxError
+from fluxmq.core.queue_config import normalize_new
+from fluxmq.core.reader import QueueReader
+from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.core.views import DeliveryView
 from storage import LmdbStore, MemoryStore, Store
 from storage.api import Record

@@ -9,11 +9,11 @@ import pytest
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys, producers
+from fluxmq.core.commands.results import AppendResult, RetentionResult
 from fluxmq.core.errors import FluxError
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.producers import ProducerGrant
 from fluxmq.core.queue_config import policy_of
-from fluxmq.core.state_machine import AppendResult, RetentionResult
 from storage import LmdbStore, MemoryStore, Store
 from tests.unit.test_state_machine import T0, Driver
 

@@ -12,9 +12,10 @@ import pytest
 
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq.core import commands, keys, producers
+from fluxmq.core.commands.results import AppendResult, RetentionResult
 from fluxmq.core.errors import FluxError
 from fluxmq.core.producers import ProducerGrant
-from fluxmq.core.state_machine import AppendResult, QueueStateMachine, RetentionResult
+from fluxmq.core.state_machine import QueueStateMachine
 from tests.unit.test_producer_sessions import init, session_cmd
 from tests.unit.test_state_machine import T0, Driver, E
 from tests.unit.test_state_machine_snapshot import StoreFactory, Twin, snapshot_into

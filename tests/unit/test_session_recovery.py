@@ -17,11 +17,12 @@ from fluxmq.client.errors import FieldViolation, FluxMQError
 from fluxmq.client.pipeline import PublishPipeline
 from fluxmq.client.record_batches import decode
 from fluxmq.core import commands, keys
+from fluxmq.core.commands.results import AppendResult
 from fluxmq.core.errors import FluxError
 from fluxmq.core.partitioner import prepare_append, prepare_encoded_append
 from fluxmq.core.producers import ProducerGrant
 from fluxmq.core.queue_config import normalize_new, policy_of
-from fluxmq.core.state_machine import AppendResult, QueueStateMachine
+from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.errors import status_code
 from storage import MemoryStore
 from storage.record_batch import (

@@ -10,16 +10,11 @@ import pytest
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys
+from fluxmq.core.commands.results import AppendResult, LeaseResult, PurgeResult, RetentionResult
 from fluxmq.core.errors import FluxError
 from fluxmq.core.partitioner import prepare_append
 from fluxmq.core.queue_config import normalize_new, policy_of
-from fluxmq.core.state_machine import (
-    AppendResult,
-    LeaseResult,
-    PurgeResult,
-    QueueStateMachine,
-    RetentionResult,
-)
+from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.core.views import DeliveryView
 from storage import LmdbStore, MemoryStore, Store
 

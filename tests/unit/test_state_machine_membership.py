@@ -15,18 +15,18 @@ from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys
 from fluxmq.core.assignors import assign
-from fluxmq.core.delivery import GroupState
-from fluxmq.core.errors import FluxError
-from fluxmq.core.membership import Membership
-from fluxmq.core.state_machine import (
+from fluxmq.core.commands.results import (
     AppendResult,
     ExpireResult,
     LeaseResult,
     MemberResult,
-    QueueStateMachine,
     SettleResult,
     TransactResult,
 )
+from fluxmq.core.delivery import GroupState
+from fluxmq.core.errors import FluxError
+from fluxmq.core.membership import Membership
+from fluxmq.core.state_machine import QueueStateMachine
 from storage import LmdbStore, MemoryStore, Store
 from tests.unit.test_state_machine import T0, Driver, append_cmd, receipts_of
 

@@ -13,8 +13,9 @@ import pytest
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import commands, keys
+from fluxmq.core.commands.results import AppendResult, LeaseResult
 from fluxmq.core.errors import FluxError
-from fluxmq.core.state_machine import AppendResult, LeaseResult, QueueStateMachine
+from fluxmq.core.state_machine import QueueStateMachine
 from storage import LmdbStore, MemoryStore, Store
 from tests.unit.test_delivery import ACKED, EXTENDED, LEASE_MS, Q, make, msg, values
 from tests.unit.test_state_machine import T0, Driver, E, append_cmd

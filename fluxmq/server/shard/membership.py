@@ -10,10 +10,10 @@ from fluxmq import metrics
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import membership as msh
-from fluxmq.core import validation
+from fluxmq.core.commands.members import prepare_join, prepare_leave, require_member_id
+from fluxmq.core.commands.results import MemberResult, member_view
 from fluxmq.core.errors import invalid_argument
 from fluxmq.core.reader import QueueReader
-from fluxmq.core.state_machine import MemberResult, member_view
 from fluxmq.server.shard.proposer import Proposer
 
 RELEASE_HEARTBEAT_MS_MIN = 50  # a member waiting for a release asks at most this often
@@ -35,28 +35,10 @@ class Members:
     async def join_group(self, req: pb.JoinGroupRequest) -> pb.MemberAssignment:
         entry = self._reader.entry(req.queue)
         g = self._reader.group(entry, req.group)
-        consumer = validation.consumer_id(req.consumer_id)
-        strategy, timeout_ms = msh.validate_join(req.strategy, req.session_timeout_ms)
-        if len(req.member_id) > msh.MEMBER_ID_CHARS_MAX:
-            raise invalid_argument("member_id", f"at most {msh.MEMBER_ID_CHARS_MAX} characters")
-        ms = self._reader.membership(entry, req.group)
-        member_id = req.member_id
-        if not member_id or ms is None or member_id not in ms.members:
-            # New (or expired meanwhile): a fresh id, so the old one's requests stay stale.
-            member_id = f"{consumer[:64]}-{secrets.token_hex(6)}"
         now_ms = self._clock_ms()
-        cmd = cpb.JoinGroupCmd(
-            queue=req.queue,
-            queue_id=entry.queue_id,
-            group=req.group,
-            consumer_id=consumer,
-            member_id=member_id,
-            session_timeout_ms=timeout_ms,
-            strategy=strategy,
-            now_ms=now_ms,
-        )
+        cmd = prepare_join(g, entry, req, now_ms, secrets.token_hex(6))
         result = await self._proposer.submit(cmd, MemberResult)
-        self._sessions.saw(g.group_id, member_id, now_ms)
+        self._sessions.saw(g.group_id, cmd.member_id, now_ms)
         metrics.GROUP_JOINS.labels(req.queue).inc()
         return assignment(result.member, result.group_generation)
 
@@ -64,8 +46,7 @@ class Members:
         """Answered by the leader from its memory; a command only when partitions can move."""
         entry = self._reader.entry(req.queue)
         g = self._reader.group(entry, req.group)
-        if not req.member_id:
-            raise invalid_argument("member_id", "required (from JoinGroup)")
+        require_member_id(req.member_id)
         self._proposer.require_leader()
         ms = g.membership
         m = ms.members.get(req.member_id) if ms is not None else None
@@ -105,17 +86,7 @@ class Members:
     async def leave_group(self, req: pb.LeaveGroupRequest) -> None:
         entry = self._reader.entry(req.queue)
         g = self._reader.group(entry, req.group)
-        if not req.member_id:
-            raise invalid_argument("member_id", "required (from JoinGroup)")
-        await self._proposer.propose(
-            cpb.LeaveGroupCmd(
-                queue=req.queue,
-                queue_id=entry.queue_id,
-                group=req.group,
-                member_id=req.member_id,
-                now_ms=self._clock_ms(),
-            )
-        )
+        await self._proposer.propose(prepare_leave(entry, req, self._clock_ms()))
         self._sessions.forget(g.group_id, req.member_id)
 
 

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 from fluxmq import metrics
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core.commands.results import AppendResult, PurgeResult
 from fluxmq.core.errors import FluxError, invalid_argument
 from fluxmq.core.partitioner import PreparedAppend, prepare_append, prepare_encoded_append
 from fluxmq.core.producers import ProducerGrant, check_name
 from fluxmq.core.queue_config import merge_update, normalize_new
 from fluxmq.core.reader import QueueReader
-from fluxmq.core.state_machine import AppendResult, PurgeResult
 from fluxmq.server.shard.proposer import Proposer
 from raft import Appended
 

@@ -61,7 +61,7 @@ class ShardRuntime:
         self.queues = Queues(self.proposer, self.reader, clock_ms, directory)
         self.streams = Streams(self.reader, state.store, self.wakeups)
         self.delivery = GroupDelivery(self.proposer, self.reader, self.wakeups, clock_ms)
-        self.transactions = Transactions(self.proposer, self.reader, self.delivery, clock_ms)
+        self.transactions = Transactions(self.proposer, self.reader, clock_ms)
         self.members = Members(self.proposer, self.reader, sessions, clock_ms)
         self.dead_letters = DeadLetters(self.proposer, self.reader, clock_ms)
         self.timers = LeaderTimers(

@@ -10,9 +10,9 @@ from fluxmq import metrics
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys, validation
 from fluxmq.core.catalog import QueueEntry
+from fluxmq.core.commands.leases import start_offset
 from fluxmq.core.errors import FluxError, queue_not_found
 from fluxmq.core.reader import FetchResult, QueueReader
-from fluxmq.core.state_machine import start_offset
 from fluxmq.server.shard.wakeups import Wakeups
 from storage import Record, Store
 

@@ -16,13 +16,10 @@ from collections.abc import Awaitable, Callable
 from fluxmq import metrics
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq.core import membership as msh
+from fluxmq.core.commands.results import ExpireResult, RetentionResult
+from fluxmq.core.commands.retention import retention_due
 from fluxmq.core.reader import QueueReader
-from fluxmq.core.state_machine import (
-    ExpireResult,
-    QueueStateMachine,
-    RetentionResult,
-    retention_due,
-)
+from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.shard.dead_letters import DeadLetters
 from fluxmq.server.shard.proposer import Proposer
 from fluxmq.server.timer_failures import TimerFailures
