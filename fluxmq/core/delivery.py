@@ -741,57 +741,6 @@ class DeliveryState:
                 done += 1
         return done, dead
 
-    def next_deadline_ms(self) -> int | None:
-        """The earliest lease deadline (maybe of a stale heap entry: then a pass does nothing)."""
-        heads = [g.expiry[0][0] for g in self._by_id.values() if g.expiry]
-        return min(heads) if heads else None
-
-    def ttl_due(self, txn: ReadTxn, policies: dict[int, QueuePolicy], now_ms: int) -> bool:
-        for g in self._by_id.values():
-            policy = policies.get(g.queue_id)
-            if policy is None or not policy.message_ttl_ms:
-                continue
-            for p in range(policy.partitions):
-                part = g.parts.get(p)
-                log = txn.log(keys.log_id(g.queue_id, p))
-                wm = log.watermarks()
-                start = max(part.next if part else 0, wm.low)
-                if start < wm.high and expired(
-                    log.read(start, 1, _READ_BYTES_MAX)[0], policy, now_ms
-                ):
-                    return True
-        return False
-
-    def next_ready_ms(self, g: GroupState) -> int | None:
-        """The earliest due time of a scheduled message of ``g`` (stale entries possible)."""
-        heads = [part.ready[0][0] for part in g.parts.values() if part.ready]
-        return min(heads) if heads else None
-
-    def maybe_ready(self, g: GroupState, highs: dict[int, int], now_ms: int) -> bool:
-        """Whether a Lease at ``now_ms`` could hand out (or at least move past) something, given
-        each partition's high watermark: lets the leader skip proposing empty leases."""
-        for p, high in highs.items():
-            part = g.parts.get(p)
-            if part is None:
-                if high > 0:
-                    return True
-                continue
-            if g.ordered and part.leased:
-                continue
-            if (
-                part.next < high
-                and len(part.slots) < limits.PENDING_PER_PARTITION_MAX
-                and (not g.ordered or not part.scheduled)
-            ):
-                return True
-            if g.ordered:
-                first = min((o for o, s in part.slots.items() if s.kind == SCHEDULED), default=None)
-                if first is not None and part.slots[first].due_ms <= now_ms:
-                    return True
-            elif part.ready and part.ready[0][0] <= now_ms:
-                return True  # (or a stale head: the lease cleans it up, once)
-        return False
-
     # -- offsets ----------------------------------------------------------------------------
 
     def reset(self, txn: WriteTxn, g: GroupState, p: int, offset: int) -> None:

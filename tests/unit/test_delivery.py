@@ -906,8 +906,7 @@ def test_a_lease_that_retention_removed_does_not_hold_an_ordered_partition_once_
     assert q.nack(rc, now=T0 + 1, retry_at=T0 + 600_000) == [NACKED]
     v = q.view()
     assert (v.scheduled, v.skipped, v.committed) == ({}, 3, 3)
-    g = q.sm.delivery.get(q.q.queue_id, "q", "g")
-    assert q.sm.delivery.maybe_ready(g, {0: 5}, T0 + 2)
+    assert q.sm.view.delivery.get(q.q.queue_id, "q", "g").maybe_ready({0: 5}, T0 + 2)
     assert values(q.lease(now=T0 + 2)) == [b"3", b"4"]
 
 

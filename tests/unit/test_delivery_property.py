@@ -321,7 +321,8 @@ class Run:
                 for p in range(self.parts)
             }
         g = self.sm.delivery.get(self.q.queue_id, "q", group)
-        could = self.sm.delivery.maybe_ready(g, highs, self.now)
+        # What the leader asks before it proposes a lease: the published view's answer.
+        could = self.sm.view.delivery.get(self.q.queue_id, "q", group).maybe_ready(highs, self.now)
         nexts = [self.sm.delivery.view(g, p).next for p in range(self.parts)]
         res = self.cmd(
             cpb.LeaseCmd(
