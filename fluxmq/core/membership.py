@@ -48,6 +48,7 @@ STALE_GENERATION
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -157,6 +158,19 @@ class Membership:
         for p, mid in waiting.items():
             holder = held.get(p)
             assert holder is not None and p in self.members[holder].revoking, (p, mid, holder)
+
+    def copy(self) -> Membership:
+        """A copy that shares nothing mutable with this one (for published views)."""
+        return Membership(
+            self.group_generation,
+            self.strategy,
+            {
+                mid: dataclasses.replace(
+                    m, owned=set(m.owned), revoking=set(m.revoking), pending=set(m.pending)
+                )
+                for mid, m in self.members.items()
+            },
+        )
 
     def by_consumer(self, consumer_id: str) -> Member | None:
         for m in self.members.values():

@@ -19,7 +19,7 @@ from fluxmq.core.membership import Membership, releasable
 from fluxmq.core.queue_config import labels_match, parse_label_selector
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.core.validation import group_name as validate_group_name
-from fluxmq.core.views import GroupView, StateView, copy_membership
+from fluxmq.core.views import GroupView, StateView
 from storage.api import Record, StoredBatch, Watermarks
 
 _TOKEN_TAG = b"queues:"  # page tokens are base64url("queues:" + last name of the page)
@@ -255,12 +255,6 @@ class QueueReader:
             for g in self._state.view.delivery.all_groups()
             if g.membership is not None and g.membership.members
         ]
-
-    def membership(self, entry: QueueEntry, group: str) -> Membership | None:
-        """A copy of the group's membership (None: nobody ever joined)."""
-        return copy_membership(
-            self._state.view.delivery.get(entry.queue_id, entry.name, group).membership
-        )
 
     def offsets(self, entry: QueueEntry, group: str) -> pb.OffsetsResponse:
         resp = pb.OffsetsResponse()

@@ -29,7 +29,7 @@ from fluxmq.core.delivery import (
     expired,
     group_not_found,
 )
-from fluxmq.core.membership import Member, Membership
+from fluxmq.core.membership import Membership
 from fluxmq.core.queue_config import QueuePolicy
 from storage.api import ReadTxn
 
@@ -61,9 +61,9 @@ class PartitionSummary:
         due: tuple[int, ...] = ()
         first: int | None = None
         if part.scheduled:
-            scheduled = sorted((o, s.due_ms) for o, s in part.slots.items() if s.kind == SCHEDULED)
+            scheduled = [(o, s.due_ms) for o, s in part.slots.items() if s.kind == SCHEDULED]
             due = tuple(sorted(d for _, d in scheduled))
-            first = scheduled[0][1] if scheduled else None
+            first = min(scheduled)[1] if scheduled else None
         return cls(
             partition=p,
             committed=part.committed,
@@ -114,7 +114,7 @@ class GroupView:
         else:
             meta = pb.Group()
             meta.CopyFrom(g.meta)
-            membership = copy_membership(g.membership)
+            membership = g.membership.copy() if g.membership is not None else None
         return cls(
             meta=meta,
             queue_id=g.queue_id,
@@ -281,26 +281,3 @@ class StateView:
 
     def consumed_floor(self, entry: QueueEntry, partition: int, high: int) -> int:
         return self.delivery.consumed_floor(entry.queue_id, partition, high)
-
-
-def copy_membership(ms: Membership | None) -> Membership | None:
-    if ms is None:
-        return None
-    return Membership(
-        ms.group_generation,
-        ms.strategy,
-        {
-            mid: Member(
-                m.member_id,
-                m.consumer_id,
-                m.session_timeout_ms,
-                m.generation,
-                m.fenced_below,
-                set(m.owned),
-                set(m.revoking),
-                set(m.pending),
-                m.joined_ms,
-            )
-            for mid, m in ms.members.items()
-        },
-    )
