@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from raft._pysyncobj import PipeNotifier, create_poller
+from raft.os_thread import set_os_thread_name
 
 log = logging.getLogger("raft.driver")
 T = TypeVar("T")
@@ -99,6 +100,7 @@ class RaftDriver:
                 fut.set_exception(exc)
 
     def _routine(self) -> None:
+        set_os_thread_name(self._thread.name)
         while not self._stopping:
             self._run_calls()
             busy = False

@@ -51,6 +51,7 @@ from raft.api import (
     StateMachine,
 )
 from raft.driver import RaftDriver
+from raft.os_thread import set_os_thread_name
 from raft.segment_journal import SEGMENT_BYTES_DEFAULT, SegmentFileJournal, open_shard_journal
 from raft.wire_guard import HANDSHAKES_PENDING_MAX, WireLimits, wire_frame_bytes_max
 from raft.wire_transport import WireTls
@@ -248,7 +249,9 @@ class PySyncObjShard:
         self._appends_to_ack: deque[tuple[int, int, list[int]]] = deque()
         self._received_at_tick = 0  # transport.messages_received when the last tick began
         self._journal_writer = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"journal-{config.shard_id}"
+            max_workers=1,
+            thread_name_prefix=f"journal-{config.shard_id}",
+            initializer=lambda: set_os_thread_name(f"journal-{config.shard_id}"),
         )
         self._apply_queue: queue.Queue[Any] = queue.Queue(maxsize=APPLY_BATCHES_QUEUED_MAX)
         # Seconds per applied batch, a moving average; starts high: the thread until measured.
@@ -728,6 +731,7 @@ class PySyncObjShard:
         return True
 
     def _apply_routine(self) -> None:
+        set_os_thread_name(self._apply_thread.name)
         while True:
             items = [self._apply_queue.get()]
             # Whatever else is queued goes into the same state transaction: under load the

@@ -3,8 +3,9 @@
 pysyncobj keeps the Raft rules; these are the bytes between replicas (``raft/wire_transport.py``
 moves them). What pysyncobj's own wire did per message, and this one does not: zlib level 3 over
 the pickled message, then Fernet (AES-CBC, HMAC-SHA256 and base64) over that. Here a message is
-pickled once and authenticated with one HMAC-SHA256; nothing is compressed or encrypted (TLS, when
-wanted, is the network's job or a later transport option).
+encoded once (the two of every round in a binary layout, the rest pickled) and authenticated
+with one HMAC-SHA256; nothing is compressed or encrypted (TLS, when wanted, is the network's
+job or a later transport option).
 
 Every frame::
 
@@ -20,12 +21,18 @@ Kinds:
 - ``MESSAGE`` (either way, after the handshake): ``pickled message | mac (32)``; the MAC is
   HMAC-SHA256 under the direction's session key over ``u64 sequence | version | kind | body``,
   so a frame cannot be altered, replayed, reordered or reflected back to its sender.
+- ``APPEND_ENTRIES`` and ``NEXT_INDEX`` (either way, after the handshake): pysyncobj's two
+  messages of every round in a fixed binary layout (raft/hot_messages.py), MAC'd like MESSAGE.
+  A node sends them only to a peer whose first message on the link, a pickled
+  ``fx_wire_features`` message, said it reads them; every other message stays pickled. A node
+  from before them ignores the features message (pysyncobj drops unknown message types), so
+  nodes of both kinds replicate together during a rolling upgrade.
 - ``REFUSED`` (either way, before authentication): a UTF-8 reason, only ever logged.
 
 The MAC is verified before anything is decoded, and only an authenticated peer's bytes are ever
-unpickled, by an unpickler that refuses every global (plain containers, numbers, bytes and
-strings only: all a pysyncobj message holds). Proofs carry a role label, so a challenge cannot
-be answered by reflecting it back to the node that sent it.
+decoded or unpickled, by an unpickler that refuses every global (plain containers, numbers,
+bytes and strings only: all a pysyncobj message holds). Proofs carry a role label, so a
+challenge cannot be answered by reflecting it back to the node that sent it.
 
 Time is not read here; sockets are not touched here. Everything is a pure function of its
 inputs, so tests drive each step by hand.
@@ -41,6 +48,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from raft import hot_messages
+
 WIRE_VERSION = 1
 MAGIC = b"FXRAFT"
 
@@ -48,7 +57,12 @@ KIND_HELLO = 1
 KIND_CHALLENGE = 2
 KIND_PROOF = 3
 KIND_MESSAGE = 16
+KIND_APPEND_ENTRIES = hot_messages.KIND_APPEND_ENTRIES  # 17
+KIND_NEXT_INDEX = hot_messages.KIND_NEXT_INDEX  # 18
 KIND_REFUSED = 127
+
+FEATURES_TYPE = "fx_wire_features"
+HOT_READS = ("append_entries", "next_node_idx")
 
 NONCE_BYTES = 32
 MAC_BYTES = 32
@@ -205,6 +219,8 @@ class Session:
     recv_key: bytes
     send_seq: int = 0
     recv_seq: int = 0
+    # Set once the peer's features message says it reads the binary hot messages.
+    peer_reads_hot: bool = False
 
     @classmethod
     def derive(
@@ -221,9 +237,15 @@ class Session:
         return cls(send_key=to_dialer, recv_key=to_acceptor)
 
     def seal(self, message: Any) -> bytes:
-        """One message as a MESSAGE frame (length prefix included)."""
-        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        header = _HEADER.pack(WIRE_VERSION, KIND_MESSAGE)
+        """One message as a frame (length prefix included): an append-entries or next-index
+        message in its binary layout when the peer said it reads them (``peer_reads_hot``),
+        anything else pickled in a MESSAGE frame."""
+        hot = hot_messages.encode(message) if self.peer_reads_hot else None
+        if hot is None:
+            kind, body = KIND_MESSAGE, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        else:
+            kind, body = hot
+        header = _HEADER.pack(WIRE_VERSION, kind)
         mac = _mac(self.send_key, _U64.pack(self.send_seq), header, body)
         self.send_seq += 1
         return b"".join((_LENGTH.pack(len(header) + len(body) + MAC_BYTES), header, body, mac))
@@ -231,12 +253,12 @@ class Session:
     def open(self, kind: int, body: bytes) -> Any:
         """The message in a frame's body (its kind and body as ``split`` returned them),
         authenticated before it is decoded. Raises WireError on anything else."""
-        if kind != KIND_MESSAGE:
+        if kind != KIND_MESSAGE and kind not in hot_messages.HOT_KINDS:
             raise WireError(f"a frame of kind {kind} after the handshake")
         if len(body) < MAC_BYTES:
             raise WireError("a message shorter than its MAC")
         payload, mac = body[:-MAC_BYTES], body[-MAC_BYTES:]
-        header = _HEADER.pack(WIRE_VERSION, KIND_MESSAGE)
+        header = _HEADER.pack(WIRE_VERSION, kind)
         expected = _mac(self.recv_key, _U64.pack(self.recv_seq), header, payload)
         if not hmac.compare_digest(mac, expected):
             raise WireError(
@@ -244,6 +266,24 @@ class Session:
             )
         self.recv_seq += 1
         try:
+            if kind != KIND_MESSAGE:
+                return hot_messages.decode(kind, payload)
             return _PlainUnpickler(io.BytesIO(payload)).load()
         except Exception as e:
             raise WireError(f"an authenticated message that does not decode: {e}") from e
+
+
+def features() -> dict[str, Any]:
+    """The message a node sends first on every link: what it reads besides pickled messages.
+    A node that predates it hands it to pysyncobj, which ignores message types it does not
+    know, and keeps receiving pickled messages only (a rolling upgrade mixes the two)."""
+    return {"type": FEATURES_TYPE, "reads": list(HOT_READS)}
+
+
+def reads_hot(message: Any) -> bool | None:
+    """None when ``message`` is not a features message; else whether its sender reads the
+    binary append-entries and next-index messages."""
+    if type(message) is not dict or message.get("type") != FEATURES_TYPE:
+        return None
+    reads = message.get("reads")
+    return isinstance(reads, list) and all(r in reads for r in HOT_READS)

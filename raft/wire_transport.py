@@ -716,6 +716,10 @@ class WireTransport(Transport):  # type: ignore[misc]
         if link.phase is _Phase.OPEN:
             assert link.session is not None
             message = link.session.open(kind, body)
+            reads_hot = wire.reads_hot(message)
+            if reads_hot is not None:
+                link.session.peer_reads_hot = reads_hot  # the link's first message
+                return
             self.messages_received += 1
             self._onMessageReceived(link.node, message)
             return
@@ -779,6 +783,9 @@ class WireTransport(Transport):  # type: ignore[misc]
         link.phase = _Phase.OPEN
         link.reader.frame_bytes_max = self._limits.frame_bytes_max
         self._open[node] = link
+        assert link.session is not None
+        # First on the link, before anything pysyncobj sends: what this node reads.
+        self._write(link, link.session.seal(wire.features()))
         self._onNodeConnected(node)
 
     # -- closing ---------------------------------------------------------------------------

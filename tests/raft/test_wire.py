@@ -335,3 +335,66 @@ def test_the_session_keys_derive_from_the_secret() -> None:
     with pytest.raises(wire.WireError):
         deliver(ours.seal({"n": 0}), theirs)
     assert key != other and SECRET.encode() not in key
+
+
+# -- the binary hot messages ------------------------------------------------------------------
+
+HOT_APPEND = {
+    "type": "append_entries",
+    "term": 7,
+    "commit_index": 41,
+    "prevLogIdx": 40,
+    "prevLogTerm": 7,
+    "entries": [(b"\x00payload", 41, 7), (b"", 42, 7)],
+}
+HOT_NEXT = {"type": "next_node_idx", "next_node_idx": 43, "reset": False, "success": True}
+
+
+def test_hot_messages_go_binary_only_to_a_peer_that_said_it_reads_them() -> None:
+    dialer, acceptor = handshake()
+    for message in (HOT_APPEND, HOT_NEXT):
+        sealed = dialer.seal(message)
+        assert wire.split(body_of(sealed))[0] == wire.KIND_MESSAGE
+        assert deliver(sealed, acceptor) == message
+    dialer.peer_reads_hot = True  # as the transport does on reading the acceptor's features
+    sealed = dialer.seal(HOT_APPEND)
+    assert wire.split(body_of(sealed))[0] == wire.KIND_APPEND_ENTRIES
+    assert pickle.dumps(HOT_APPEND["entries"][0][0]) not in sealed
+    assert deliver(sealed, acceptor) == HOT_APPEND
+    sealed = dialer.seal(HOT_NEXT)
+    assert wire.split(body_of(sealed))[0] == wire.KIND_NEXT_INDEX
+    assert deliver(sealed, acceptor) == HOT_NEXT
+    # Other messages stay pickled on the same session.
+    vote = {"type": "request_vote", "term": 8, "last_log_index": 42, "last_log_term": 7}
+    sealed = dialer.seal(vote)
+    assert wire.split(body_of(sealed))[0] == wire.KIND_MESSAGE
+    assert deliver(sealed, acceptor) == vote
+
+
+def test_the_mac_covers_the_kind_so_a_hot_frame_cannot_be_read_as_another() -> None:
+    dialer, acceptor = handshake()
+    dialer.peer_reads_hot = True
+    framed = bytearray(dialer.seal(HOT_NEXT))
+    framed[5] = wire.KIND_APPEND_ENTRIES  # length (4) | version (1) | kind
+    with pytest.raises(wire.WireError) as caught:
+        deliver(bytes(framed), acceptor)
+    assert caught.value.kind == "secret"
+
+
+def test_an_authenticated_hot_frame_that_does_not_decode_is_a_protocol_error() -> None:
+    dialer, acceptor = handshake()
+    body = b"\x01\x02\x03"  # not a next-index body, but MAC'd correctly
+    header = bytes((wire.WIRE_VERSION, wire.KIND_NEXT_INDEX))
+    mac = wire._mac(dialer.send_key, struct.pack("<Q", 0), header, body)
+    framed = struct.pack("<i", 2 + len(body) + 32) + header + body + mac
+    with pytest.raises(wire.WireError) as caught:
+        deliver(framed, acceptor)
+    assert caught.value.kind == "protocol" and "does not decode" in caught.value.reason
+
+
+def test_the_features_message_says_what_a_node_reads() -> None:
+    assert wire.reads_hot(wire.features()) is True
+    assert wire.reads_hot({"type": wire.FEATURES_TYPE, "reads": ["append_entries"]}) is False
+    assert wire.reads_hot({"type": wire.FEATURES_TYPE}) is False
+    assert wire.reads_hot(HOT_APPEND) is None
+    assert wire.reads_hot("x") is None

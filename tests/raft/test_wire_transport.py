@@ -116,6 +116,7 @@ def test_a_frame_that_fails_its_hmac_is_dropped_before_any_decode(
     caplog.set_level(logging.INFO, logger="raft.wire")
     peer = WirePeer(node, node.peers[0])
     peer.authenticate()
+    unpickled[0] = 0  # the features messages of the link's opening
     good = peer.seal({"type": "fx-noop", "term": 0, "n": 1})
     peer.sock.sendall(good)
     node.tick_until("the first message arrives", lambda: len(node.received) == 1)
@@ -140,6 +141,7 @@ def test_a_frame_reflected_back_to_the_node_does_not_authenticate(
     """Per-direction session keys: what the node sent cannot be played back to it."""
     peer = WirePeer(node, node.peers[0])
     peer.authenticate()
+    unpickled[0] = 0  # the features messages of the link's opening
     target = next(n for n in node.transport._open if n.id == peer.id)
     assert node.transport.send(target, {"type": "fx-noop", "term": 0})
     sent = node.recv_frame(peer.sock)
@@ -388,3 +390,35 @@ def test_a_follower_answers_the_appends_of_one_read_after_a_single_fsync(
     assert answers[-1]["next_node_idx"] == 2 + appends
     assert node.journal.durable_index == 1 + appends, "every acknowledged entry is on disk"
     assert node.journal.fsyncs - fsyncs_before == 1
+
+
+@pytest.mark.parametrize("peer_reads_hot", [True, False])
+def test_a_round_is_binary_with_a_current_peer_and_pickled_with_an_older_one(
+    peer_reads_hot: bool, node: TickedNode, unpickled: list[int]
+) -> None:
+    """Append-entries and its answer cross in their binary layout, nothing unpickled on either
+    side, once the peer said it reads them; a peer from before them (a rolling upgrade) keeps
+    getting pickled answers that mean the same."""
+    leader = WirePeer(node, node.peers[0], reads_hot=peer_reads_hot)
+    leader.authenticate()
+    assert leader.node_reads_hot is True  # the node announced itself on opening the link
+    unpickled[0] = 0
+    leader.send(
+        {
+            "type": "append_entries",
+            "term": 1,
+            "commit_index": 1,
+            "prevLogIdx": 1,
+            "prevLogTerm": 0,
+            "entries": [(b"entry", 2, 1)],
+        }
+    )
+    kind, answer = leader.recv_kind()
+    assert answer == {"type": "next_node_idx", "next_node_idx": 3, "reset": False, "success": True}
+    if peer_reads_hot:
+        assert kind == wire.KIND_NEXT_INDEX
+        assert unpickled == [0]
+    else:
+        assert kind == wire.KIND_MESSAGE
+        assert unpickled == [2]  # the node's append and the test's answer
+    assert node.journal.durable_index == 2

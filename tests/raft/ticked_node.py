@@ -206,10 +206,17 @@ def dialer_proof(secret: str, dialer_nonce: bytes, acceptor_nonce: bytes, dialer
 
 class WirePeer:
     """The test's end of one connection to a TickedNode, dialing it as a replica with id
-    ``peer_id`` and the cluster secret ``secret`` would (raft/wire.py does the bytes)."""
+    ``peer_id`` and the cluster secret ``secret`` would (raft/wire.py does the bytes).
 
-    def __init__(self, node: TickedNode, peer_id: str, secret: str = SECRET) -> None:
+    With ``reads_hot`` (the default) it announces, as a current node does, that it reads the
+    binary append-entries and next-index messages; without, it is a node from before them."""
+
+    def __init__(
+        self, node: TickedNode, peer_id: str, secret: str = SECRET, *, reads_hot: bool = True
+    ) -> None:
         self.node = node
+        self.reads_hot = reads_hot
+        self.node_reads_hot: bool | None = None  # what the node's features message said
         self.id = peer_id
         self.secret = secret
         self.key = wire.master_key(secret)
@@ -247,6 +254,15 @@ class WirePeer:
         session = self.handshake()
         self.node.tick_until("the node authenticates the peer", lambda: self.node.pending() == 0)
         assert any(n.id == self.id for n in self.node.transport._open), "the node dropped us"
+        kind, first = self.recv_kind()
+        assert kind == wire.KIND_MESSAGE, kind
+        self.node_reads_hot = wire.reads_hot(first)
+        assert self.node_reads_hot is not None, f"the node's first message was {first!r}"
+        if self.reads_hot:
+            session.peer_reads_hot = self.node_reads_hot
+            self.send(wire.features())
+            link = next(v for n, v in self.node.transport._open.items() if n.id == self.id)
+            self.node.tick_until("the node reads our features", lambda: link.session.peer_reads_hot)
         return session
 
     def seal(self, message: Any) -> bytes:
@@ -257,5 +273,10 @@ class WirePeer:
         self.sock.sendall(self.seal(message))
 
     def recv(self) -> Any:
+        return self.recv_kind()[1]
+
+    def recv_kind(self) -> tuple[int, Any]:
+        """The next frame's kind and message."""
         assert self.session is not None, "not authenticated"
-        return self.session.open(*wire.split(self.node.recv_frame(self.sock)))
+        kind, body = wire.split(self.node.recv_frame(self.sock))
+        return kind, self.session.open(kind, body)
