@@ -42,11 +42,24 @@ pysyncobj upgrade that moves them fails loudly instead of silently losing data.
    so an entry on the disks of a majority commits without waiting for the leader's disk, and
    nothing commits that a majority does not hold durably. pysyncobj's
    ``_SyncObj__raftCommitIndex`` is set to the bounded index; the next tick proposes again.
+8. No self-wake per command. With ``appendEntriesUseBatch`` off, every ``_applyCommand`` writes
+   a byte to pysyncobj's own pipe to wake its tick thread. Here every command is handed over on
+   the driver thread right before the tick that takes it (``PySyncObjShard._hand_over``), so
+   the byte only costs a write, a read and an extra driver round: ``_SyncObj__pipeNotifier`` is
+   replaced by one that does nothing, and its pipe is closed.
+9. Commit notices ride with the next append. After a leader applies, stock pysyncobj sends an
+   append-entries at once whose only news is the commit index; at one message per round that
+   doubles the messages, journal checks and driver rounds of every follower. The override of
+   ``_SyncObj__applyLogEntries`` instead moves the leader's next append-entries time to at most
+   ``fx_commit_notice_s`` away: a new entry in the meantime carries the index (the next round
+   of a steady load), else that append does. Only followers' apply waits; what is committed
+   and when the leader answers do not change.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 from collections.abc import Callable
@@ -92,12 +105,18 @@ def check_assumptions() -> list[str]:
             missing.append(f"pysyncobj.syncobj.{name}")
     if not hasattr(_so.FastQueue(1), "_FastQueue__queue"):
         missing.append("FastQueue._FastQueue__queue")
+    if not {"_PipeNotifier__pipeR", "_PipeNotifier__pipeW"} <= set(
+        PipeNotifier.__init__.__code__.co_names
+    ):
+        missing.append("PipeNotifier._PipeNotifier__pipeR/__pipeW (hook 8)")
     for name in (
         "_SyncObj__onMessageReceived",
         "_SyncObj__onNodeDisconnected",
         "_SyncObj__loadDumpFile",
         "_SyncObj__updateClusterConfiguration",
         "_SyncObj__onSetCodeVersion",
+        "_SyncObj__applyLogEntries",
+        "_SyncObj__sendAppendEntries",
         "_applyCommand",
         "_checkCommandsToApply",
         "doTick",
@@ -114,6 +133,13 @@ def check_assumptions() -> list[str]:
 _missing = check_assumptions()
 if _missing:  # pragma: no cover - only with another pysyncobj
     raise ImportError("raft/ cannot harden this pysyncobj: missing " + ", ".join(_missing))
+
+
+class _SilentNotifier:
+    """Hook 8's stand-in for pysyncobj's PipeNotifier."""
+
+    def notify(self) -> None:
+        return None
 
 
 def majority_index(durable: list[int]) -> int:
@@ -176,6 +202,8 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         # it campaigns (Raft thesis 3.10). Afterwards they go to the new leader, or followers'
         # ones are refused NOT_LEADER (never applied) and retried by their senders.
         self.fx_holding = False
+        # Hook 9: how long a commit index may wait for an append to ride with (0: send at once).
+        self.fx_commit_notice_s = 0.0
         self._fx_installing = False  # a snapshot chunk's handler is running (hooks 3 and 4)
         # Observer of every message received, before it is handled (the latency budget).
         self.fx_on_message: Callable[[Any, Any], None] | None = None
@@ -195,6 +223,32 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             finally:
                 _so.createJournal, _so.createPoller = saved
         journal.commit_bound = self._fx_bound_commit  # hook 7
+        self._fx_silence_pipe_notifier(poller)  # hook 8
+
+    # -- hook 8: no self-wake per command ------------------------------------------------------
+
+    def _fx_silence_pipe_notifier(self, poller: Any) -> None:
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        if notifier is None:
+            return  # batch mode: pysyncobj made none
+        self._SyncObj__pipeNotifier = _SilentNotifier()
+        for name in ("_PipeNotifier__pipeR", "_PipeNotifier__pipeW"):
+            fd = getattr(notifier, name)
+            if name.endswith("pipeR"):
+                poller.unsubscribe(fd)
+            os.close(fd)
+
+    # -- hook 9: commit notices ride with the next append --------------------------------------
+
+    def _SyncObj__applyLogEntries(self) -> bool:
+        send_now = bool(SyncObj._SyncObj__applyLogEntries(self))
+        delay_s = self.fx_commit_notice_s
+        if not send_now or delay_s <= 0 or not self._isLeader():
+            return send_now
+        due = float(_so.monotonicTime()) + delay_s
+        if due < float(getattr(self, "_SyncObj__newAppendEntriesTime")):  # noqa: B009
+            self._SyncObj__newAppendEntriesTime = due
+        return False
 
     # -- hook 7: a leader counts itself toward a commit as far as its log is durable -----------
 

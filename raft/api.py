@@ -6,9 +6,9 @@ raft/ knows nothing of queues: payloads and results are opaque to it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +116,13 @@ class Shard(Protocol):
         ...
 
     def status(self) -> ShardStatus: ...
+
+    def post_to_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the shard's event loop (from any thread; the state machine's
+        commit listener calls it while applying). Calls posted during a round's apply reach
+        the loop together with that round's answers, in one wake-up. Before ``start``
+        nothing waits on the loop, and the call is dropped."""
+        ...
 
     async def barrier(self) -> None:
         """Return once this replica has applied everything committed before the call."""

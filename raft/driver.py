@@ -43,14 +43,19 @@ class RaftDriver:
         assert idle_wait_ms >= 1
         self._idle_wait_s = idle_wait_ms / 1000
         self.poller: Any = create_poller()
-        self._notifier = PipeNotifier(self.poller)
+        self._notifier = PipeNotifier(self.poller, self._woken)
         self._shards: list[Driven] = []
         self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._routine, name=name, daemon=True)
         self._started = False
         self._lock = threading.Lock()
+        # A wake-up is on its way (the pipe holds a byte the poller has not taken yet): more
+        # wakers need not write another. Cleared when the poller drains the pipe (whichever
+        # poll does: pysyncobj's tick polls too), so a waker after the drain writes again.
+        self._wake_pending = False
         self.rounds = 0
+        self.wakeups = 0  # bytes written to the wake-up pipe, ever
 
     def start(self) -> None:
         with self._lock:
@@ -58,8 +63,15 @@ class RaftDriver:
                 self._started = True
                 self._thread.start()
 
+    def _woken(self) -> None:
+        self._wake_pending = False
+
     def wake(self) -> None:
-        """Cut the current wait short (any thread)."""
+        """Cut the current wait short (any thread); one write per round however many call."""
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        self.wakeups += 1
         try:
             self._notifier.notify()
         except BlockingIOError:

@@ -232,6 +232,11 @@ class JournalCore(abc.ABC):
     def flush_inflight(self) -> bool:
         return self._inflight is not None
 
+    @property
+    def flush_finished(self) -> bool:
+        """The flush in flight is done and waits for ``poll_flushed`` to complete it."""
+        return self._inflight is not None and self._inflight[1].done()
+
     def _finish_inflight(self) -> None:
         if self._inflight is None:
             return

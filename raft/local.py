@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from raft.api import (
     Entry,
@@ -24,6 +26,7 @@ from raft.api import (
     ShardStatus,
     StateMachine,
 )
+from raft.loop_mailbox import LoopMailbox
 
 
 @dataclass(slots=True)
@@ -54,6 +57,7 @@ class LocalShard:
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"apply-{shard_id}")
         self._task: asyncio.Task[None] | None = None
+        self._mailbox: LoopMailbox | None = None  # set by start
         self._closed = False
         self._applied = state_machine.last_applied_index()
         self.batches_applied = 0
@@ -99,7 +103,20 @@ class LocalShard:
             "a single-node shard cannot change membership: start the node in cluster mode"
         )
 
+    def post_to_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        mailbox = self._mailbox
+        if mailbox is not None:
+            mailbox.post(fn, *args)
+
+    @property
+    def loop_wakeups(self) -> int:
+        """Wake-ups of the event loop sent from the apply thread (none while it applies: what
+        an apply posts runs when the loop takes its results)."""
+        return 0 if self._mailbox is None else self._mailbox.wakeups
+
     async def start(self) -> None:
+        if self._mailbox is None:
+            self._mailbox = LoopMailbox(asyncio.get_running_loop())
         if self._task is None:
             self._task = asyncio.create_task(self._apply_routine(), name=f"{self._shard_id}-apply")
 
@@ -190,11 +207,18 @@ class LocalShard:
         loop = asyncio.get_running_loop()
         first = self._applied + 1
         entries = [Entry(first + i, p.payload) for i, p in enumerate(batch)]
+        mailbox = self._mailbox
+        assert mailbox is not None, "started"
+        # What the apply posts (the commit listener's wake-ups) runs here, once the results are
+        # back on the loop: the executor's answer is the round's only wake-up.
+        mailbox.hold()
         try:
             results = await loop.run_in_executor(self._executor, self._sm.apply_batch, entries)
         except Exception:
             self._applied = self._sm.last_applied_index()
             raise
+        finally:
+            mailbox.release_here()
         assert len(results) == len(batch)
         self._applied = entries[-1].index
         assert self._sm.last_applied_index() == self._applied

@@ -12,7 +12,8 @@
   the file in chunks to replicas that fell behind the compacted log.
 
 Threads: ``propose`` runs on the event loop; everything that touches pysyncobj runs on the driver
-thread; results come back through ``loop.call_soon_threadsafe``.
+thread; results come back through a LoopMailbox (raft/loop_mailbox.py): one wake-up of the loop
+per applied round, whatever it carries.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from raft.api import (
     StateMachine,
 )
 from raft.driver import RaftDriver
+from raft.loop_mailbox import LoopMailbox
 from raft.os_thread import set_os_thread_name
 from raft.segment_journal import SEGMENT_BYTES_DEFAULT, SegmentFileJournal, open_shard_journal
 from raft.wire_guard import HANDSHAKES_PENDING_MAX, WireLimits, wire_frame_bytes_max
@@ -89,6 +91,9 @@ class RaftTimings:
     leader_fallback_ms: int = 3000  # a leader that hears from no majority this long steps down
     reconnect_ms: int = 250
     connect_timeout_ms: int = 1500
+    # A leader's new commit index waits at most this long for an append to ride with before it
+    # goes out alone (raft/_pysyncobj.py hook 9): followers apply that much later at worst.
+    commit_notice_ms: int = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +188,11 @@ def check_config(cfg: ShardConfig) -> None:
         )
     parse_address(cfg.self_address, "raft address")
     parse_address(cfg.bind, "raft bind address")
+    if not 0 <= cfg.timings.commit_notice_ms < cfg.timings.heartbeat_ms:
+        raise ShardStartError(
+            f"commit_notice_ms {cfg.timings.commit_notice_ms} must be at least 0 and below "
+            f"heartbeat_ms {cfg.timings.heartbeat_ms}"
+        )
     seen = {cfg.self_address}
     for peer in cfg.peers:
         parse_address(peer, "peer")
@@ -234,6 +244,7 @@ class PySyncObjShard:
         self._cfg = config
         self._driver = driver
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._mailbox: LoopMailbox | None = None  # set with _loop
         self._so: HardenedSyncObj | None = None
         self._journal: SegmentFileJournal | None = None
         self._lock = threading.Lock()  # hand-off between the loop and the driver thread
@@ -326,7 +337,18 @@ class PySyncObjShard:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._mailbox = LoopMailbox(self._loop)
         await asyncio.wrap_future(self._driver.call(self._construct))
+
+    def post_to_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        mailbox = self._mailbox
+        if mailbox is not None:
+            mailbox.post(fn, *args)
+
+    @property
+    def loop_wakeups(self) -> int:
+        """Wake-ups of the event loop the shard has sent (one per round at most, by design)."""
+        return 0 if self._mailbox is None else self._mailbox.wakeups
 
     async def close(self) -> None:
         if self._closed:
@@ -501,6 +523,7 @@ class PySyncObjShard:
         except Exception as e:
             journal.close()
             raise ShardStartError(f"raft shard {cfg.shard_id} cannot start: {e}") from e
+        self._so.fx_commit_notice_s = t.commit_notice_ms / 1000
         self._journal = journal
         if self.on_stage is not None:
             journal.on_append = self._stamp_appended
@@ -586,6 +609,11 @@ class PySyncObjShard:
             return 0.0
         if so.transport.messages_received != self._received_at_tick:
             return 0.0  # handled after the last tick's decisions: tick again now
+        journal = self._journal
+        if journal is not None and journal.flush_finished:
+            # The writer's wake-up may have been drained by a poll inside the last tick, after
+            # this round looked at the journal: take the flush now, not at the next timer.
+            return 0.0
         transport_s = float(so.transport.next_timer_s(time.monotonic()))
         return min(so.fx_next_timer_s(), transport_s)
 
@@ -598,8 +626,8 @@ class PySyncObjShard:
         done: list[tuple[_Proposal, object]] = [
             (p, Appended()) for fid in frame_ids for p in self._frames.get(fid, ()) if p.on_append
         ]
-        if done and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._resolve_all, done)
+        if done:
+            self.post_to_loop(self._resolve_all, done)
 
     def _hand_over(self, so: HardenedSyncObj) -> list[int]:
         """Hand waiting proposals to pysyncobj as frames; -> the frame ids handed."""
@@ -756,7 +784,20 @@ class PySyncObjShard:
         """Apply the entries of ``batches`` (as ``_flush_applies`` queued them, in log order) in
         one state transaction, then resolve their proposals. -> False only with ``retry=False``
         when the state machine refused the transaction (nothing applied, nothing resolved);
-        with ``retry=True`` it stalls until the state machine can apply them."""
+        with ``retry=True`` it stalls until the state machine can apply them.
+
+        What the round posts to the loop (the commit listener's wake-ups, the answers, the
+        traces) reaches it in one wake-up: the mailbox is held from the apply to the end."""
+        mailbox = self._mailbox
+        if mailbox is not None:
+            mailbox.hold()
+        try:
+            return self._apply_and_answer(batches, retry)
+        finally:
+            if mailbox is not None:
+                mailbox.release()
+
+    def _apply_and_answer(self, batches: list[Any], retry: bool) -> bool:
         entries: list[Entry] = []
         for batch_entries, _slots, _waiting, _traces in batches:
             entries.extend(batch_entries)
@@ -789,10 +830,10 @@ class PySyncObjShard:
             trace.applied_s = applied_s
         self.batches_applied += 1
         self.proposals_applied += len(done)
-        if done and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._resolve_all, done)
-        if traces and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._observe_traces, traces)
+        if done:
+            self.post_to_loop(self._resolve_all, done)
+        if traces:
+            self.post_to_loop(self._observe_traces, traces)
         return True
 
     def _drain_applies(self) -> None:
@@ -1013,8 +1054,7 @@ class PySyncObjShard:
     # -- completion ------------------------------------------------------------------------
 
     def _finish_threadsafe(self, p: _Proposal, *, error: BaseException) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._finish, p, None, error)
+        self.post_to_loop(self._finish, p, None, error)
 
     def _finish(
         self, p: _Proposal, result: object = None, error: BaseException | None = None

@@ -35,7 +35,13 @@ from raft.api import (
     ShardRequestDeniedError,
 )
 from raft.driver import RaftDriver
-from raft.pysyncobj_shard import PySyncObjShard, ShardConfig, ShardStartError, check_config
+from raft.pysyncobj_shard import (
+    PySyncObjShard,
+    RaftTimings,
+    ShardConfig,
+    ShardStartError,
+    check_config,
+)
 from raft.segment_journal import SegmentFileJournal
 from tests.raft.helpers import (
     FAST,
@@ -627,6 +633,12 @@ async def test_start_on_a_port_in_use_raises_shard_start_error_naming_the_addres
         ("duplicate peer", lambda a, p: (p[0], p[0]), {}, "listed twice"),
         ("self as peer", lambda a, p: (a, p[0]), {}, "listed twice"),
         ("not host:port", lambda a, p: ("localhost", p[0]), {}, "not host:port"),
+        (
+            "commit notice after the heartbeat",
+            lambda a, p: p,
+            {"timings": RaftTimings(heartbeat_ms=100, commit_notice_ms=100)},
+            "commit_notice_ms 100 must be",
+        ),
     ],
 )
 def test_bad_config_is_refused_at_construction(

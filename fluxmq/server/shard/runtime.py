@@ -37,8 +37,9 @@ class ShardRuntime:
     """Owns a shard's parts; the shard (Raft or local) and its state machine come in built.
 
     The state machine's apply side reports each commit through ``commit_listener`` (from its
-    own thread); the runtime hands that to the event loop as wake-ups, the one channel from
-    the apply side to the loop besides the published view."""
+    own thread); the runtime posts that to the event loop as wake-ups through the shard, which
+    hands it over with the round's answers (one wake-up of the loop per round): the one channel
+    from the apply side to the loop besides the published view."""
 
     def __init__(
         self,
@@ -80,10 +81,8 @@ class ShardRuntime:
         return self.shard.shard_id
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-
         def on_commit(log_ids: list[int], group_ids: list[int]) -> None:
-            loop.call_soon_threadsafe(self.wakeups.committed, log_ids, group_ids)
+            self.shard.post_to_loop(self.wakeups.committed, log_ids, group_ids)
 
         self.state.commit_listener = on_commit
         await self.shard.start()
