@@ -82,7 +82,9 @@ class ShardRuntime:
 
     async def start(self) -> None:
         def on_commit(log_ids: list[int], group_ids: list[int]) -> None:
-            self.shard.post_to_loop(self.wakeups.committed, log_ids, group_ids)
+            # Most rounds, above all on followers, have nobody waiting: no call to the loop.
+            if self.wakeups.waiting:
+                self.shard.post_to_loop(self.wakeups.committed, log_ids, group_ids)
 
         self.state.commit_listener = on_commit
         await self.shard.start()

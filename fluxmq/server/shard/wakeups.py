@@ -63,6 +63,13 @@ class Wakeups:
                 w.cancel()
         self.check_open()
 
+    @property
+    def waiting(self) -> bool:
+        """Somebody waits for some key (read from the apply side, lock-free). Every waiter takes
+        its event before it reads the state, and the apply side publishes the state before it
+        asks: a commit that sees nobody waiting is seen by whoever starts waiting after."""
+        return bool(self._events)
+
     def event(self, key: Hashable) -> asyncio.Event:
         ev = self._events.get(key)
         if ev is None:
