@@ -2,11 +2,22 @@
 bench.local_channel``.
 
 Two processes, each on a uvloop event loop, as the front end and a shard process would be. The
-front end sends requests of ``--request-bytes`` (a small publish) over a Unix stream socket,
-each message ``u32 length | body``, and the shard answers each with ``--answer-bytes``. One
-caller (round trip p50 / p99 in microseconds), then ``--concurrency`` callers (messages per
+front end sends requests of ``--request-bytes`` (a small publish) and the shard answers each
+with ``--answer-bytes``, over:
+
+- ``unix``: a Unix stream socket, each message ``u32 length | body``, read with asyncio's
+  protocol callbacks;
+- ``grpc-unix``: a grpc.aio call over a Unix socket (identity serializers: no protobuf), which
+  is what routing through FluxMQ's existing forwarding path (fluxmq/server/forwarding.py) to a
+  shard process would cost.
+
+One caller (round trip p50 / p99 in microseconds), then ``--concurrency`` callers (messages per
 second and CPU microseconds per message of each process). Bounded: each run stops after
 ``--calls`` calls or ``--duration`` seconds.
+
+Why framed messages on a Unix socket and not a second gRPC hop: measured here, a grpc.aio call
+costs about ten times the CPU of a framed message on each side and about eight times its round
+trip (bench/RESULTS.md, issue 35).
 
 Why a Unix socket and not a shared-memory ring: a ring saves the kernel's copy of a few hundred
 bytes, not the system call. A reader asleep must be woken (an eventfd or a socket byte: one
@@ -94,10 +105,7 @@ def _unix_shard(sock: socket.socket, answer_bytes: int) -> None:
 # -- the front end ---------------------------------------------------------------------------
 
 
-async def _drive(
-    send: Any, answers: dict[int, asyncio.Future[bytes]], args: argparse.Namespace, c: int
-) -> dict[str, float]:
-    loop = asyncio.get_running_loop()
+async def _drive(call: Any, args: argparse.Namespace, c: int) -> dict[str, float]:
     request_tail = b"r" * max(0, args.request_bytes - 8)
     ids = iter(range(1, 1 << 62))
     latencies: list[float] = []
@@ -107,12 +115,8 @@ async def _drive(
     async def caller() -> None:
         while sent[0] < args.calls and time.monotonic() < stop_at:
             sent[0] += 1
-            k = next(ids)
-            fut: asyncio.Future[bytes] = loop.create_future()
-            answers[k] = fut
             t0 = time.perf_counter()
-            send(struct.pack("<Q", k) + request_tail)
-            await fut
+            await call(struct.pack("<Q", next(ids)) + request_tail)
             latencies.append(time.perf_counter() - t0)
 
     cpu0, t0 = cpu_s(), time.perf_counter()
@@ -126,6 +130,17 @@ async def _drive(
         "p99_us": 1e6 * latencies[int(0.99 * (len(latencies) - 1))],
         "front_cpu_us": 1e6 * cpu / len(latencies),
     }
+
+
+async def _measure(call: Any, shard_cpu_s: Any, args: argparse.Namespace) -> list[dict[str, float]]:
+    rows = []
+    for c in (1, args.concurrency):
+        before = await shard_cpu_s()
+        row = await _drive(call, args, c)
+        row["shard_cpu_us"] = 1e6 * (await shard_cpu_s() - before) / row["calls"]
+        row["concurrency"] = c
+        rows.append(row)
+    return rows
 
 
 async def _front(args: argparse.Namespace) -> list[dict[str, float]]:
@@ -155,15 +170,74 @@ async def _front(args: argparse.Namespace) -> list[dict[str, float]]:
         send(what)
         return await fut
 
+    async def call(body: bytes) -> bytes:
+        fut: asyncio.Future[bytes] = loop.create_future()
+        answers[struct.unpack_from("<Q", body)[0]] = fut
+        send(body)
+        return await fut
+
     await shard_cpu_s()  # the shard process is up
-    rows = []
-    for c in (1, args.concurrency):
-        before = await shard_cpu_s()
-        row = await _drive(send, answers, args, c)
-        row["shard_cpu_us"] = 1e6 * (await shard_cpu_s() - before) / row["calls"]
-        row["concurrency"] = c
-        rows.append(row)
+    rows = await _measure(call, shard_cpu_s, args)
     await shard_cpu_s(b"stop")
+    proc.join(10)
+    return rows
+
+
+# -- gRPC over a Unix socket (what forwarding to a shard process through the existing
+# forwarding path would cost) ---------------------------------------------------------------
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+def _grpc_shard(path: str, answer_bytes: int) -> None:
+    import grpc
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        answer = b"a" * answer_bytes
+
+        async def echo(request: bytes, _context: Any) -> bytes:
+            return request[:8] + answer
+
+        async def cpu(request: bytes, _context: Any) -> bytes:
+            if request == b"stop":
+                stop.set()
+            return struct.pack("<d", cpu_s())
+
+        handlers = {
+            "Echo": grpc.unary_unary_rpc_method_handler(echo, _identity, _identity),
+            "Cpu": grpc.unary_unary_rpc_method_handler(cpu, _identity, _identity),
+        }
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("b", handlers),))
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        await stop.wait()
+        await server.stop(0.5)
+
+    uvloop.run(main())
+
+
+async def _grpc_front(args: argparse.Namespace) -> list[dict[str, float]]:
+    import tempfile
+
+    import grpc
+
+    path = os.path.join(tempfile.mkdtemp(prefix="fluxmq-channel-"), "shard.sock")
+    proc = get_context("spawn").Process(target=_grpc_shard, args=(path, args.answer_bytes))
+    proc.start()
+    async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+        echo = channel.unary_unary("/b/Echo", _identity, _identity)
+        cpu = channel.unary_unary("/b/Cpu", _identity, _identity)
+
+        async def shard_cpu_s(what: bytes = b"cpu") -> float:
+            return float(struct.unpack("<d", await cpu(what, wait_for_ready=True))[0])
+
+        await shard_cpu_s()
+        rows = await _measure(echo, shard_cpu_s, args)
+        await shard_cpu_s(b"stop")
     proc.join(10)
     return rows
 
@@ -183,12 +257,13 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for _ in range(args.repeat):
-        for r in uvloop.run(_front(args)):
-            print(
-                f"| unix | {r['concurrency']:.0f} | {r['calls']:.0f} | {r['rate']:.0f} | "
-                f"{r['p50_us']:.0f} | {r['p99_us']:.0f} | {r['front_cpu_us']:.1f} | "
-                f"{r['shard_cpu_us']:.1f} |"
-            )
+        for kind, front in (("unix", _front), ("grpc-unix", _grpc_front)):
+            for r in uvloop.run(front(args)):
+                print(
+                    f"| {kind} | {r['concurrency']:.0f} | {r['calls']:.0f} | {r['rate']:.0f} | "
+                    f"{r['p50_us']:.0f} | {r['p99_us']:.0f} | {r['front_cpu_us']:.1f} | "
+                    f"{r['shard_cpu_us']:.1f} |"
+                )
 
 
 if __name__ == "__main__":
