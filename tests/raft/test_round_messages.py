@@ -8,10 +8,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from raft import Entry, frames, pysyncobj_shard
 from tests.raft.helpers import FAST
 from tests.raft.test_replication import WAIT_S, followers, running, sole_leader
 
@@ -74,3 +76,55 @@ async def test_the_driver_thread_never_writes_a_byte_to_wake_itself(
             await leader.propose(b"p%d" % k)
         await c.converged(WAIT_S)
         assert pipe_writes_by_driver == [0]
+
+
+async def test_a_follower_answers_an_append_before_applying_what_it_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the commit index riding on the next entry, a follower's round both holds a new entry
+    and commits the previous one; the answer for the new entry is on the leader's commit path,
+    the apply of the previous one is not, so the answer leaves first: answers leave when the
+    frames read together are flushed (raft/outbox.py), before the driver applies. (Applies run
+    on the driver thread here, as a node's cheap LMDB applies do.)"""
+    monkeypatch.setattr(pysyncobj_shard, "INLINE_APPLY_COST_S_MAX", 60.0)
+    timings = dataclasses.replace(FAST, commit_notice_ms=20)
+    async with running(tmp_path, timings=timings) as c:
+        leader = await sole_leader(c)
+        for k in range(5):
+            await leader.propose(b"warm-%d" % k)
+        await c.converged(WAIT_S)
+        follower = followers(c, leader)[0]
+        so = follower.syncobj
+        assert so is not None
+        events: list[tuple[str, int]] = []
+        outbox = so.transport._outbox
+        deliver = outbox._deliver
+
+        def recording_deliver(node: object, message: object) -> bool:
+            if isinstance(message, dict) and message.get("type") == "next_node_idx":
+                events.append(("answered", int(message["next_node_idx"]) - 1))
+            return bool(deliver(node, message))
+
+        outbox._deliver = recording_deliver  # what leaves the node, after its flush
+        sm = c.sms[follower.address]
+        apply_batch = sm.apply_batch
+
+        def recording_apply(entries: Sequence[Entry]) -> list[object]:
+            for e in entries:
+                events.append(("applied", frames.log_index_of(e.index)))
+            return apply_batch(entries)
+
+        sm.apply_batch = recording_apply  # type: ignore[method-assign]
+        for k in range(ROUNDS):
+            await leader.propose(b"round-%d" % k)
+        await c.converged(WAIT_S)
+        position = {event: i for i, event in enumerate(events)}
+        applied = [index for kind, index in events if kind == "applied"]
+        # For each applied entry k whose successor k + 1 was answered: which came first?
+        answered_first = [
+            position[("answered", k + 1)] < position[("applied", k)]
+            for k in applied
+            if ("answered", k + 1) in position
+        ]
+        assert len(answered_first) >= ROUNDS // 2, events
+        assert sum(answered_first) >= 0.8 * len(answered_first), events
