@@ -787,33 +787,38 @@ class PySyncObjShard:
         with ``retry=True`` it stalls until the state machine can apply them.
 
         What the round posts to the loop (the commit listener's wake-ups, the answers, the
-        traces) reaches it in one wake-up: the mailbox is held from the apply to the end."""
+        traces) reaches it in one wake-up: the mailbox is held from the apply to the answers
+        (not while a failed apply waits to be retried: other posts must not wait for a disk)."""
         mailbox = self._mailbox
-        if mailbox is not None:
-            mailbox.hold()
-        try:
-            return self._apply_and_answer(batches, retry)
-        finally:
-            if mailbox is not None:
-                mailbox.release()
-
-    def _apply_and_answer(self, batches: list[Any], retry: bool) -> bool:
         entries: list[Entry] = []
         for batch_entries, _slots, _waiting, _traces in batches:
             entries.extend(batch_entries)
         started_s = time.perf_counter()
         while True:
+            if mailbox is not None:
+                mailbox.hold()
             try:
                 applied = self._sm.apply_batch(entries)
                 break
             except Exception:
+                if mailbox is not None:
+                    mailbox.release()
                 if not retry:
                     return False
                 # Committed entries cannot be skipped: stall (and say so) until the state
                 # machine can apply them, e.g. once disk space is freed.
                 log.exception("shard %s: applying committed entries failed", self.shard_id)
                 time.sleep(APPLY_RETRY_S)
-        assert len(applied) == len(entries)
+        try:
+            self._answer(batches, applied, started_s)
+        finally:
+            if mailbox is not None:
+                mailbox.release()
+        return True
+
+    def _answer(self, batches: list[Any], applied: list[object], started_s: float) -> None:
+        entries_count = sum(len(batch_entries) for batch_entries, _, _, _ in batches)
+        assert len(applied) == entries_count
         applied_s = time.perf_counter()
         # What an apply costs lately (per batch; a moving average), for _maybe_apply_inline.
         self._apply_cost_s += (applied_s - started_s - self._apply_cost_s) / APPLY_COST_WEIGHT
@@ -834,7 +839,6 @@ class PySyncObjShard:
             self.post_to_loop(self._resolve_all, done)
         if traces:
             self.post_to_loop(self._observe_traces, traces)
-        return True
 
     def _drain_applies(self) -> None:
         """Driver thread: wait until every committed entry handed out so far is applied."""

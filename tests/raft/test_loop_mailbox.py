@@ -9,7 +9,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from raft import Entry, LocalShard
+import pytest
+
+from raft import Entry, LocalShard, pysyncobj_shard
 from raft.driver import RaftDriver
 from raft.loop_mailbox import LoopMailbox
 from tests.raft.test_replication import running, sole_leader
@@ -140,3 +142,41 @@ async def test_a_raft_shard_answers_each_applied_round_in_at_most_one_wakeup(
         assert len(posted) >= 30
         batches = leader.batches_applied - batches_before
         assert 0 < leader.loop_wakeups - wakeups_before <= batches
+
+
+async def test_posts_reach_the_loop_while_a_failed_apply_waits_to_be_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mailbox is held only across an apply that succeeds: a state machine stalled on a
+    full disk must not hold back what other parts post (refusals, other answers)."""
+    monkeypatch.setattr(pysyncobj_shard, "APPLY_RETRY_S", 0.05)
+    async with running(tmp_path) as c:
+        leader = await sole_leader(c)
+        sm = c.sms[leader.address]
+        original = sm.apply_batch
+        failures = [0]
+        failing = threading.Event()
+        failing.set()
+
+        def apply_batch(entries: Sequence[Entry]) -> list[object]:
+            if failing.is_set():
+                failures[0] += 1
+                raise OSError("no space left on device")
+            return original(entries)
+
+        sm.apply_batch = apply_batch  # type: ignore[method-assign]
+        stalled = asyncio.ensure_future(leader.propose(b"stalls"))
+        for _ in range(200):  # bounded: until the apply has failed twice
+            if failures[0] >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert failures[0] >= 2 and not stalled.done()
+        seen: list[str] = []
+        await asyncio.to_thread(leader.post_to_loop, seen.append, "posted")
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == ["posted"] and not stalled.done()
+        failing.clear()
+        assert isinstance(await asyncio.wait_for(stalled, 10), int)
