@@ -559,16 +559,34 @@ def group_done(cluster: ChaosCluster, node: ChaosNode) -> bool:
 
 
 def replica_states(cluster: ChaosCluster, injector: Injector) -> list[checker.ReplicaState]:
-    """Each replica's digest once all applied the same index (bounded)."""
+    """Each replica's digest once all applied the same index and the sample holds still
+    (bounded).
+
+    A replica's status and its digest are read one after the other, and a follower applies a
+    commit when it learns the commit index (with the next append, or within commit_notice_ms):
+    one sample can pair an index with a state a commit ahead or behind it. Two samples in a row
+    with the same index and digest on every replica rule that out; a real divergence holds still
+    and is reported."""
     deadline = time.monotonic() + SETTLE_S
     infos: list[apb.ShardInfo | None] = []
+    settled: list[apb.ShardInfo | None] | None = None  # the last sample at one applied index
+    previous: list[tuple[int, str]] | None = None
     while time.monotonic() < deadline:
         infos = [cluster.shard(n, digest=True) for n in cluster.nodes]
-        if all(i is not None for i in infos) and len({i.applied_index for i in infos if i}) == 1:
-            break
+        present = [i for i in infos if i is not None]
+        if len(present) == len(infos) and len({i.applied_index for i in present}) == 1:
+            settled = infos
+            sample = [(i.applied_index, i.digest) for i in present]
+            if sample == previous:
+                break
+            previous = sample
+        else:
+            previous = None
         time.sleep(0.2)
     else:
-        raise AssertionError(f"replicas did not reach one applied index: {infos}")
+        if settled is None:
+            raise AssertionError(f"replicas did not reach one applied index: {infos}")
+        infos = settled  # never held still (a timer's entries kept coming): the last at one index
     injector.note(f"replicas at applied index {infos[0].applied_index if infos[0] else '?'}")
     return [
         checker.ReplicaState(n.endpoint.name, i.shard_id, i.applied_index, i.digest)
