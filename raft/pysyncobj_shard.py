@@ -809,6 +809,7 @@ class PySyncObjShard:
                 # machine can apply them, e.g. once disk space is freed.
                 log.exception("shard %s: applying committed entries failed", self.shard_id)
                 time.sleep(APPLY_RETRY_S)
+        assert len(applied) == len(entries)
         try:
             self._answer(batches, applied, started_s)
         finally:
@@ -817,8 +818,6 @@ class PySyncObjShard:
         return True
 
     def _answer(self, batches: list[Any], applied: list[object], started_s: float) -> None:
-        entries_count = sum(len(batch_entries) for batch_entries, _, _, _ in batches)
-        assert len(applied) == entries_count
         applied_s = time.perf_counter()
         # What an apply costs lately (per batch; a moving average), for _maybe_apply_inline.
         self._apply_cost_s += (applied_s - started_s - self._apply_cost_s) / APPLY_COST_WEIGHT
