@@ -95,6 +95,34 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (a node's shard process), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of ``pid`` and the processes under it; None when ``pid`` is gone."""
+    own = process_cpu_seconds(pid)
+    if own is None:
+        return None
+    return own + sum(process_cpu_seconds(child) or 0.0 for child in descendants(pid))
+
+
 class FluxNode:
     """A `fluxmq serve` process on loopback, with a fresh data dir."""
 
@@ -139,9 +167,10 @@ class FluxNode:
         raise RuntimeError("FluxMQ node did not start")
 
     def cpu_seconds(self) -> float:
-        """User + system CPU of the process so far (the last reading once it has exited)."""
+        """User + system CPU of the node so far, its shard process included (the last reading
+        once it has exited)."""
         assert self.proc is not None
-        seconds = process_cpu_seconds(self.proc.pid)
+        seconds = tree_cpu_seconds(self.proc.pid)
         if seconds is not None:
             self._cpu_last = seconds
         return self._cpu_last

@@ -33,6 +33,8 @@ class NodeConfig:
     insecure_listen: bool = False
     # Concurrent Tail, Consume and PublishStream streams of this node (RESOURCE_EXHAUSTED beyond).
     streams_max: int = 200
+    # 1: the shards run in a shard process under the front end that owns the gRPC port.
+    shard_processes: int = 0
     metrics_listen: str = "127.0.0.1:7071"  # empty: no metrics endpoint
     # Bounds of /metrics: partitions given per-partition series, queues named in queue series.
     metrics_partition_series_max: int = 4096
@@ -150,6 +152,9 @@ HELP = {
     "listen": "host:port of the gRPC server",
     "insecure_listen": "serve without authentication on a listen address beyond loopback "
     "(e.g. 0.0.0.0): anyone who reaches the port can use every queue; refused without it",
+    "shard_processes": "processes that run this node's shards under the front end that owns "
+    "the gRPC port: 0 runs them in the node's one process, 1 in one shard process (restarted "
+    "when it dies); more per node are not built yet",
     "streams_max": "concurrent Tail, Consume and PublishStream streams this node serves or "
     "relays; more are refused with RESOURCE_EXHAUSTED / TOO_MANY_STREAMS (retriable)",
     "metrics_listen": "host:port of the Prometheus /metrics endpoint ('' to disable)",
@@ -468,6 +473,11 @@ def _check_raft_tls(config: NodeConfig) -> None:
 
 def validate(config: NodeConfig) -> None:
     _host_port(config.listen, "listen")
+    if config.shard_processes not in (0, 1):
+        raise ConfigError(
+            f"shard_processes: {config.shard_processes}: must be 0 (shards in the node's "
+            "process) or 1 (one shard process); more per node are not built yet"
+        )
     if not 1 <= config.streams_max <= 100_000:
         raise ConfigError("streams_max: must be 1..100000")
     if config.metrics_listen:

@@ -29,9 +29,18 @@ from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.core.text import printable
 from fluxmq.metadata import EmbeddedMetadataStore, EtcdMetadataStore, NodeInfo
 from fluxmq.metadata.metadata import MetadataError
-from fluxmq.server.app import build_server, set_serving
+from fluxmq.server.app import (
+    GrpcEdge,
+    add_health_and_reflection,
+    bind,
+    build_server,
+    interceptors,
+    public_server,
+    register_services,
+    set_serving,
+)
 from fluxmq.server.cluster_view import ClusterView
-from fluxmq.server.forwarding import Forwarder
+from fluxmq.server.forwarding import RESPONSE_BYTES_MAX, Forwarder
 from fluxmq.server.guard import Guard, KeyCache
 from fluxmq.server.health import CatchUp, HealthState, HttpEndpoint, Verdict, judge, refresh
 from fluxmq.server.key_admin import KeyAdmin, ensure_bootstrap_key
@@ -43,7 +52,18 @@ from fluxmq.server.node_stats import partition_rows as _partition_rows
 from fluxmq.server.router import Router
 from fluxmq.server.shard.host import OpenedShard, ShardHost, ShardSpec
 from fluxmq.server.shard.runtime import ShardRuntime, wall_clock_ms
+from fluxmq.server.shard_process import shard_edge
+from fluxmq.server.shard_process.frames import FRAME_METADATA_BYTES_MAX
+from fluxmq.server.shard_process.front import RELAYED_SERVICES, RelayHandler, ShardProcessLink
+from fluxmq.server.shard_process.shard_edge import FramedEdge
+from fluxmq.server.shard_process.shard_server import FramedServer
+from fluxmq.server.shard_process.supervisor import (
+    ShardProcessExited,
+    ShardProcessSupervisor,
+    wait_previous_gone,
+)
 from fluxmq.server.stream_slots import StreamSlots
+from fluxmq.server.tls import TlsConfig
 from fluxmq.server.tls import describe as describe_tls
 from fluxmq.server.tls import from_config as load_tls
 from raft import LocalShard, Shard, ShardError
@@ -171,8 +191,10 @@ def check_listen(address: str, purpose: str, setting: str) -> None:
         raise listen_failure(address, purpose, setting, first)
 
 
-def check_listen_addresses(cfg: config_mod.NodeConfig) -> None:
-    check_listen(cfg.listen, "grpc", "listen")
+def check_listen_addresses(cfg: config_mod.NodeConfig, *, grpc_port: bool = True) -> None:
+    """``grpc_port`` False: a shard process, whose front end holds the gRPC port."""
+    if grpc_port:
+        check_listen(cfg.listen, "grpc", "listen")
     if cfg.metrics_listen:
         check_listen(cfg.metrics_listen, "metrics and health", "metrics_listen")
     if cfg.cluster_mode:
@@ -462,8 +484,106 @@ def warn_if_discarded(store: LmdbStore, what: str) -> None:
 
 
 async def serve(cfg: config_mod.NodeConfig) -> None:
+    """Run a node: in this process, or (``shard_processes``) as a front end that owns the
+    gRPC port and a shard process under it that runs this same function for its shards."""
+    if cfg.shard_processes and not shard_edge.is_shard_process():
+        await serve_front(cfg, tls=load_tls(cfg))
+    else:
+        await serve_node(cfg)
+
+
+def open_edge(
+    cfg: config_mod.NodeConfig, router: Router, tls: TlsConfig | None
+) -> GrpcEdge | FramedEdge:
+    """Where this node's calls come in: its gRPC port, or in a shard process the front end's
+    channel (the same interceptors and services either way)."""
+    if shard_edge.is_shard_process():
+        framed = FramedServer(interceptors(router), frame_bytes_max=frame_bytes_max(cfg))
+        register_services(framed, router, cfg.node_name)
+        return FramedEdge(framed)
+    try:
+        server, health_servicer, port = build_server(
+            router,
+            cfg.listen,
+            request_bytes_max=cfg.request_bytes_max_value,
+            node_id=cfg.node_name,
+            tls=tls,
+        )
+    except (RuntimeError, OSError) as err:
+        raise grpc_listen_failure(cfg, err) from None
+    return GrpcEdge(server, health_servicer, port)
+
+
+def grpc_listen_failure(cfg: config_mod.NodeConfig, err: Exception) -> StartupError:
+    # Taken since check_listen passed: probe again for the reason, which gRPC's error lacks.
+    check_listen(cfg.listen, "grpc", "listen")
+    return StartupError(
+        f"cannot listen on {cfg.listen} for grpc ({config_mod.where_set('listen')}): {err}"
+    )
+
+
+def frame_bytes_max(cfg: config_mod.NodeConfig) -> int:
+    """The largest frame between front end and shard process: a request or an answer the
+    gRPC port takes or gives, and room for its metadata."""
+    return max(cfg.request_bytes_max_value, RESPONSE_BYTES_MAX) + FRAME_METADATA_BYTES_MAX
+
+
+async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> None:
+    """The front end of a node with a shard process: it owns the gRPC port (TLS included),
+    serves health and reflection itself and relays every QueueService and AdminService call,
+    unopened, to the shard process (which authenticates, routes and serves it as a node in one
+    process would). It restarts the shard process when that dies."""
+    if not wait_previous_gone(cfg.data_dir):
+        raise StartupError(
+            f"the shard process of the last node on {cfg.data_dir!r} "
+            f"({config_mod.where_set('data_dir')}) still runs; stop it first"
+        )
+    check_listen_addresses(cfg)  # all of them, before anything starts: one clear line
+    link = ShardProcessLink(frame_bytes_max(cfg))
+    server = public_server(cfg.request_bytes_max_value, [])
+    server.add_generic_rpc_handlers((RelayHandler(link, RELAYED_SERVICES),))
+    health_servicer = add_health_and_reflection(server)
+    try:
+        port = bind(server, cfg.listen, tls)
+    except (RuntimeError, OSError) as err:
+        raise grpc_listen_failure(cfg, err) from None
+    loop = asyncio.get_running_loop()
+    health_updates: set[asyncio.Task[None]] = set()
+
+    def mirror(statuses: dict[str, int]) -> None:
+        async def apply() -> None:
+            for service, status in statuses.items():
+                await health_servicer.set(service, status)  # type: ignore[arg-type]
+
+        task = loop.create_task(apply())
+        health_updates.add(task)
+        task.add_done_callback(health_updates.discard)
+
+    def down() -> None:
+        task = loop.create_task(set_serving(health_servicer, True, queue_service=False))
+        health_updates.add(task)
+        task.add_done_callback(health_updates.discard)
+
+    supervisor = ShardProcessSupervisor(cfg, port, link, on_down=down)
+    supervisor.on_health = mirror
+    await supervisor.start()
+    await server.start()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    # The shard process drains, hands leadership over and finishes its calls while this port
+    # still relays (calls in flight finish; new ones meet its refusals), then the port closes.
+    await supervisor.stop(cfg.shutdown_grace_ms / 1000)
+    await server.stop(0.5)
+
+
+async def serve_node(cfg: config_mod.NodeConfig) -> None:
     tls = load_tls(cfg)  # checked before anything starts: a bad file stops the node here
-    check_listen_addresses(cfg)
+    in_shard_process = shard_edge.is_shard_process()
+    if in_shard_process:
+        shard_edge.die_with_front_end()
+    check_listen_addresses(cfg, grpc_port=not in_shard_process)
     try:
         check_mode(cfg)
         store = LmdbStore(
@@ -498,20 +618,8 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     router.inflight = InflightBudget(
         cfg.inflight_bytes_max_value, cfg.inflight_bytes_max_value // 2
     )
-    try:
-        server, health_servicer, port = build_server(
-            router,
-            cfg.listen,
-            request_bytes_max=cfg.request_bytes_max_value,
-            node_id=cfg.node_name,
-            tls=tls,
-        )
-    except (RuntimeError, OSError) as err:
-        # Taken since check_listen passed: probe again for the reason, which gRPC's error lacks.
-        check_listen(cfg.listen, "grpc", "listen")
-        raise StartupError(
-            f"cannot listen on {cfg.listen} for grpc ({config_mod.where_set('listen')}): {err}"
-        ) from None
+    edge = open_edge(cfg, router, tls)
+    port = edge.port
     directory: ClusterView | None = None
     if cfg.etcd:
         assert isinstance(shard, PySyncObjShard)
@@ -556,8 +664,8 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     if directory is not None:
         await host.restore()
         await directory.start()
-    await server.start()
-    await set_serving(health_servicer, True, queue_service=False)
+    await edge.start()
+    await set_serving(edge.health, True, queue_service=False)
     serving, stopping = asyncio.Event(), asyncio.Event()
     serving.set()
     readiness = asyncio.create_task(
@@ -566,7 +674,7 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
             health,
             serving,
             stopping,
-            lambda ready: set_serving(health_servicer, True, queue_service=ready),
+            lambda ready: set_serving(edge.health, True, queue_service=ready),
         ),
         name="readiness",
     )
@@ -598,6 +706,10 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if isinstance(edge, FramedEdge):
+        # The front end is gone (it stopped, or died and the kernel has not killed us yet).
+        front_end_gone = asyncio.create_task(edge.front_end_gone.wait(), name="front-end-gone")
+        front_end_gone.add_done_callback(lambda _: stop.set())
     await stop.wait()
 
     # Order matters: the calls that wait for messages end at once (their clients go to another
@@ -613,9 +725,9 @@ async def serve(cfg: config_mod.NodeConfig) -> None:
     drain(router)
     stopping.set()
     refresh(health, Verdict(False, "shutting down"))
-    await set_serving(health_servicer, True, queue_service=False)
+    await set_serving(edge.health, True, queue_service=False)
     await hand_over_leadership(router, max(0.5, grace_s / 2))
-    await server.stop(max(0.5, grace_s - (loop.time() - started)))
+    await edge.stop(max(0.5, grace_s - (loop.time() - started)))
     readiness.cancel()
     if directory is not None:
         await directory.close()
@@ -670,7 +782,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 1
     try:
-        cfg = config_mod.load(args[1:])
+        if shard_edge.is_shard_process():
+            cfg = config_mod.NodeConfig(**shard_edge.node_config_settings())
+        else:
+            cfg = config_mod.load(args[1:])
     except config_mod.ConfigError as err:
         print(f"fluxmq: configuration error: {err}", file=sys.stderr)
         return 1
@@ -695,6 +810,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StartupError as err:
         print(f"fluxmq: {err}", file=sys.stderr)
         return 1
+    except ShardProcessExited as err:
+        return err.code  # it printed why
     return 0
 
 

@@ -1,0 +1,299 @@
+"""The front end's side: every QueueService and AdminService call that reaches the public gRPC
+port is relayed, bytes unopened, over the channel to the shard process (``RelayHandler``), and
+the shard process's serving status is mirrored into this port's health service.
+
+While no shard process is attached (it is starting, or restarting after it died) calls are
+refused with GROUP_UNAVAILABLE (retriable: nothing was done); a call in flight when the shard
+process dies ends with OUTCOME_UNKNOWN (retriable: a write may have been committed, which an
+idempotent producer's retry finds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+
+from fluxmq._pb.v1 import admin_pb2, queue_pb2
+from fluxmq.core.errors import FluxError
+from fluxmq.server.errors import to_grpc_status
+from fluxmq.server.interceptors import REQUEST_ID_KEY
+from fluxmq.server.shard_process import frames as fr
+from fluxmq.server.shard_process.channel import Channel
+from fluxmq.server.shard_process.frames import Kind, Shape
+from fluxmq.server.shard_process.shard_server import STREAM_WINDOW
+
+RELAYED_SERVICES = (
+    queue_pb2.DESCRIPTOR.services_by_name["QueueService"],
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
+)
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_END = object()
+
+
+def shape_of(method: MethodDescriptor) -> Shape:
+    if method.client_streaming:
+        return Shape.STREAM_STREAM if method.server_streaming else Shape.STREAM_UNARY
+    return Shape.UNARY_STREAM if method.server_streaming else Shape.UNARY_UNARY
+
+
+def not_attached() -> FluxError:
+    return FluxError(
+        "GROUP_UNAVAILABLE",
+        "this node's shard process is starting or restarting; nothing was done; retry",
+        retriable=True,
+        retry_after_ms=200,
+    )
+
+
+def lost_in_flight() -> FluxError:
+    return FluxError(
+        "OUTCOME_UNKNOWN",
+        "this node's shard process stopped while it served the call: a write may or may not "
+        "have been committed; retry (an idempotent producer's retry is not duplicated)",
+        retriable=True,
+        retry_after_ms=200,
+    )
+
+
+class _LinkLost(Exception):
+    def __init__(self, error: FluxError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class _ClientCall:
+    def __init__(self) -> None:
+        self.items: asyncio.Queue[Any] = asyncio.Queue()
+        self.end: fr.End | None = None
+        self.lost: FluxError | None = None
+        self.credit = STREAM_WINDOW  # request messages the shard process takes before CREDIT
+        self.credit_granted = asyncio.Event()
+        self.taken = 0
+
+
+class ShardProcessLink:
+    """The front end's end of the channel: calls multiplexed by id over one socket."""
+
+    def __init__(self, frame_bytes_max: int) -> None:
+        self._frame_bytes_max = frame_bytes_max
+        self._channel: Channel | None = None
+        self._calls: dict[int, _ClientCall] = {}
+        self._next_id = 0
+        self._serving = False  # until the shard process's first health frame
+        self.on_health: Callable[[fr.Metadata], None] = lambda statuses: None
+
+    @property
+    def attached(self) -> bool:
+        return self._serving and self._channel is not None and self._channel.is_open
+
+    async def attach(self, sock: socket.socket) -> Channel:
+        """A new shard process's end of the pair: calls go to it once it says it serves."""
+        channel = await Channel.over(sock, self._on_frame, self._frame_bytes_max)
+        self._channel = channel
+        self._serving = False
+        return channel
+
+    def detach(self) -> None:
+        """The shard process is gone: every call in flight ends with OUTCOME_UNKNOWN."""
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._serving = False
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            call.lost = lost_in_flight()
+            call.items.put_nowait(_END)
+            call.credit_granted.set()
+
+    def _on_frame(self, kind: Kind, call_id: int, payload: memoryview) -> None:
+        if kind is Kind.HEALTH:
+            self._serving = True
+            self.on_health(fr.decode_metadata(payload, 0)[0])
+            return
+        call = self._calls.get(call_id)
+        if call is None:
+            return  # cancelled here meanwhile
+        if kind is Kind.MESSAGE:
+            call.items.put_nowait(bytes(payload))
+        elif kind is Kind.END:
+            call.end = fr.decode_end(payload)
+            del self._calls[call_id]
+            call.items.put_nowait(_END)
+            call.credit_granted.set()
+        elif kind is Kind.CREDIT:
+            call.credit += fr.decode_credit(payload)
+            call.credit_granted.set()
+
+    def _send(self, data: bytes) -> None:
+        if self._channel is None or not self._channel.send(data):
+            raise _LinkLost(lost_in_flight())
+
+    def open(self, call: fr.Call) -> tuple[int, _ClientCall]:
+        if not self.attached:
+            raise _LinkLost(not_attached())
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF or 1
+        call_id = self._next_id
+        state = _ClientCall()
+        self._calls[call_id] = state
+        self._send(fr.encode_call(call_id, call))
+        return call_id, state
+
+    def cancel(self, call_id: int) -> None:
+        """The caller went away before the END: the shard process stops serving the call."""
+        if self._calls.pop(call_id, None) is not None and self._channel is not None:
+            self._channel.send(fr.frame(Kind.CANCEL, call_id))
+
+    async def next_item(self, call_id: int, state: _ClientCall) -> Any:
+        """The next streamed answer (bytes), or _END (``state.end`` / ``state.lost`` says how)."""
+        item = await state.items.get()
+        if item is not _END:
+            state.taken += 1
+            if state.taken >= STREAM_WINDOW // 2 and self._channel is not None:
+                self._channel.send(fr.encode_credit(call_id, state.taken))
+                state.taken = 0
+        return item
+
+    async def send_request(self, call_id: int, state: _ClientCall, body: bytes) -> bool:
+        """One message of a streamed request (-> False: the call ended meanwhile)."""
+        while state.credit <= 0 and state.end is None and state.lost is None:
+            state.credit_granted.clear()
+            await state.credit_granted.wait()
+        if state.end is not None or state.lost is not None:
+            return False
+        state.credit -= 1
+        assert self._channel is not None
+        await self._channel.writable()
+        self._send(fr.frame(Kind.MESSAGE, call_id, body))
+        return True
+
+    def half_close(self, call_id: int) -> None:
+        if call_id in self._calls:
+            self._send(fr.frame(Kind.HALF_CLOSE, call_id))
+
+
+def _request_id(metadata: fr.Metadata) -> str:
+    for key, value in metadata:
+        if key == REQUEST_ID_KEY and isinstance(value, str):
+            return value
+    return uuid.uuid4().hex
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> fr.Metadata:
+    return tuple((str(k), v) for k, v in (context.invocation_metadata() or ()))
+
+
+def _timeout_ms(context: grpc.aio.ServicerContext) -> int | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else int(remaining * 1000)
+
+
+class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """Serves every method of ``services`` by relaying it to the shard process."""
+
+    def __init__(self, link: ShardProcessLink, services: Iterable[ServiceDescriptor]) -> None:
+        self._link = link
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        for service in services:
+            for method in service.methods:
+                path = f"/{service.full_name}/{method.name}"
+                self._handlers[path] = self._handler(path, shape_of(method))
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return self._handlers.get(details.method)
+
+    def _handler(self, path: str, shape: Shape) -> grpc.RpcMethodHandler:
+        if shape is Shape.UNARY_UNARY:
+            return grpc.unary_unary_rpc_method_handler(self._unary(path, shape))
+        if shape is Shape.UNARY_STREAM:
+            return grpc.unary_stream_rpc_method_handler(self._streamed(path, shape))
+        if shape is Shape.STREAM_STREAM:
+            return grpc.stream_stream_rpc_method_handler(self._streamed(path, shape))
+        return grpc.stream_unary_rpc_method_handler(self._unary(path, shape))
+
+    async def _open(
+        self, path: str, shape: Shape, request: Any, context: grpc.aio.ServicerContext
+    ) -> tuple[int, _ClientCall, asyncio.Task[None] | None]:
+        metadata = _metadata(context)
+        body = b"" if shape.request_streams else request
+        try:
+            call_id, state = self._link.open(
+                fr.Call(path, _timeout_ms(context), shape, metadata, body)
+            )
+        except _LinkLost as lost:
+            await _abort(context, lost.error, metadata)
+            raise  # unreachable: abort raises
+        pump = None
+        if shape.request_streams:
+            pump = asyncio.create_task(self._pump(call_id, state, request), name=f"relay-{call_id}")
+        return call_id, state, pump
+
+    async def _pump(self, call_id: int, state: _ClientCall, requests: AsyncIterator[bytes]) -> None:
+        try:
+            async for body in requests:
+                if not await self._link.send_request(call_id, state, body):
+                    return
+            self._link.half_close(call_id)
+        except _LinkLost:
+            return  # the answer side reports it
+
+    def _unary(self, path: str, shape: Shape) -> Callable[..., Any]:
+        async def relay(request: Any, context: grpc.aio.ServicerContext) -> bytes:
+            call_id, state, pump = await self._open(path, shape, request, context)
+            try:
+                while (await self._link.next_item(call_id, state)) is not _END:
+                    pass  # a unary answer comes in its END
+            finally:
+                await _finish(self._link, call_id, state, pump)
+            body = await _answer(context, state, _metadata(context))
+            assert isinstance(body, bytes), "a unary answer's END carries its body"
+            return body
+
+        return relay
+
+    def _streamed(self, path: str, shape: Shape) -> Callable[..., AsyncIterator[bytes]]:
+        async def relay(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+            call_id, state, pump = await self._open(path, shape, request, context)
+            try:
+                while (item := await self._link.next_item(call_id, state)) is not _END:
+                    yield item
+            finally:
+                await _finish(self._link, call_id, state, pump)
+            await _answer(context, state, _metadata(context))
+
+        return relay
+
+
+async def _finish(
+    link: ShardProcessLink, call_id: int, state: _ClientCall, pump: asyncio.Task[None] | None
+) -> None:
+    if state.end is None and state.lost is None:
+        link.cancel(call_id)  # cancelled here (the client went away, or its deadline passed)
+    if pump is not None:
+        pump.cancel()
+        await asyncio.wait((pump,))
+
+
+async def _answer(
+    context: grpc.aio.ServicerContext, state: _ClientCall, metadata: fr.Metadata
+) -> Any:
+    if state.lost is not None:
+        await _abort(context, state.lost, metadata)
+    end = state.end
+    assert end is not None
+    if end.code != 0:
+        await context.abort(_CODES[end.code], end.details, end.trailers)
+    if end.trailers:
+        context.set_trailing_metadata(end.trailers)
+    return end.body
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, error: FluxError, metadata: fr.Metadata
+) -> None:
+    await context.abort_with_status(to_grpc_status(error, _request_id(metadata)))

@@ -1,0 +1,196 @@
+"""The front end runs its shard process, and runs it again when it dies.
+
+A shard process is ``python -m fluxmq serve`` with the front end's settings and one end of a
+socket pair (the other end is the front end's ``ShardProcessLink``). It serves once it says so
+(its first health frame). If it dies (a crash, kill -9, the OOM killer) the link fails the
+calls in flight, the port reports QueueService and AdminService not serving, and a new one
+starts after a back-off; it opens the same data directory and catches up as a restarted replica
+does. One that exits before it ever served stopped on something a restart does not fix (its
+settings, its data directory): the node stops with its exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+from fluxmq.config import NodeConfig
+from fluxmq.server.shard_process import shard_edge
+from fluxmq.server.shard_process.front import ShardProcessLink
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+STABLE_AFTER_S = 30.0  # a shard process that ran this long starts the back-off over
+STOP_EXTRA_S = 5.0  # beyond the shutdown grace, before a shard process that hangs is killed
+PID_FILE = "shard-process.pid"
+PREVIOUS_GONE_WAIT_S = 10.0
+
+
+class ShardProcessExited(Exception):
+    """The shard process stopped before it served (it printed why): the node stops too."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"shard process exited with {code}")
+        self.code = code
+
+
+def wait_previous_gone(data_dir: str, timeout_s: float = PREVIOUS_GONE_WAIT_S) -> bool:
+    """The shard process of this data directory's last front end, if it still runs, is dying
+    (the kernel kills it when its front end dies, a moment after): wait until it is gone, so
+    that a node restarted at once after a kill -9 does not find its ports and store taken.
+    -> False: still there after ``timeout_s``."""
+    try:
+        with open(os.path.join(data_dir, PID_FILE)) as f:
+            pid = int(f.read().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return True
+    deadline = time.monotonic() + timeout_s
+    while pid > 0 and _is_shard_process(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _is_shard_process(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return shard_edge.SHARD_FD_ENV.encode() in f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+
+
+def _write_pid(data_dir: str, pid: int) -> None:
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, PID_FILE)
+    with open(path + ".tmp", "w") as f:
+        f.write(f"{pid}\n")
+    os.replace(path + ".tmp", path)
+
+
+class ShardProcessSupervisor:
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        front_port: int,
+        link: ShardProcessLink,
+        on_down: Callable[[], None],
+    ) -> None:
+        self._cfg = cfg
+        self._front_port = front_port
+        self._link = link
+        self._on_down = on_down
+        self._process: asyncio.subprocess.Process | None = None
+        self._serving = asyncio.Event()
+        self._stopping = False
+        self.restarts = 0
+        self._routine: asyncio.Task[None] | None = None
+        link.on_health = self._on_health
+        self.on_health: Callable[[dict[str, int]], None] = lambda statuses: None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def _on_health(self, statuses: tuple[tuple[str, str | bytes], ...]) -> None:
+        self._serving.set()
+        self.on_health({k: int(v) for k, v in statuses})
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        front_end, shard_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ)
+        env[shard_edge.SHARD_FD_ENV] = str(shard_end.fileno())
+        env[shard_edge.FRONT_PORT_ENV] = str(self._front_port)
+        env[shard_edge.FRONT_PID_ENV] = str(os.getpid())
+        env[shard_edge.NODE_CONFIG_ENV] = json.dumps(dataclasses.asdict(self._cfg))
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "fluxmq",
+                "serve",
+                env=env,
+                pass_fds=(shard_end.fileno(),),
+            )
+        finally:
+            shard_end.close()
+        _write_pid(self._cfg.data_dir, process.pid)
+        self._serving.clear()
+        await self._link.attach(front_end)
+        log.info("shard process %d started", process.pid)
+        return process
+
+    async def start(self) -> None:
+        """Start the shard process; return once it serves (ShardProcessExited: it stopped
+        first)."""
+        self._process = await self._spawn()
+        await self._until_serving(self._process)
+        self._routine = asyncio.create_task(self.supervise_routine(), name="shard-process")
+
+    async def _until_serving(self, process: asyncio.subprocess.Process) -> None:
+        exited = asyncio.ensure_future(process.wait())
+        serving = asyncio.ensure_future(self._serving.wait())
+        await asyncio.wait((exited, serving), return_when=asyncio.FIRST_COMPLETED)
+        serving.cancel()
+        if not self._serving.is_set():
+            self._link.detach()
+            raise ShardProcessExited(exited.result() or 1)
+        exited.cancel()
+
+    async def supervise_routine(self) -> None:
+        attempt = 0
+        while not self._stopping:
+            process = self._process
+            assert process is not None
+            started = time.monotonic()
+            code = await process.wait()
+            self._link.detach()
+            if self._stopping:
+                return
+            self._on_down()
+            if time.monotonic() - started >= STABLE_AFTER_S:
+                attempt = 0
+            delay = RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)]
+            attempt += 1
+            log.error(
+                "shard process %d exited with %s; starting another in %.1f s",
+                process.pid,
+                code,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            self._process = await self._spawn()
+            self.restarts += 1
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM: the shard process drains and stops as a node does; killed if it has not
+        after ``grace_s`` and a margin."""
+        self._stopping = True
+        process = self._process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), grace_s + STOP_EXTRA_S)
+            except TimeoutError:
+                log.error("shard process %d did not stop in time: killed", process.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        self._link.detach()
+        if self._routine is not None:
+            self._routine.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._routine
