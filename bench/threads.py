@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.cluster import FluxCluster
+from bench.fluxmq_driver import descendants
 from bench.peers import workloads
 from bench.peers.fluxmq import FluxAdapter
 from bench.results_md import write_section
@@ -80,10 +81,13 @@ async def measure(
     for node in cluster.nodes:
         assert node.proc is not None
         if node is leader:
-            roles[node.proc.pid] = "leader"
+            role = "leader"
         else:
             followers += 1
-            roles[node.proc.pid] = f"follower {followers}"
+            role = f"follower {followers}"
+        roles[node.proc.pid] = role
+        for child in descendants(node.proc.pid):  # its shard process (shard_processes = 1)
+            roles[child] = f"{role} shards"
     roles[os.getpid()] = "client"
     adapter = FluxAdapter(leader.address, len(cluster.nodes), [], sdk=True)
     await adapter.connect()

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
 from typing import Any
 
+from grpc_health.v1 import health_pb2
 from prometheus_client import PlatformCollector, ProcessCollector
 
 from fluxmq import config as config_mod
@@ -54,7 +55,12 @@ from fluxmq.server.shard.host import OpenedShard, ShardHost, ShardSpec
 from fluxmq.server.shard.runtime import ShardRuntime, wall_clock_ms
 from fluxmq.server.shard_process import shard_edge
 from fluxmq.server.shard_process.frames import FRAME_METADATA_BYTES_MAX
-from fluxmq.server.shard_process.front import RELAYED_SERVICES, RelayHandler, ShardProcessLink
+from fluxmq.server.shard_process.front import (
+    RELAYED_SERVICES,
+    FrontEndInterceptor,
+    RelayHandler,
+    ShardProcessLink,
+)
 from fluxmq.server.shard_process.shard_edge import FramedEdge
 from fluxmq.server.shard_process.shard_server import FramedServer
 from fluxmq.server.shard_process.supervisor import (
@@ -540,7 +546,7 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
         )
     check_listen_addresses(cfg)  # all of them, before anything starts: one clear line
     link = ShardProcessLink(frame_bytes_max(cfg))
-    server = public_server(cfg.request_bytes_max_value, [])
+    server = public_server(cfg.request_bytes_max_value, [FrontEndInterceptor()])
     server.add_generic_rpc_handlers((RelayHandler(link, RELAYED_SERVICES),))
     health_servicer = add_health_and_reflection(server)
     try:
@@ -550,17 +556,22 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
     loop = asyncio.get_running_loop()
     health_updates: set[asyncio.Task[None]] = set()
 
-    def mirror(statuses: dict[str, int]) -> None:
-        async def apply() -> None:
-            for service, status in statuses.items():
-                await health_servicer.set(service, status)  # type: ignore[arg-type]
+    async def mirror_now(statuses: dict[str, int]) -> None:
+        for service, status in statuses.items():
+            await health_servicer.set(service, status)  # type: ignore[arg-type]
 
-        task = loop.create_task(apply())
+    def mirror(statuses: dict[str, int]) -> None:
+        task = loop.create_task(mirror_now(statuses))
         health_updates.add(task)
         task.add_done_callback(health_updates.discard)
 
     def down() -> None:
-        task = loop.create_task(set_serving(health_servicer, True, queue_service=False))
+        # The front end runs (""), nothing behind it answers until the shard process is back.
+        statuses = {"": health_pb2.HealthCheckResponse.SERVING}
+        statuses |= {
+            s.full_name: health_pb2.HealthCheckResponse.NOT_SERVING for s in RELAYED_SERVICES
+        }
+        task = loop.create_task(mirror_now(statuses))
         health_updates.add(task)
         task.add_done_callback(health_updates.discard)
 

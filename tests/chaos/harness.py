@@ -69,9 +69,12 @@ class ChaosNode(Node):
         return self.proc is not None and self.proc.poll() is None
 
     def signal(self, sig: signal.Signals) -> None:
+        """To the node and its shard process: SIGSTOP freezes the whole node, Raft included."""
         if self.running:
             assert self.proc is not None
-            self.proc.send_signal(sig)
+            for pid in (self.proc.pid, *self.shard_pids()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
 
     def kill9(self) -> None:
         if self.running:

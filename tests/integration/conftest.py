@@ -121,6 +121,23 @@ class Node:
                 time.sleep(0.05)
         raise RuntimeError(f"node did not become ready:\n{self.log_path.read_text()}")
 
+    def shard_pids(self) -> list[int]:
+        """The node's shard process (``shard_processes = 1``), from /proc: none otherwise."""
+        if self.proc is None:
+            return []
+        out = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == self.proc.pid:
+                out.append(int(entry))
+        return out
+
     def kill9(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)

@@ -167,7 +167,7 @@ def test_grpc_port_taken_after_the_check_still_exits_1_without_traceback(
     fluxmq's line naming the setting, exit code 1, no traceback (gRPC's C core may add its own
     log line before it)."""
     skip_check = (
-        "import fluxmq.daemon as d; d.check_listen_addresses = lambda cfg: None; "
+        "import fluxmq.daemon as d; d.check_listen_addresses = lambda cfg, **_: None; "
         "raise SystemExit(d.main())"
     )
     args = ["serve", "--data-dir", str(tmp_path / "d"), "--listen", f"127.0.0.1:{held_port}"]

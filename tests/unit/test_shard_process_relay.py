@@ -230,3 +230,26 @@ async def test_a_call_in_flight_when_the_shard_process_dies_is_outcome_unknown()
             await publish(pb.PublishRequest(queue="q"))
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "GROUP_UNAVAILABLE" in str(refused.value.trailing_metadata())
+
+
+async def test_a_streamed_request_that_arrives_with_its_call_is_not_dropped() -> None:
+    """The call and its first messages often come in one read of the socket: they must reach
+    the handler (they were once dropped before the call's task ran)."""
+    async with Relay() as relay:
+        link = relay.link
+        call_id, state = link.open(
+            fr.Call(f"/{SERVICE}/PublishStream", None, fr.Shape.STREAM_STREAM, (), b"")
+        )
+        for i in range(3):  # no await that yields: all of it goes before the shard side reads
+            assert await link.send_request(
+                call_id, state, pb.PublishStreamRequest(sequence=i).SerializeToString()
+            )
+        link.half_close(call_id)
+        got: list[int] = []
+
+        async def answers() -> None:
+            while (item := await link.next_item(call_id, state)) is not _END:
+                got.append(pb.PublishStreamResponse.FromString(item).sequence)
+
+        await asyncio.wait_for(answers(), 10)
+        assert got == [0, 1, 2]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -22,7 +22,7 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from fluxmq._pb.v1 import admin_pb2, queue_pb2
 from fluxmq.core.errors import FluxError
 from fluxmq.server.errors import to_grpc_status
-from fluxmq.server.interceptors import REQUEST_ID_KEY
+from fluxmq.server.interceptors import REQUEST_ID_KEY, EdgeInterceptor
 from fluxmq.server.shard_process import frames as fr
 from fluxmq.server.shard_process.channel import Channel
 from fluxmq.server.shard_process.frames import Kind, Shape
@@ -297,3 +297,22 @@ async def _abort(
     context: grpc.aio.ServicerContext, error: FluxError, metadata: fr.Metadata
 ) -> None:
     await context.abort_with_status(to_grpc_status(error, _request_id(metadata)))
+
+
+class FrontEndInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """The edge interceptor around what the front end serves itself (health, reflection): a
+    malformed body is INVALID_ARGUMENT / MALFORMED_REQUEST there as on a node in one process.
+    Relayed calls pass untouched: the shard process runs the edge around them."""
+
+    def __init__(self) -> None:
+        self._edge = EdgeInterceptor()
+        self._relayed = tuple(f"/{service.full_name}/" for service in RELAYED_SERVICES)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        if details.method.startswith(self._relayed):
+            return await continuation(details)
+        return await self._edge.intercept_service(continuation, details)

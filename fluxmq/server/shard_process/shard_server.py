@@ -96,9 +96,10 @@ class _Requests:
     """A streamed request's messages as they arrive, decoded; CREDIT goes back as they are
     taken, so at most STREAM_WINDOW wait here."""
 
-    def __init__(self, decode: Callable[[bytes], Any] | None, grant: Callable[[int], None]):
+    def __init__(self, grant: Callable[[int], None]) -> None:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._decode = decode
+        # The method's request decoder, set once its handler is known (before the first take).
+        self.decode: Callable[[bytes], Any] | None = None
         self._grant = grant
         self._taken = 0
 
@@ -114,7 +115,7 @@ class _Requests:
         if self._taken >= STREAM_WINDOW // 2:
             self._grant(self._taken)
             self._taken = 0
-        return self._decode(item) if self._decode is not None else item
+        return self.decode(item) if self.decode is not None else item
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         while True:
@@ -209,6 +210,9 @@ class FramedServer:
             )
             return
         state = _ServerCall()
+        if call.shape.request_streams:
+            # Now, not when the task runs: the stream's first messages may be in this read.
+            state.requests = _Requests(lambda n: self._send(fr.encode_credit(call_id, n)))
         self._calls[call_id] = state
         state.task = asyncio.get_running_loop().create_task(
             self._run(call_id, call, state), name=f"framed-call-{call_id}"
@@ -238,10 +242,8 @@ class FramedServer:
                 return
             decode = handler.request_deserializer
             encode = handler.response_serializer
-            if call.shape.request_streams:
-                state.requests = _Requests(
-                    decode, lambda n: self._send(fr.encode_credit(call_id, n))
-                )
+            if state.requests is not None:
+                state.requests.decode = decode
             context = FramedContext(call.metadata, call.timeout_ms, state.requests)
             request: Any = state.requests
             if not call.shape.request_streams:
