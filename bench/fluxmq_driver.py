@@ -26,6 +26,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client.record_batches import add_records, encode_records
+from fluxmq.server.shard_process.supervisor import child_pids
 
 PUBLISH = "/fluxmq.v1.QueueService/Publish"
 FETCH = "/fluxmq.v1.QueueService/Fetch"
@@ -97,21 +98,11 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 def descendants(pid: int) -> list[int]:
     """The processes under ``pid`` (a node's shard process), from /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry))
     out, todo = [], [pid]
     while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
+        children = child_pids(todo.pop())
+        out += children
+        todo += children
     return out
 
 

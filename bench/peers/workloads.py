@@ -22,7 +22,7 @@ import struct
 import time
 from collections.abc import Sequence
 
-from bench.fluxmq_driver import RunResult, paced, process_cpu_seconds
+from bench.fluxmq_driver import RunResult, paced, tree_cpu_seconds
 from bench.peers.api import Adapter, Delivered
 
 _STAMP = struct.Struct(">Q")
@@ -43,7 +43,9 @@ def sent_at_ns(body: bytes) -> int:
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
-    return sum(process_cpu_seconds(pid) or 0.0 for pid in pids)
+    """CPU of the broker processes ``pids`` and of the processes under them (a FluxMQ node's
+    shard process; whatever helpers a peer runs)."""
+    return sum(tree_cpu_seconds(pid) or 0.0 for pid in pids)
 
 
 class _Meter:

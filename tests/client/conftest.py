@@ -9,20 +9,30 @@ import pytest
 
 from tests.integration.conftest import Node
 
+# Every SDK test runs against a node in one process and against one whose shards run in a
+# shard process behind its front end: what a client sees must not differ.
+SHARD_PROCESSES = {"one-process": "0", "shard-process": "1"}
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+
+@pytest.fixture(scope="module", params=sorted(SHARD_PROCESSES))
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Node]:
     """One single node shared by the tests of a module (each test uses its own queues)."""
-    n = Node(tmp_path_factory.mktemp("sdk") / "node1")
+    n = Node(
+        tmp_path_factory.mktemp("sdk") / "node1",
+        "--shard-processes",
+        SHARD_PROCESSES[request.param],
+    )
     n.start()
     yield n
     n.stop()
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
+@pytest.fixture(params=sorted(SHARD_PROCESSES))
+def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
     """A node of its own, for tests that kill and restart it."""
-    n = Node(tmp_path / "node1")
+    n = Node(tmp_path / "node1", "--shard-processes", SHARD_PROCESSES[request.param])
     n.start()
     yield n
     n.stop()

@@ -16,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fluxmq._pb.v1 import queue_pb2_grpc
+from fluxmq.server.shard_process.supervisor import child_pids
 
 STARTUP_TIMEOUT_S = 30.0
 
@@ -122,21 +123,8 @@ class Node:
         raise RuntimeError(f"node did not become ready:\n{self.log_path.read_text()}")
 
     def shard_pids(self) -> list[int]:
-        """The node's shard process (``shard_processes = 1``), from /proc: none otherwise."""
-        if self.proc is None:
-            return []
-        out = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == self.proc.pid:
-                out.append(int(entry))
-        return out
+        """The node's shard process (``shard_processes = 1``): none otherwise."""
+        return [] if self.proc is None else child_pids(self.proc.pid)
 
     def kill9(self) -> None:
         assert self.proc is not None

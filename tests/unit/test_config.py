@@ -36,6 +36,8 @@ def test_environment_overrides_defaults_and_flags_override_environment() -> None
         (["--storage-map-size", "1MiB"], {}, "storage_map_size"),
         (["--log-level", "LOUD"], {}, "log_level"),
         ([], {"FLUXMQ_LOG_JSON": "maybe"}, "FLUXMQ_LOG_JSON"),
+        (["--shard-processes", "2"], {}, "shard_processes: 2: must be 0"),
+        ([], {"FLUXMQ_SHARD_PROCESSES": "-1"}, "shard_processes"),
     ],
 )
 def test_bad_setting_stops_start_with_its_name(
@@ -147,3 +149,8 @@ def test_bootstrap_key_file_without_authentication_is_refused(tmp_path: Path) ->
         load(["--auth-bootstrap-key-file", str(key)], environ={})
     with pytest.raises(ConfigError, match="auth: 'maybe' is not auto, on or off"):
         load(["--auth", "maybe"], environ={})
+
+
+def test_shard_processes_is_off_by_default_and_one_is_accepted() -> None:
+    assert load([], environ={}).shard_processes == 0
+    assert load(["--shard-processes", "1"], environ={}).shard_processes == 1

@@ -62,6 +62,22 @@ def wait_previous_gone(data_dir: str, timeout_s: float = PREVIOUS_GONE_WAIT_S) -
     return True
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a front end's shard process), from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if ppid == pid:
+            out.append(int(entry))
+    return out
+
+
 def _is_shard_process(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
