@@ -545,7 +545,7 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
             f"({config_mod.where_set('data_dir')}) still runs; stop it first"
         )
     check_listen_addresses(cfg)  # all of them, before anything starts: one clear line
-    link = ShardProcessLink(frame_bytes_max(cfg))
+    link = ShardProcessLink(frame_bytes_max(cfg), cfg.inflight_bytes_max_value)
     server = public_server(cfg.request_bytes_max_value, [FrontEndInterceptor()])
     server.add_generic_rpc_handlers((RelayHandler(link, RELAYED_SERVICES),))
     health_servicer = add_health_and_reflection(server)

@@ -29,6 +29,7 @@ from fluxmq.server.shard_process.shard_server import STREAM_WINDOW, FramedServer
 SERVICE = "fluxmq.v1.QueueService"
 FRAME_BYTES_MAX = 8 * 1024 * 1024
 BIG = b"x" * 1000
+BUFFERED_BYTES_MAX = 1024 * 1024
 
 
 class Behaviours:
@@ -99,7 +100,7 @@ def shard_server(behaviours: Behaviours) -> FramedServer:
 class Relay:
     def __init__(self) -> None:
         self.behaviours = Behaviours()
-        self.link = ShardProcessLink(FRAME_BYTES_MAX)
+        self.link = ShardProcessLink(FRAME_BYTES_MAX, BUFFERED_BYTES_MAX)
         self.shard = shard_server(self.behaviours)
         self.front = grpc.aio.server()
         self.front.add_generic_rpc_handlers((RelayHandler(self.link, RELAYED_SERVICES),))
@@ -253,3 +254,27 @@ async def test_a_streamed_request_that_arrives_with_its_call_is_not_dropped() ->
 
         await asyncio.wait_for(answers(), 10)
         assert got == [0, 1, 2]
+
+
+async def test_calls_the_shard_process_does_not_read_are_bounded_then_refused_as_node_busy() -> (
+    None
+):
+    async with Relay() as relay:
+        assert relay.shard._channel is not None and relay.shard._channel._transport is not None
+        relay.shard._channel._transport.pause_reading()  # the shard process stops reading
+        publish = relay.method("Publish", pb.PublishRequest, pb.PublishResponse, "unary_unary")
+        body = [pb.PublishMessage(value=b"x" * 300_000)]
+        calls = [publish(pb.PublishRequest(queue="q", messages=body)) for _ in range(40)]
+        done, pending = await asyncio.wait([asyncio.ensure_future(c) for c in calls], timeout=3)
+        busy = [t for t in done if t.exception() is not None]
+        assert busy, "calls beyond the bound are refused, not buffered without end"
+        for task in busy:
+            err = task.exception()
+            assert isinstance(err, grpc.aio.AioRpcError)
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "NODE_BUSY" in str(err.trailing_metadata())
+        assert relay.link._channel is not None
+        assert relay.link._channel.buffered_bytes <= BUFFERED_BYTES_MAX + 400_000
+        relay.shard._channel._transport.resume_reading()
+        waited = await asyncio.gather(*pending)  # what was taken is answered once read
+        assert all(len(r.results) == 1 for r in waited)

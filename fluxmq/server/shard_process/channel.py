@@ -72,6 +72,11 @@ class Channel(asyncio.Protocol):
     def is_open(self) -> bool:
         return self._transport is not None and not self._transport.is_closing()
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes written here that the other end has not taken yet (beyond the socket's)."""
+        return 0 if self._transport is None else int(self._transport.get_write_buffer_size())
+
     def send(self, data: bytes) -> bool:
         """-> False when the channel is closed (nothing was sent)."""
         if self._transport is None or self._transport.is_closing():

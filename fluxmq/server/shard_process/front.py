@@ -61,6 +61,16 @@ def lost_in_flight() -> FluxError:
     )
 
 
+def front_end_busy(buffered_bytes: int) -> FluxError:
+    return FluxError(
+        "NODE_BUSY",
+        f"this node's shard process has {buffered_bytes} bytes of calls it has not read yet "
+        "(at most inflight_bytes_max); nothing was done; retry",
+        retriable=True,
+        retry_after_ms=100,
+    )
+
+
 class _LinkLost(Exception):
     def __init__(self, error: FluxError) -> None:
         super().__init__(error.message)
@@ -80,8 +90,9 @@ class _ClientCall:
 class ShardProcessLink:
     """The front end's end of the channel: calls multiplexed by id over one socket."""
 
-    def __init__(self, frame_bytes_max: int) -> None:
+    def __init__(self, frame_bytes_max: int, buffered_bytes_max: int) -> None:
         self._frame_bytes_max = frame_bytes_max
+        self._buffered_bytes_max = buffered_bytes_max
         self._channel: Channel | None = None
         self._calls: dict[int, _ClientCall] = {}
         self._next_id = 0
@@ -137,6 +148,11 @@ class ShardProcessLink:
     def open(self, call: fr.Call) -> tuple[int, _ClientCall]:
         if not self.attached:
             raise _LinkLost(not_attached())
+        assert self._channel is not None
+        # Sent at once, never awaited (calls reach the shard process in the order they came);
+        # what the shard process has not read yet is bounded here instead.
+        if self._channel.buffered_bytes > self._buffered_bytes_max:
+            raise _LinkLost(front_end_busy(self._channel.buffered_bytes))
         self._next_id = (self._next_id + 1) & 0xFFFFFFFF or 1
         call_id = self._next_id
         state = _ClientCall()
