@@ -185,9 +185,13 @@ class ShardProcessSupervisor:
                 delay,
             )
             await asyncio.sleep(delay)
-            if self._stopping:
-                return
-            self._process = await self._spawn()
+            while not self._stopping:
+                try:
+                    self._process = await self._spawn()
+                    break
+                except OSError:  # no memory, no pids, an executable gone: try again
+                    log.exception("cannot start a shard process; trying again in %.1f s", delay)
+                    await asyncio.sleep(delay)
             self.restarts += 1
 
     async def stop(self, grace_s: float) -> None:
