@@ -278,3 +278,28 @@ async def test_calls_the_shard_process_does_not_read_are_bounded_then_refused_as
         relay.shard._channel._transport.resume_reading()
         waited = await asyncio.gather(*pending)  # what was taken is answered once read
         assert all(len(r.results) == 1 for r in waited)
+
+
+async def test_calls_in_flight_end_when_the_shard_process_closes_its_end() -> None:
+    async with Relay() as relay:
+        tail = relay.method("Tail", pb.TailRequest, pb.TailResponse, "unary_stream")
+        call = tail(pb.TailRequest(queue="q", max_messages=100))
+        for _ in range(6):
+            await call.read()
+        assert relay.shard._channel is not None
+        relay.shard._channel.close()  # the process lives on (stopping), its end is closed
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(call.read(), 5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "OUTCOME_UNKNOWN" in str(err.value.trailing_metadata())
+        assert not relay.link.attached
+
+
+async def test_a_call_frame_that_does_not_decode_closes_the_channel() -> None:
+    async with Relay() as relay:
+        front_end, shard = relay.link._channel, relay.shard._channel
+        assert front_end is not None and shard is not None
+        front_end.send(fr.frame(fr.Kind.CALL, 7, fr._U16.pack(400) + b"/x"))  # cut short
+        await asyncio.wait_for(shard.closed.wait(), 5)  # closed, not an exception in a callback
+        await asyncio.wait_for(front_end.closed.wait(), 5)
+        assert not relay.link.attached

@@ -30,6 +30,7 @@ class Channel(asyncio.Protocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self.closed = asyncio.Event()
+        self.on_closed: Callable[[], None] = lambda: None
 
     @classmethod
     async def over(cls, sock: socket.socket, on_frame: OnFrame, frame_bytes_max: int) -> Channel:
@@ -55,12 +56,18 @@ class Channel(asyncio.Protocol):
             self.close()
             return
         for kind, call_id, payload in frames:
-            self._on_frame(kind, call_id, payload)
+            try:
+                self._on_frame(kind, call_id, payload)
+            except FrameError as err:  # a frame whose header read well but whose body did not
+                log.error("closing the shard process channel: %s", err)
+                self.close()
+                return
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._can_write.set()  # writers wake and find the channel closed
         self.closed.set()
+        self.on_closed()
 
     def pause_writing(self) -> None:
         self._can_write.clear()

@@ -108,6 +108,14 @@ class ShardProcessLink:
         channel = await Channel.over(sock, self._on_frame, self._frame_bytes_max)
         self._channel = channel
         self._serving = False
+
+        def closed() -> None:
+            # The shard process closed its end (it is stopping, or a frame did not decode):
+            # the calls in flight end now, not when the process has exited.
+            if self._channel is channel:
+                self.detach()
+
+        channel.on_closed = closed
         return channel
 
     def detach(self) -> None:
