@@ -242,7 +242,7 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     async def _open(
         self, path: str, shape: Shape, request: Any, context: grpc.aio.ServicerContext
-    ) -> tuple[int, _ClientCall, asyncio.Task[None] | None]:
+    ) -> tuple[int, _ClientCall, asyncio.Task[None] | None, fr.Metadata]:
         metadata = _metadata(context)
         body = b"" if shape.request_streams else request
         try:
@@ -255,7 +255,7 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
         pump = None
         if shape.request_streams:
             pump = asyncio.create_task(self._pump(call_id, state, request), name=f"relay-{call_id}")
-        return call_id, state, pump
+        return call_id, state, pump, metadata
 
     async def _pump(self, call_id: int, state: _ClientCall, requests: AsyncIterator[bytes]) -> None:
         try:
@@ -268,13 +268,13 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def _unary(self, path: str, shape: Shape) -> Callable[..., Any]:
         async def relay(request: Any, context: grpc.aio.ServicerContext) -> bytes:
-            call_id, state, pump = await self._open(path, shape, request, context)
+            call_id, state, pump, metadata = await self._open(path, shape, request, context)
             try:
                 while (await self._link.next_item(call_id, state)) is not _END:
                     pass  # a unary answer comes in its END
             finally:
                 await _finish(self._link, call_id, state, pump)
-            body = await _answer(context, state, _metadata(context))
+            body = await _answer(context, state, metadata)
             assert isinstance(body, bytes), "a unary answer's END carries its body"
             return body
 
@@ -282,13 +282,13 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def _streamed(self, path: str, shape: Shape) -> Callable[..., AsyncIterator[bytes]]:
         async def relay(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-            call_id, state, pump = await self._open(path, shape, request, context)
+            call_id, state, pump, metadata = await self._open(path, shape, request, context)
             try:
                 while (item := await self._link.next_item(call_id, state)) is not _END:
                     yield item
             finally:
                 await _finish(self._link, call_id, state, pump)
-            await _answer(context, state, _metadata(context))
+            await _answer(context, state, metadata)
 
         return relay
 

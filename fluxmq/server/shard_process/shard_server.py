@@ -145,6 +145,12 @@ class FramedServer:
         self._calls: dict[int, _ServerCall] = {}
         self._channel: Channel | None = None
         self._accepting = True
+        # The interceptors around the handler lookup, outermost first, chained once (each
+        # call's interceptors wrap its handler as gRPC's do; the chain itself never changes).
+        handler: Callable[[CallDetails], Awaitable[Any]] = self._lookup
+        for interceptor in reversed(self._interceptors):
+            handler = _chained(interceptor, handler)
+        self._handler = handler
 
     # -- what servicers call, as on grpc.aio.Server -----------------------------------------
 
@@ -218,19 +224,13 @@ class FramedServer:
             self._run(call_id, call, state), name=f"framed-call-{call_id}"
         )
 
-    async def _handler(self, details: CallDetails) -> grpc.RpcMethodHandler | None:
-        async def lookup(d: CallDetails) -> grpc.RpcMethodHandler | None:
-            handler = self._registered.get(d.method)
-            for generic in self._generic if handler is None else ():
-                handler = generic.service(d)
-                if handler is not None:
-                    break
-            return handler
-
-        continuation: Callable[[CallDetails], Awaitable[Any]] = lookup
-        for interceptor in reversed(self._interceptors):
-            continuation = _chained(interceptor, continuation)
-        return await continuation(details)
+    async def _lookup(self, details: CallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self._registered.get(details.method)
+        for generic in self._generic if handler is None else ():
+            handler = generic.service(details)
+            if handler is not None:
+                break
+        return handler
 
     async def _run(self, call_id: int, call: fr.Call, state: _ServerCall) -> None:
         context: FramedContext | None = None
@@ -273,14 +273,9 @@ class FramedServer:
         encode: Callable[[Any], bytes] | None,
         state: _ServerCall,
     ) -> bytes | None:
-        behavior = {
-            Shape.UNARY_UNARY: handler.unary_unary,
-            Shape.UNARY_STREAM: handler.unary_stream,
-            Shape.STREAM_STREAM: handler.stream_stream,
-            Shape.STREAM_UNARY: handler.stream_unary,
-        }[shape]
-        if behavior is None:
-            raise AbortError("shape")  # unreachable: the front end sends the method's shape
+        behavior = getattr(handler, _BEHAVIOR[shape])
+        if behavior is None:  # the front end sends each method's shape from the same protos
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"not served as {shape.name}")
         if not shape.response_streams:
             response = await behavior(request, context)
             return encode(response) if encode is not None else response  # type: ignore[no-any-return]
@@ -295,6 +290,14 @@ class FramedServer:
                 fr.frame(Kind.MESSAGE, call_id, encode(item) if encode is not None else item)
             )
         return None
+
+
+_BEHAVIOR = {
+    Shape.UNARY_UNARY: "unary_unary",
+    Shape.UNARY_STREAM: "unary_stream",
+    Shape.STREAM_STREAM: "stream_stream",
+    Shape.STREAM_UNARY: "stream_unary",
+}
 
 
 def _chained(
