@@ -23,6 +23,7 @@ class ConfigError(Exception):
 # Room for what a command adds to its request (partition, timestamp, ids: tens of bytes for
 # each of at most 1000 messages), with a wide margin.
 RAFT_ENTRY_STAMP_BYTES_MAX = 1024 * 1024
+SHARD_PROCESSES_MAX = 64  # one per core of a large machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +155,8 @@ HELP = {
     "(e.g. 0.0.0.0): anyone who reaches the port can use every queue; refused without it",
     "shard_processes": "processes that run this node's shards under the front end that owns "
     "the gRPC port: 0 runs them in the node's one process, 1 in one shard process (restarted "
-    "when it dies); more per node are not built yet",
+    "when it dies); N > 1 (a single node without auth, for now) gives it N local shards, one "
+    "per shard process, and places each new queue in one by a hash of its name",
     "streams_max": "concurrent Tail, Consume and PublishStream streams this node serves or "
     "relays; more are refused with RESOURCE_EXHAUSTED / TOO_MANY_STREAMS (retriable)",
     "metrics_listen": "host:port of the Prometheus /metrics endpoint ('' to disable)",
@@ -473,10 +475,20 @@ def _check_raft_tls(config: NodeConfig) -> None:
 
 def validate(config: NodeConfig) -> None:
     _host_port(config.listen, "listen")
-    if config.shard_processes not in (0, 1):
+    if not 0 <= config.shard_processes <= SHARD_PROCESSES_MAX:
         raise ConfigError(
             f"shard_processes: {config.shard_processes}: must be 0 (shards in the node's "
-            "process) or 1 (one shard process); more per node are not built yet"
+            f"process) to {SHARD_PROCESSES_MAX}"
+        )
+    if config.shard_processes > 1 and config.cluster_mode:
+        raise ConfigError(
+            f"shard_processes: {config.shard_processes}: a cluster node runs at most 1 shard "
+            "process for now (several are built for a single node only)"
+        )
+    if config.shard_processes > 1 and config.auth_enabled:
+        raise ConfigError(
+            f"shard_processes: {config.shard_processes}: with auth = on a node runs at most 1 "
+            "shard process for now (its API keys are not shared between shard processes yet)"
         )
     if not 1 <= config.streams_max <= 100_000:
         raise ConfigError("streams_max: must be 1..100000")

@@ -11,10 +11,12 @@ import errno
 import functools
 import logging
 import os
+import shutil
 import signal
 import socket
 import ssl
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
 from typing import Any
@@ -58,14 +60,18 @@ from fluxmq.server.shard_process.frames import FRAME_METADATA_BYTES_MAX
 from fluxmq.server.shard_process.front import (
     RELAYED_SERVICES,
     FrontEndInterceptor,
+    QueueReports,
     RelayHandler,
     ShardProcessLink,
 )
-from fluxmq.server.shard_process.shard_edge import FramedEdge
+from fluxmq.server.shard_process.routing import CallRouting
+from fluxmq.server.shard_process.shard_edge import FramedEdge, QueueReporter
 from fluxmq.server.shard_process.shard_server import FramedServer
+from fluxmq.server.shard_process.siblings import Siblings, decode_report, local_shard_id
 from fluxmq.server.shard_process.supervisor import (
     ShardProcessExited,
     ShardProcessSupervisor,
+    process_config,
     wait_previous_gone,
 )
 from fluxmq.server.stream_slots import StreamSlots
@@ -258,7 +264,7 @@ def build_shard(
     cfg: config_mod.NodeConfig, state: QueueStateMachine
 ) -> LocalShard | PySyncObjShard:
     if not cfg.cluster_mode:
-        return LocalShard(state)
+        return LocalShard(state, shard_id=local_shard_id(shard_edge.shard_index()))
     shard_cfg = ShardConfig(
         shard_id=cfg.shard_id,
         self_address=cfg.raft_listen,
@@ -520,6 +526,26 @@ def open_edge(
     return GrpcEdge(server, health_servicer, port)
 
 
+def join_siblings(edge: GrpcEdge | FramedEdge, router: Router) -> QueueReporter | None:
+    """One of several shard processes: the router learns where the others' queues are (to
+    forward what reaches it by mistake) and the front end learns this one's."""
+    count = shard_edge.shard_count()
+    if not isinstance(edge, FramedEdge) or count < 2:
+        return None
+    siblings = Siblings(shard_edge.shard_index(), count, shard_edge.front_socket())
+    router.siblings = siblings
+
+    def on_routes(payload: memoryview) -> None:
+        index, report = decode_report(payload)
+        if index is not None:
+            siblings.update(index, report)
+
+    edge.server.on_routes = on_routes
+    reporter = QueueReporter(edge.server, lambda: router.shards)
+    edge.server.before_end = reporter.maybe_report
+    return reporter
+
+
 def grpc_listen_failure(cfg: config_mod.NodeConfig, err: Exception) -> StartupError:
     # Taken since check_listen passed: probe again for the reason, which gRPC's error lacks.
     check_listen(cfg.listen, "grpc", "listen")
@@ -535,58 +561,103 @@ def frame_bytes_max(cfg: config_mod.NodeConfig) -> int:
 
 
 async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> None:
-    """The front end of a node with a shard process: it owns the gRPC port (TLS included),
+    """The front end of a node with shard processes: it owns the gRPC port (TLS included),
     serves health and reflection itself and relays every QueueService and AdminService call,
-    unopened, to the shard process (which authenticates, routes and serves it as a node in one
-    process would). It restarts the shard process when that dies."""
-    if not wait_previous_gone(cfg.data_dir):
-        raise StartupError(
-            f"the shard process of the last node on {cfg.data_dir!r} "
-            f"({config_mod.where_set('data_dir')}) still runs; stop it first"
-        )
+    unopened, to a shard process (which authenticates, routes and serves it as a node in one
+    process would): with several, the one that holds the call's queue. It restarts a shard
+    process that dies."""
+    count = cfg.shard_processes
+    for index in range(count):
+        data_dir = process_config(cfg, index).data_dir
+        if not wait_previous_gone(data_dir):
+            raise StartupError(
+                f"the shard process of the last node on {data_dir!r} "
+                f"({config_mod.where_set('data_dir')}) still runs; stop it first"
+            )
     check_listen_addresses(cfg)  # all of them, before anything starts: one clear line
-    link = ShardProcessLink(frame_bytes_max(cfg), cfg.inflight_bytes_max_value)
+    links = [
+        ShardProcessLink(frame_bytes_max(cfg), cfg.inflight_bytes_max_value) for _ in range(count)
+    ]
+    reports = QueueReports(links)
+    routing = CallRouting(reports.table, RELAYED_SERVICES) if count > 1 else None
     server = public_server(cfg.request_bytes_max_value, [FrontEndInterceptor()])
-    server.add_generic_rpc_handlers((RelayHandler(link, RELAYED_SERVICES),))
+    server.add_generic_rpc_handlers((RelayHandler(links, RELAYED_SERVICES, routing),))
     health_servicer = add_health_and_reflection(server)
     try:
         port = bind(server, cfg.listen, tls)
     except (RuntimeError, OSError) as err:
         raise grpc_listen_failure(cfg, err) from None
+    # Where shard processes forward to one another (a call that reached the wrong one): a
+    # socket in a directory only this user can open, plaintext (it never leaves the machine).
+    socket_dir = tempfile.mkdtemp(prefix="fluxmq-front-") if count > 1 else ""
+    front_socket = os.path.join(socket_dir, "front.sock") if socket_dir else ""
+    if front_socket:
+        server.add_insecure_port(f"unix:{front_socket}")
     loop = asyncio.get_running_loop()
     health_updates: set[asyncio.Task[None]] = set()
+    statuses: list[dict[str, int]] = [{} for _ in range(count)]
 
-    async def mirror_now(statuses: dict[str, int]) -> None:
-        for service, status in statuses.items():
+    async def mirror_now(combined: dict[str, int]) -> None:
+        for service, status in combined.items():
             await health_servicer.set(service, status)  # type: ignore[arg-type]
 
-    def mirror(statuses: dict[str, int]) -> None:
-        task = loop.create_task(mirror_now(statuses))
+    def mirror_combined() -> None:
+        task = loop.create_task(mirror_now(combined_health(statuses)))
         health_updates.add(task)
         task.add_done_callback(health_updates.discard)
 
-    def down() -> None:
+    def on_health(index: int, reported: dict[str, int]) -> None:
+        statuses[index] = reported
+        mirror_combined()
+
+    def on_down(index: int) -> None:
         # The front end runs (""), nothing behind it answers until the shard process is back.
-        statuses = {"": health_pb2.HealthCheckResponse.SERVING}
-        statuses |= {
+        statuses[index] = {"": health_pb2.HealthCheckResponse.SERVING} | {
             s.full_name: health_pb2.HealthCheckResponse.NOT_SERVING for s in RELAYED_SERVICES
         }
-        task = loop.create_task(mirror_now(statuses))
-        health_updates.add(task)
-        task.add_done_callback(health_updates.discard)
+        mirror_combined()
 
-    supervisor = ShardProcessSupervisor(cfg, port, link, on_down=down)
-    supervisor.on_health = mirror
-    await supervisor.start()
-    await server.start()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    # The shard process drains, hands leadership over and finishes its calls while this port
-    # still relays (calls in flight finish; new ones meet its refusals), then the port closes.
-    await supervisor.stop(cfg.shutdown_grace_ms / 1000)
-    await server.stop(0.5)
+    supervisors = []
+    for index, link in enumerate(links):
+        supervisor = ShardProcessSupervisor(
+            cfg,
+            port,
+            link,
+            on_down=functools.partial(on_down, index),
+            index=index,
+            front_socket=front_socket,
+        )
+        supervisor.on_health = functools.partial(on_health, index)
+        supervisor.on_attached = functools.partial(reports.on_attached, index)
+        supervisors.append(supervisor)
+    try:
+        await asyncio.gather(*(s.start() for s in supervisors))
+        await server.start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        # The shard processes drain, hand leadership over and finish their calls while this
+        # port still relays (calls in flight finish; new ones meet their refusals), then the
+        # port closes.
+        await asyncio.gather(*(s.stop(cfg.shutdown_grace_ms / 1000) for s in supervisors))
+        await server.stop(0.5)
+        if socket_dir:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def combined_health(statuses: list[dict[str, int]]) -> dict[str, int]:
+    """What the port reports for each service: serving only when every shard process does
+    (a node serves a queue only when the shard process that holds it runs)."""
+    serving = health_pb2.HealthCheckResponse.SERVING
+    services = {service for reported in statuses for service in reported}
+    return {
+        service: serving
+        if all(reported.get(service) == serving for reported in statuses)
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in services
+    }
 
 
 async def serve_node(cfg: config_mod.NodeConfig) -> None:
@@ -631,6 +702,7 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
     )
     edge = open_edge(cfg, router, tls)
     port = edge.port
+    reporter = join_siblings(edge, router)
     directory: ClusterView | None = None
     if cfg.etcd:
         assert isinstance(shard, PySyncObjShard)
@@ -676,6 +748,10 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
         await host.restore()
         await directory.start()
     await edge.start()
+    reporting: asyncio.Task[None] | None = None
+    if reporter is not None:
+        reporter.maybe_report()  # the front end's table is whole before this one serves
+        reporting = asyncio.create_task(reporter.report_routine(), name="queue-report")
     await set_serving(edge.health, True, queue_service=False)
     serving, stopping = asyncio.Event(), asyncio.Event()
     serving.set()
@@ -740,6 +816,8 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
     await hand_over_leadership(router, max(0.5, grace_s / 2))
     await edge.stop(max(0.5, grace_s - (loop.time() - started)))
     readiness.cancel()
+    if reporting is not None:
+        reporting.cancel()
     if directory is not None:
         await directory.close()
     if router.guard is not None:

@@ -22,6 +22,7 @@ from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server import node_stats
+from fluxmq.server.forwarding import was_forwarded
 from fluxmq.server.guard import Identity, current_identity
 from fluxmq.server.key_admin import KeyAdmin
 from fluxmq.server.router import Router
@@ -116,6 +117,30 @@ def _rpc_stats(row: node_stats.RpcRow) -> pb.RpcMethodStats:
         p99_ms=row.p99_s * 1000,
         seconds_sum=row.seconds_sum,
     )
+
+
+def merge_sibling_status(out: pb.ClusterStatus, part: pb.ClusterStatus) -> None:
+    """Another shard process's part of this node's status: its shards, queues and counters,
+    and its calls (per method: counts and time summed, quantiles the larger of the two)."""
+    out.shards.extend(part.shards)
+    out.shards.sort(key=lambda s: s.shard_id)
+    out.queues.extend(part.queues)
+    out.queues.sort(key=lambda q: q.name)
+    out.queue_counters.extend(part.queue_counters)
+    out.queue_counters.sort(key=lambda c: c.queue)
+    rpcs = {r.method: r for r in out.rpcs}
+    for theirs in part.rpcs:
+        mine = rpcs.get(theirs.method)
+        if mine is None:
+            rpcs[theirs.method] = mine = pb.RpcMethodStats(method=theirs.method)
+        mine.calls += theirs.calls
+        for code, count in theirs.errors_by_code.items():
+            mine.errors_by_code[code] += count
+        mine.p50_ms = max(mine.p50_ms, theirs.p50_ms)
+        mine.p99_ms = max(mine.p99_ms, theirs.p99_ms)
+        mine.seconds_sum += theirs.seconds_sum
+    del out.rpcs[:]
+    out.rpcs.extend(rpcs[m] for m in sorted(rpcs))
 
 
 def _traffic(
@@ -285,6 +310,13 @@ class AdminService(pb_grpc.AdminServiceServicer):
         out.queue_counters.extend(counters)
         out.rpcs.extend(_rpc_stats(r) for r in node_stats.rpc_rows())
         out.readiness = node_stats.readiness()
+        siblings = self._router.siblings
+        if siblings is not None and not was_forwarded(context):
+            for index in siblings.others():
+                part = await self._router.forwarder.forward_admin(
+                    siblings.address_of(index), "GetClusterStatus", request, context
+                )
+                merge_sibling_status(out, part)
         view = self._router.view
         if view is not None:
             await view.ensure_directory()  # fresh when the store answers; else the last seen

@@ -15,9 +15,10 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from fluxmq._pb.v1 import queue_pb2_grpc
+from fluxmq._pb.v1 import admin_pb2_grpc, queue_pb2_grpc
 from fluxmq.core.errors import FieldViolation, FluxError
 from fluxmq.server.interceptors import REQUEST_ID_KEY, request_id_var
+from fluxmq.server.shard_process.siblings import TARGET_PROCESS_KEY, split_address
 from fluxmq.server.stream_slots import StreamSlots
 from fluxmq.server.tls import TlsConfig
 
@@ -134,6 +135,13 @@ def forwarded_metadata(context: Any) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _metadata_for(address: str, context: Any) -> tuple[tuple[str, str], ...]:
+    """``forwarded_metadata``, and for another shard process of this node, which one."""
+    _, process = split_address(address)
+    out = forwarded_metadata(context)
+    return out if process is None else (*out, (TARGET_PROCESS_KEY, str(process)))
+
+
 class Forwarder:
     """Channels to the other nodes (plaintext, or TLS with ``tls``), with the size limits of
     this node's server, so a call relayed here passes exactly when a direct one would: a
@@ -156,21 +164,40 @@ class Forwarder:
             ("grpc.max_receive_message_length", RESPONSE_BYTES_MAX),
         )
 
-    def _open(self, address: str) -> grpc.aio.Channel:
+    def _open(self, target: str) -> grpc.aio.Channel:
         options = self.channel_options
-        if self._credentials is None:
-            return grpc.aio.insecure_channel(address, options=options)
-        return grpc.aio.secure_channel(address, self._credentials, options=options)
+        if self._credentials is None or target.startswith("unix:"):
+            # The front end's internal socket (another shard process of this node): plaintext,
+            # it never leaves the machine.
+            return grpc.aio.insecure_channel(target, options=options)
+        return grpc.aio.secure_channel(target, self._credentials, options=options)
 
-    def queue_service(self, address: str) -> queue_pb2_grpc.QueueServiceStub:
-        channel = self._channels.get(address)
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        target, _ = split_address(address)
+        channel = self._channels.get(target)
         if channel is None:
             if len(self._channels) >= CHANNELS_MAX:
                 _, oldest = self._channels.popitem()
                 # Closing is async; dropping the reference lets gRPC tear it down.
                 del oldest
-            channel = self._channels[address] = self._open(address)
-        return queue_pb2_grpc.QueueServiceStub(channel)  # type: ignore[no-untyped-call]
+            channel = self._channels[target] = self._open(target)
+        return channel
+
+    def queue_service(self, address: str) -> queue_pb2_grpc.QueueServiceStub:
+        return queue_pb2_grpc.QueueServiceStub(self._channel(address))  # type: ignore[no-untyped-call]
+
+    def admin_service(self, address: str) -> admin_pb2_grpc.AdminServiceStub:
+        return admin_pb2_grpc.AdminServiceStub(self._channel(address))  # type: ignore[no-untyped-call]
+
+    async def forward_admin(self, address: str, method: str, request: Any, context: Any) -> Any:
+        """An AdminService call, as ``forward`` (another shard process's part of an answer)."""
+        call = getattr(self.admin_service(address), method)
+        try:
+            return await call(
+                request, metadata=_metadata_for(address, context), timeout=FORWARD_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as err:
+            raise remote_error(err, address) from None
 
     async def forward(self, address: str, method: str, request: Any, context: Any) -> Any:
         """Call ``method`` on ``address``; its failure becomes this call's failure, unchanged
@@ -178,7 +205,7 @@ class Forwarder:
         call = getattr(self.queue_service(address), method)
         try:
             return await call(
-                request, metadata=forwarded_metadata(context), timeout=call_timeout_s(request)
+                request, metadata=_metadata_for(address, context), timeout=call_timeout_s(request)
             )
         except grpc.aio.AioRpcError as err:
             raise remote_error(err, address) from None
@@ -190,7 +217,7 @@ class Forwarder:
         call = getattr(self.queue_service(address), method)
         try:
             return await call(
-                request, metadata=forwarded_metadata(context), timeout=call_timeout_s(request)
+                request, metadata=_metadata_for(address, context), timeout=call_timeout_s(request)
             )
         except grpc.aio.AioRpcError as err:
             raise remote_error(err, address) from None
@@ -202,7 +229,7 @@ class Forwarder:
         it holds one of this node's stream slots (TOO_MANY_STREAMS when none is free)."""
         with self.streams.hold():
             call = getattr(self.queue_service(address), method)(
-                request, metadata=forwarded_metadata(context)
+                request, metadata=_metadata_for(address, context)
             )
             try:
                 async for item in call:

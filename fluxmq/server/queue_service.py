@@ -120,6 +120,14 @@ class QueueService(pb_grpc.QueueServiceServicer):
 
     async def CreateQueue(self, request: pb.CreateQueueRequest, context: Any) -> pb.Queue:
         view = self._router.view
+        siblings = self._router.siblings
+        if siblings is not None and not was_forwarded(context):
+            owner = siblings.owner(request.config.name)
+            if owner is not None:  # another shard process has it: it answers ALREADY_EXISTS
+                there = siblings.address_of(owner[0])
+                existing = await self._forwarder.forward(there, "CreateQueue", request, context)
+                assert isinstance(existing, pb.Queue)
+                return existing
         if view is None:
             return await self._router.home.queues.create_queue(request.config)
         config = normalize_new(request.config)
@@ -171,6 +179,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
             for b in self._router.shards.values()
         ]
         view = self._router.view
+        siblings = self._router.siblings
+        addresses: set[str] = set()
         if view is not None and not was_forwarded(context):
             # Groups this node does not host: one node of each lists its own.
             addresses = {
@@ -178,13 +188,15 @@ class QueueService(pb_grpc.QueueServiceServicer):
                 for g in sorted(set(view.shard_records) - set(self._router.shards))
                 if (a := view.address_for_shard(g)) is not None
             }
-            for address in sorted(addresses):
-                resp = await self._forwarder.forward(address, "ListQueues", request, context)
-                # That node's edge showed them in the caller's words: back to stored names,
-                # which this node's pages use, before merging and cutting the page.
-                scope = self._caller_scope()
-                queues = [stored_queue(q, scope) for q in resp.queues]
-                pages.append((queues, resp.next_page_token))
+        if siblings is not None and not was_forwarded(context):
+            addresses |= {siblings.address_of(i) for i in siblings.others()}
+        for address in sorted(addresses):
+            resp = await self._forwarder.forward(address, "ListQueues", request, context)
+            # That node's edge showed them in the caller's words: back to stored names,
+            # which this node's pages use, before merging and cutting the page.
+            scope = self._caller_scope()
+            queues = [stored_queue(q, scope) for q in resp.queues]
+            pages.append((queues, resp.next_page_token))
         merged = {q.config.name: q for queues, _ in pages for q in queues}
         names = sorted(merged)
         more = len(names) > limit or any(token for _, token in pages)
@@ -252,18 +264,34 @@ class QueueService(pb_grpc.QueueServiceServicer):
         self, request_iterator: AsyncIterator[pb.PublishStreamRequest], context: Any
     ) -> AsyncIterator[pb.PublishStreamResponse]:
         """Requests are proposed as they arrive (so they share group commits) and answered in
-        order; a failed request gets an error response and the stream goes on."""
+        order; a failed request gets an error response and the stream goes on. Requests for one
+        queue are appended in the stream's order: those this node forwards (the queue is
+        served elsewhere) are sent one after the other, each once the one before it ended."""
         window: asyncio.Queue[asyncio.Task[pb.PublishStreamResponse] | None] = asyncio.Queue(
             PUBLISH_STREAM_IN_FLIGHT_MAX
         )
         forwarded_here = was_forwarded(context)  # a call's metadata is read once, not per request
+        # Per queue, the end of the stream's latest request for it (what a forward waits for).
+        latest: dict[str, asyncio.Future[None]] = {}
+        loop = asyncio.get_running_loop()
 
-        async def one(req: pb.PublishStreamRequest) -> pb.PublishStreamResponse:
-            return await self._stream_publish(req, forwarded_here, context)
+        async def one(
+            req: pb.PublishStreamRequest,
+            before: asyncio.Future[None] | None,
+            ended: asyncio.Future[None],
+        ) -> pb.PublishStreamResponse:
+            try:
+                return await self._stream_publish(req, forwarded_here, context, before)
+            finally:
+                ended.set_result(None)
+                if latest.get(req.publish.queue) is ended:
+                    del latest[req.publish.queue]
 
         async def read_all() -> None:
             async for req in request_iterator:
-                await window.put(asyncio.ensure_future(one(req)))
+                before = latest.get(req.publish.queue)
+                ended = latest[req.publish.queue] = loop.create_future()
+                await window.put(asyncio.ensure_future(one(req, before, ended)))
 
         async def reader() -> None:
             # A node that drains (SIGTERM) stops reading: the requests read are answered and
@@ -293,13 +321,20 @@ class QueueService(pb_grpc.QueueServiceServicer):
                     pending.cancel()
 
     async def _stream_publish(
-        self, req: pb.PublishStreamRequest, forwarded_here: bool, context: Any
+        self,
+        req: pb.PublishStreamRequest,
+        forwarded_here: bool,
+        context: Any,
+        before: asyncio.Future[None] | None,
     ) -> pb.PublishStreamResponse:
-        """One request of a PublishStream, answered (an error is an answer, not a raise)."""
+        """One request of a PublishStream, answered (an error is an answer, not a raise);
+        forwarded once ``before`` (the stream's previous request for its queue) ended."""
         try:
             timeout_ms = validation.request_timeout_ms(req.publish.request_timeout_ms)
             target = await self._router.locate(req.publish.queue, forwarded=forwarded_here)
             if isinstance(target, str):
+                if before is not None:
+                    await asyncio.wait((before,))
                 forwarded = await self._forwarder.forward_unary(
                     target, "Publish", req.publish, context
                 )

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from fluxmq.server.guard import Guard
     from fluxmq.server.key_admin import KeyAdmin
     from fluxmq.server.shard.runtime import ShardRuntime
+    from fluxmq.server.shard_process.siblings import Siblings
 
 QUEUE_SERVICE = pb.DESCRIPTOR.services_by_name["QueueService"].full_name
 # The servicer routes these itself: placement picks the group, a listing spans every group, a
@@ -84,6 +85,8 @@ class Router:
         # Bytes of calls in progress (the composition root sizes it from inflight_bytes_max).
         self.inflight = InflightBudget(INFLIGHT_BYTES_MAX_DEFAULT, INFLIGHT_BYTES_MAX_DEFAULT // 2)
         self.key_admin: KeyAdmin | None = None
+        # One of a single node's several shard processes: where the others' queues are.
+        self.siblings: Siblings | None = None
         self._draining = asyncio.Event()
 
     # -- draining (SIGTERM) ---------------------------------------------------------------
@@ -184,6 +187,11 @@ class Router:
         """The local runtime of the shard that serves ``queue``, or the gRPC address of a node
         that does."""
         runtime = self.local(queue)
+        if runtime is None and self.siblings is not None:
+            owner = self.siblings.owner(queue)
+            if owner is None or forwarded:
+                return self.home  # nowhere (QUEUE_NOT_FOUND), or never forward twice
+            return self.siblings.address_of(owner[0])
         if runtime is not None or self.view is None:
             return runtime or self.home
         group_id = await self.view.shard_of(queue)
@@ -214,11 +222,23 @@ class Router:
             await runtime.proposer.wait_for_leader(NEW_SHARD_LEADER_WAIT_S)
         return runtime
 
+    def shard_id_of(self, queue: str) -> str | None:
+        """The id of the shard that holds ``queue`` on this node (any of its shard processes;
+        None: none)."""
+        runtime = self.local(queue)
+        if runtime is not None:
+            return runtime.shard_id
+        owner = self.siblings.owner(queue) if self.siblings is not None else None
+        return None if owner is None else owner[1]
+
     async def check_one_shard(self, request: pb.TransactRequest) -> None:
         names = sorted({a.queue for a in request.acks} | {p.queue for p in request.publishes})
-        if self.view is None or len(names) < 2:
+        if len(names) < 2 or (self.view is None and self.siblings is None):
             return
-        groups = {n: await self.view.shard_of(n) for n in names}
+        if self.view is None:
+            groups = {n: self.shard_id_of(n) for n in names}
+        else:
+            groups = {n: await self.view.shard_of(n) for n in names}
         if len({g for g in groups.values() if g is not None}) > 1:
             raise FluxError(
                 "TRANSACTION_SPANS_GROUPS",

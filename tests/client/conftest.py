@@ -11,7 +11,7 @@ from tests.integration.conftest import Node
 
 # Every SDK test runs against a node in one process and against one whose shards run in a
 # shard process behind its front end: what a client sees must not differ.
-SHARD_PROCESSES = {"one-process": "0", "shard-process": "1"}
+SHARD_PROCESSES = {"one-process": "0", "shard-processes": "2"}
 
 
 @pytest.fixture(scope="module", params=sorted(SHARD_PROCESSES))

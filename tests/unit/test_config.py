@@ -36,7 +36,7 @@ def test_environment_overrides_defaults_and_flags_override_environment() -> None
         (["--storage-map-size", "1MiB"], {}, "storage_map_size"),
         (["--log-level", "LOUD"], {}, "log_level"),
         ([], {"FLUXMQ_LOG_JSON": "maybe"}, "FLUXMQ_LOG_JSON"),
-        (["--shard-processes", "2"], {}, "shard_processes: 2: must be 0"),
+        (["--shard-processes", "65"], {}, "shard_processes: 65: must be 0"),
         ([], {"FLUXMQ_SHARD_PROCESSES": "-1"}, "shard_processes"),
     ],
 )
@@ -154,3 +154,13 @@ def test_bootstrap_key_file_without_authentication_is_refused(tmp_path: Path) ->
 def test_shard_processes_is_off_by_default_and_one_is_accepted() -> None:
     assert load([], environ={}).shard_processes == 0
     assert load(["--shard-processes", "1"], environ={}).shard_processes == 1
+
+
+def test_several_shard_processes_are_refused_where_they_are_not_built() -> None:
+    assert load(["--shard-processes", "4"], environ={}).shard_processes == 4
+    cluster = {**CLUSTER_ENV, "FLUXMQ_CLUSTER_SECRET": "s" * 32}
+    with pytest.raises(ConfigError, match="a cluster node runs at most 1 shard process"):
+        load(["--shard-processes", "2"], environ=cluster)
+    assert load(["--shard-processes", "1"], environ=cluster).shard_processes == 1
+    with pytest.raises(ConfigError, match="with auth = on a node runs at most 1"):
+        load(["--shard-processes", "2", "--auth", "on"], environ={})

@@ -103,7 +103,7 @@ class Relay:
         self.link = ShardProcessLink(FRAME_BYTES_MAX, BUFFERED_BYTES_MAX)
         self.shard = shard_server(self.behaviours)
         self.front = grpc.aio.server()
-        self.front.add_generic_rpc_handlers((RelayHandler(self.link, RELAYED_SERVICES),))
+        self.front.add_generic_rpc_handlers((RelayHandler([self.link], RELAYED_SERVICES),))
         self.port = self.front.add_insecure_port("127.0.0.1:0")
         self.channel: grpc.aio.Channel | None = None
 

@@ -5,7 +5,9 @@ counts what follows it). A call is a CALL, then MESSAGE frames either way, then 
 HALF_CLOSE (a client stream ended) or CANCEL, and the shard's END (status, trailers and, for
 a unary answer, its body). CREDIT grants the other side more MESSAGE frames of a stream: a slow
 reader bounds what waits for it. HEALTH (call 0) carries the shard process's serving status of
-each gRPC service to the front end's health service.
+each gRPC service to the front end's health service. With several shard processes, QUEUES
+(call 0) tells the front end the queues of a shard process's shards and ROUTES passes that on
+to the others (``siblings``).
 
 Bodies are the gRPC messages' own bytes: neither side opens them on the way through.
 """
@@ -36,6 +38,8 @@ class Kind(IntEnum):
     END = 5
     CANCEL = 6
     HEALTH = 7
+    QUEUES = 8  # a shard process's queues, by shard (call 0; siblings.encode_report)
+    ROUTES = 9  # another shard process's QUEUES, passed on by the front end (call 0)
 
 
 class Shape(IntEnum):

@@ -11,9 +11,10 @@ idempotent producer's retry finds).
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -26,7 +27,14 @@ from fluxmq.server.interceptors import REQUEST_ID_KEY, EdgeInterceptor
 from fluxmq.server.shard_process import frames as fr
 from fluxmq.server.shard_process.channel import Channel
 from fluxmq.server.shard_process.frames import Kind, Shape
+from fluxmq.server.shard_process.routing import CallRouting
 from fluxmq.server.shard_process.shard_server import STREAM_WINDOW
+from fluxmq.server.shard_process.siblings import (
+    TARGET_PROCESS_KEY,
+    QueueTable,
+    decode_report,
+    encode_report,
+)
 
 RELAYED_SERVICES = (
     queue_pb2.DESCRIPTOR.services_by_name["QueueService"],
@@ -98,6 +106,9 @@ class ShardProcessLink:
         self._next_id = 0
         self._serving = False  # until the shard process's first health frame
         self.on_health: Callable[[fr.Metadata], None] = lambda statuses: None
+        # The shard process's report of its queues (several shard processes: the front end's
+        # table, and the other shard processes, learn where each queue is).
+        self.on_queues: Callable[[memoryview], None] = lambda payload: None
 
     @property
     def attached(self) -> bool:
@@ -135,6 +146,9 @@ class ShardProcessLink:
             self._serving = True
             self.on_health(fr.decode_metadata(payload, 0)[0])
             return
+        if kind is Kind.QUEUES:
+            self.on_queues(payload)
+            return
         call = self._calls.get(call_id)
         if call is None:
             return  # cancelled here meanwhile
@@ -167,6 +181,12 @@ class ShardProcessLink:
         self._calls[call_id] = state
         self._send(fr.encode_call(call_id, call))
         return call_id, state
+
+    def send_routes(self, payload: bytes) -> None:
+        """Another shard process's queues, for this one (dropped while it is not attached: a
+        new one is sent every report when it attaches)."""
+        if self._channel is not None and self._channel.is_open:
+            self._channel.send(fr.frame(Kind.ROUTES, 0, payload))
 
     def cancel(self, call_id: int) -> None:
         """The caller went away before the END: the shard process stops serving the call."""
@@ -201,6 +221,31 @@ class ShardProcessLink:
             self._send(fr.frame(Kind.HALF_CLOSE, call_id))
 
 
+class QueueReports:
+    """Several shard processes: each one's report of its queues goes into the front end's
+    table and on to the others (which forward what reaches them by mistake)."""
+
+    def __init__(self, links: Sequence[ShardProcessLink]) -> None:
+        self._links = tuple(links)
+        self.table = QueueTable(len(links))
+        for index, link in enumerate(links):
+            link.on_queues = functools.partial(self.on_report, index)
+
+    def on_report(self, index: int, payload: memoryview) -> None:
+        _, report = decode_report(payload)
+        self.table.update(index, report)
+        passed_on = encode_report(report, index)
+        for other, link in enumerate(self._links):
+            if other != index:
+                link.send_routes(passed_on)
+
+    def on_attached(self, index: int) -> None:
+        """A new shard process (started, or restarted): where the others' queues are."""
+        for other, report in enumerate(self.table.reports):
+            if other != index:
+                self._links[index].send_routes(encode_report(report, other))
+
+
 def _request_id(metadata: fr.Metadata) -> str:
     for key, value in metadata:
         if key == REQUEST_ID_KEY and isinstance(value, str):
@@ -218,10 +263,18 @@ def _timeout_ms(context: grpc.aio.ServicerContext) -> int | None:
 
 
 class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
-    """Serves every method of ``services`` by relaying it to the shard process."""
+    """Serves every method of ``services`` by relaying it to a shard process: with several,
+    the one ``routing`` picks (or, on the internal socket, the one the call names)."""
 
-    def __init__(self, link: ShardProcessLink, services: Iterable[ServiceDescriptor]) -> None:
-        self._link = link
+    def __init__(
+        self,
+        links: Sequence[ShardProcessLink],
+        services: Iterable[ServiceDescriptor],
+        routing: CallRouting | None = None,
+    ) -> None:
+        assert links and (routing is not None or len(links) == 1)
+        self._links = tuple(links)
+        self._routing = routing
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         for service in services:
             for method in service.methods:
@@ -240,40 +293,74 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
             return grpc.stream_stream_rpc_method_handler(self._streamed(path, shape))
         return grpc.stream_unary_rpc_method_handler(self._unary(path, shape))
 
+    def _link_for(
+        self, path: str, body: bytes, metadata: fr.Metadata, context: grpc.aio.ServicerContext
+    ) -> ShardProcessLink:
+        if self._routing is None:
+            return self._links[0]
+        for key, value in metadata:
+            # A shard process forwarding to another names it; only on the internal socket.
+            if (
+                key == TARGET_PROCESS_KEY
+                and isinstance(value, str)
+                and value.isdigit()
+                and int(value) < len(self._links)
+                and context.peer().startswith("unix:")
+            ):
+                return self._links[int(value)]
+        return self._links[self._routing.process_for(path, body)]
+
     async def _open(
         self, path: str, shape: Shape, request: Any, context: grpc.aio.ServicerContext
-    ) -> tuple[int, _ClientCall, asyncio.Task[None] | None, fr.Metadata]:
+    ) -> tuple[ShardProcessLink, int, _ClientCall, asyncio.Task[None] | None, fr.Metadata]:
         metadata = _metadata(context)
-        body = b"" if shape.request_streams else request
+        first: bytes | None = None
+        if shape.request_streams:
+            body = b""
+            if self._routing is not None and path in self._routing.by_first_request:
+                first = await anext(aiter(request), None)  # where its first request's queue is
+            link = self._link_for(path, first or b"", metadata, context)
+        else:
+            body = request
+            link = self._link_for(path, body, metadata, context)
         try:
-            call_id, state = self._link.open(
-                fr.Call(path, _timeout_ms(context), shape, metadata, body)
-            )
+            call_id, state = link.open(fr.Call(path, _timeout_ms(context), shape, metadata, body))
         except _LinkLost as lost:
             await _abort(context, lost.error, metadata)
             raise  # unreachable: abort raises
         pump = None
         if shape.request_streams:
-            pump = asyncio.create_task(self._pump(call_id, state, request), name=f"relay-{call_id}")
-        return call_id, state, pump, metadata
+            pump = asyncio.create_task(
+                self._pump(link, call_id, state, first, request), name=f"relay-{call_id}"
+            )
+        return link, call_id, state, pump, metadata
 
-    async def _pump(self, call_id: int, state: _ClientCall, requests: AsyncIterator[bytes]) -> None:
+    async def _pump(
+        self,
+        link: ShardProcessLink,
+        call_id: int,
+        state: _ClientCall,
+        first: bytes | None,
+        requests: AsyncIterator[bytes],
+    ) -> None:
         try:
+            if first is not None and not await link.send_request(call_id, state, first):
+                return
             async for body in requests:
-                if not await self._link.send_request(call_id, state, body):
+                if not await link.send_request(call_id, state, body):
                     return
-            self._link.half_close(call_id)
+            link.half_close(call_id)
         except _LinkLost:
             return  # the answer side reports it
 
     def _unary(self, path: str, shape: Shape) -> Callable[..., Any]:
         async def relay(request: Any, context: grpc.aio.ServicerContext) -> bytes:
-            call_id, state, pump, metadata = await self._open(path, shape, request, context)
+            link, call_id, state, pump, metadata = await self._open(path, shape, request, context)
             try:
-                while (await self._link.next_item(call_id, state)) is not _END:
+                while (await link.next_item(call_id, state)) is not _END:
                     pass  # a unary answer comes in its END
             finally:
-                await _finish(self._link, call_id, state, pump)
+                await _finish(link, call_id, state, pump)
             body = await _answer(context, state, metadata)
             assert isinstance(body, bytes), "a unary answer's END carries its body"
             return body
@@ -282,12 +369,12 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def _streamed(self, path: str, shape: Shape) -> Callable[..., AsyncIterator[bytes]]:
         async def relay(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-            call_id, state, pump, metadata = await self._open(path, shape, request, context)
+            link, call_id, state, pump, metadata = await self._open(path, shape, request, context)
             try:
-                while (item := await self._link.next_item(call_id, state)) is not _END:
+                while (item := await link.next_item(call_id, state)) is not _END:
                     yield item
             finally:
-                await _finish(self._link, call_id, state, pump)
+                await _finish(link, call_id, state, pump)
             await _answer(context, state, metadata)
 
         return relay

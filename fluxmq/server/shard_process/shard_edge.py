@@ -11,21 +11,44 @@ import json
 import os
 import signal
 import socket
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from fluxmq.server.shard_process.shard_server import FramedServer
+from fluxmq.server.shard_process.siblings import encode_report
+
+if TYPE_CHECKING:
+    from fluxmq.server.shard.runtime import ShardRuntime
+
+QUEUE_REPORT_INTERVAL_S = 1.0  # catalog changes no call made (none today) reach the front end
 
 # Set by the front end in the shard process's environment (never by an operator).
 SHARD_FD_ENV = "FLUXMQ_INTERNAL_SHARD_FD"
 FRONT_PORT_ENV = "FLUXMQ_INTERNAL_FRONT_PORT"
 FRONT_PID_ENV = "FLUXMQ_INTERNAL_FRONT_PID"
 NODE_CONFIG_ENV = "FLUXMQ_INTERNAL_NODE_CONFIG"
+SHARD_INDEX_ENV = "FLUXMQ_INTERNAL_SHARD_INDEX"  # this shard process's number, from 0
+SHARD_COUNT_ENV = "FLUXMQ_INTERNAL_SHARD_COUNT"  # the node's shard processes
+FRONT_SOCKET_ENV = "FLUXMQ_INTERNAL_FRONT_SOCKET"  # the front end's internal socket ("": none)
 _PR_SET_PDEATHSIG = 1
 
 
 def is_shard_process(environ: Mapping[str, str] | None = None) -> bool:
     return SHARD_FD_ENV in (os.environ if environ is None else environ)
+
+
+def shard_index(environ: Mapping[str, str] | None = None) -> int:
+    """This shard process's number (0 outside a shard process)."""
+    return int((os.environ if environ is None else environ).get(SHARD_INDEX_ENV, "0"))
+
+
+def shard_count(environ: Mapping[str, str] | None = None) -> int:
+    """The node's shard processes (1 outside a shard process)."""
+    return int((os.environ if environ is None else environ).get(SHARD_COUNT_ENV, "1"))
+
+
+def front_socket(environ: Mapping[str, str] | None = None) -> str:
+    return (os.environ if environ is None else environ).get(FRONT_SOCKET_ENV, "")
 
 
 def node_config_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -80,3 +103,29 @@ class FramedEdge:
 
     async def stop(self, grace_s: float) -> None:
         await self.server.stop(grace_s)
+
+
+class QueueReporter:
+    """Tells the front end this shard process's queues whenever a catalog changed (each is
+    replaced, never changed in place, so a changed one is a different object)."""
+
+    def __init__(
+        self, server: FramedServer, runtimes: Callable[[], Mapping[str, ShardRuntime]]
+    ) -> None:
+        self._server = server
+        self._runtimes = runtimes
+        self._last: Mapping[str, object] = {}
+
+    def maybe_report(self) -> None:
+        current = {shard_id: r.state.catalog for shard_id, r in self._runtimes().items()}
+        if current.keys() == self._last.keys() and all(
+            current[k] is self._last[k] for k in current
+        ):
+            return
+        self._last = current
+        self._server.send_queues(encode_report({k: list(c) for k, c in current.items()}))
+
+    async def report_routine(self) -> None:
+        while True:
+            await asyncio.sleep(QUEUE_REPORT_INTERVAL_S)
+            self.maybe_report()

@@ -145,6 +145,10 @@ class FramedServer:
         self._calls: dict[int, _ServerCall] = {}
         self._channel: Channel | None = None
         self._accepting = True
+        # Several shard processes: the front end passes on another one's queues (ROUTES), and
+        # this one reports its own before it answers a call that changed them.
+        self.on_routes: Callable[[memoryview], None] = lambda payload: None
+        self.before_end: Callable[[], None] = lambda: None
         # The interceptors around the handler lookup, outermost first, chained once (each
         # call's interceptors wrap its handler as gRPC's do; the chain itself never changes).
         handler: Callable[[CallDetails], Awaitable[Any]] = self._lookup
@@ -175,6 +179,11 @@ class FramedServer:
         if self._channel is not None:
             self._channel.send(fr.frame(Kind.HEALTH, 0, fr.encode_metadata(statuses)))
 
+    def send_queues(self, payload: bytes) -> None:
+        """This shard process's queues (siblings.encode_report) for the front end."""
+        if self._channel is not None:
+            self._channel.send(fr.frame(Kind.QUEUES, 0, payload))
+
     async def stop(self, grace_s: float) -> None:
         """New calls are refused (UNAVAILABLE); the calls in progress get ``grace_s`` to end,
         then are cancelled."""
@@ -190,6 +199,9 @@ class FramedServer:
     def _on_frame(self, kind: Kind, call_id: int, payload: memoryview) -> None:
         if kind is Kind.CALL:
             self._start(call_id, fr.decode_call(payload))
+            return
+        if kind is Kind.ROUTES:
+            self.on_routes(payload)
             return
         call = self._calls.get(call_id)
         if call is None:
@@ -261,6 +273,7 @@ class FramedServer:
         finally:
             del self._calls[call_id]
             if end is not None:
+                self.before_end()  # a queue it created is routed here before the caller knows
                 self._send(fr.encode_end(call_id, end))
 
     async def _invoke(

@@ -94,6 +94,22 @@ def _write_pid(data_dir: str, pid: int) -> None:
     os.replace(path + ".tmp", path)
 
 
+LOCAL_SHARDS_DIR = "local-shards"
+
+
+def process_config(cfg: NodeConfig, index: int) -> NodeConfig:
+    """The settings shard process ``index`` runs with: the first has the node's own (its data
+    directory is the node's, as in one process); each other keeps its local shard's store in
+    ``<data_dir>/local-shards/<index>`` and serves no metrics port of its own."""
+    if index == 0:
+        return cfg
+    return dataclasses.replace(
+        cfg,
+        data_dir=os.path.join(cfg.data_dir, LOCAL_SHARDS_DIR, str(index)),
+        metrics_listen="",
+    )
+
+
 class ShardProcessSupervisor:
     def __init__(
         self,
@@ -101,8 +117,14 @@ class ShardProcessSupervisor:
         front_port: int,
         link: ShardProcessLink,
         on_down: Callable[[], None],
+        *,
+        index: int = 0,
+        front_socket: str = "",
     ) -> None:
-        self._cfg = cfg
+        self._cfg = process_config(cfg, index)
+        self._index = index
+        self._count = max(cfg.shard_processes, 1)
+        self._front_socket = front_socket
         self._front_port = front_port
         self._link = link
         self._on_down = on_down
@@ -113,6 +135,9 @@ class ShardProcessSupervisor:
         self._routine: asyncio.Task[None] | None = None
         link.on_health = self._on_health
         self.on_health: Callable[[dict[str, int]], None] = lambda statuses: None
+        # Each new shard process's channel, once attached (the front end tells it where the
+        # other shard processes' queues are).
+        self.on_attached: Callable[[], None] = lambda: None
 
     @property
     def pid(self) -> int | None:
@@ -129,6 +154,9 @@ class ShardProcessSupervisor:
         env[shard_edge.FRONT_PORT_ENV] = str(self._front_port)
         env[shard_edge.FRONT_PID_ENV] = str(os.getpid())
         env[shard_edge.NODE_CONFIG_ENV] = json.dumps(dataclasses.asdict(self._cfg))
+        env[shard_edge.SHARD_INDEX_ENV] = str(self._index)
+        env[shard_edge.SHARD_COUNT_ENV] = str(self._count)
+        env[shard_edge.FRONT_SOCKET_ENV] = self._front_socket
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -143,7 +171,8 @@ class ShardProcessSupervisor:
         _write_pid(self._cfg.data_dir, process.pid)
         self._serving.clear()
         await self._link.attach(front_end)
-        log.info("shard process %d started", process.pid)
+        self.on_attached()
+        log.info("shard process %d (%d of %d) started", process.pid, self._index, self._count)
         return process
 
     async def start(self) -> None:
@@ -179,8 +208,10 @@ class ShardProcessSupervisor:
             delay = RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)]
             attempt += 1
             log.error(
-                "shard process %d exited with %s; starting another in %.1f s",
+                "shard process %d (%d of %d) exited with %s; starting another in %.1f s",
                 process.pid,
+                self._index,
+                self._count,
                 code,
                 delay,
             )

@@ -1,0 +1,184 @@
+"""A single node with several shard processes (``shard_processes = 2``): each runs a local shard
+of its own; a queue lives in one of them; the front end routes each call to the one that holds
+its queue; a shard process killed under load is restarted and loses nothing acknowledged, while
+the other keeps serving."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq._pb.v1 import queue_pb2_grpc
+from fluxmq.server.shard_process.siblings import home_process
+from fluxmq.server.shard_process.supervisor import LOCAL_SHARDS_DIR, PID_FILE
+
+from .conftest import Node
+from .test_crash import BATCHES, batch_values
+from .test_shard_process import _check, _load, alive, error_info
+
+COUNT = 2
+
+
+def names_in(index: int, how_many: int) -> list[str]:
+    """Queue names a node with COUNT shard processes creates in shard process ``index``."""
+    names = (f"queue-{i}" for i in range(1000))
+    return [n for n in names if home_process(n, COUNT) == index][:how_many]
+
+
+def process_dir(node: Node, index: int) -> Path:
+    return node.data_dir if index == 0 else node.data_dir / LOCAL_SHARDS_DIR / str(index)
+
+
+def shard_pid(node: Node, index: int) -> int:
+    return int((process_dir(node, index) / PID_FILE).read_text().strip())
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    n = Node(tmp_path / "n", "--shard-processes", str(COUNT))
+    n.start()
+    yield n  # type: ignore[misc]
+    n.stop()
+
+
+def publish(stub: queue_pb2_grpc.QueueServiceStub, queue: str, value: bytes) -> pb.PublishResult:
+    res = stub.Publish(pb.PublishRequest(queue=queue, messages=[pb.PublishMessage(value=value)]))
+    return res.results[0]
+
+
+def test_each_queue_lives_in_one_shard_process_and_every_call_reaches_it(node: Node) -> None:
+    placed = {0: names_in(0, 2), 1: names_in(1, 2)}
+    with node.channel() as ch:
+        stub = queue_pb2_grpc.QueueServiceStub(ch)
+        for names in placed.values():
+            for name in names:
+                stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name=name)))
+        for names in placed.values():
+            for name in names:
+                assert publish(stub, name, name.encode()).offset == 0
+                fetched = stub.Fetch(pb.FetchRequest(queue=name, partition=0, max_messages=10))
+                assert [r.value for r in fetched.records] == [name.encode()]
+        listed = stub.ListQueues(pb.ListQueuesRequest()).queues
+        assert sorted(q.config.name for q in listed) == sorted(placed[0] + placed[1])
+        limited = stub.ListQueues(pb.ListQueuesRequest(limit=3))
+        assert len(limited.queues) == 3 and limited.next_page_token
+        status = admin_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(
+            admin_pb2.GetClusterStatusRequest(skip_digest=True)
+        )
+        by_shard = {q.name: q.shard_id for q in status.queues}
+        assert {s.shard_id for s in status.shards} == {"local", "local-1"}
+        for index, names in placed.items():
+            for name in names:
+                assert by_shard[name] == ("local" if index == 0 else f"local-{index}")
+        with pytest.raises(grpc.RpcError) as err:  # wherever it is asked, it exists once
+            stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name=placed[1][0])))
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert (process_dir(node, 1) / "data.mdb").exists()
+
+
+def test_a_publish_stream_reaches_queues_in_every_shard_process(node: Node) -> None:
+    first, other = names_in(0, 1)[0], names_in(1, 1)[0]
+    with node.channel() as ch:
+        stub = queue_pb2_grpc.QueueServiceStub(ch)
+        for name in (first, other):
+            stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name=name)))
+        requests = [
+            pb.PublishStreamRequest(
+                sequence=i,
+                publish=pb.PublishRequest(
+                    queue=name, messages=[pb.PublishMessage(value=b"%d" % i)]
+                ),
+            )
+            for i, name in enumerate((first, other, other, first))
+        ]
+        answers = list(stub.PublishStream(iter(requests), timeout=20))
+        assert [a.sequence for a in answers] == [0, 1, 2, 3]
+        assert all(not a.HasField("error") for a in answers), answers
+        for name, values in ((first, [b"0", b"3"]), (other, [b"1", b"2"])):
+            fetched = stub.Fetch(pb.FetchRequest(queue=name, partition=0, max_messages=10))
+            assert [r.value for r in fetched.records] == values
+
+
+def test_a_transaction_spans_one_shard_process_and_a_named_local_shard_shares_one(
+    node: Node,
+) -> None:
+    first, other = names_in(0, 1)[0], names_in(1, 1)[0]
+    with node.channel() as ch:
+        stub = queue_pb2_grpc.QueueServiceStub(ch)
+        for name in (first, other):
+            stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name=name)))
+        config = pb.QueueConfig(name="beside-" + other)
+        config.replication.group = "local-1"  # beside ``other``, whatever its name hashes to
+        stub.CreateQueue(pb.CreateQueueRequest(config=config))
+
+        def transact(*queues: str) -> pb.TransactResponse:
+            return stub.Transact(
+                pb.TransactRequest(
+                    publishes=[
+                        pb.PublishRequest(queue=q, messages=[pb.PublishMessage(value=b"t")])
+                        for q in queues
+                    ]
+                )
+            )
+
+        with pytest.raises(grpc.RpcError) as err:
+            transact(first, other)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_info(err.value)[0] == "TRANSACTION_SPANS_GROUPS"
+        for queue in (first, other):  # nothing of it was written
+            fetched = stub.Fetch(pb.FetchRequest(queue=queue, partition=0, max_messages=10))
+            assert not fetched.records
+        done = transact(other, "beside-" + other)
+        assert len(done.publishes) == 2
+
+
+def test_acknowledged_messages_survive_kill_9_of_one_shard_process_under_load(
+    node: Node,
+) -> None:
+    seed = random.randrange(1 << 30)
+    values = [batch_values(b, random.Random(seed + b)) for b in range(BATCHES)]
+    holder = home_process("crash", COUNT)  # the queue _load writes to
+    bystander = 1 - holder
+    first, untouched = shard_pid(node, holder), shard_pid(node, bystander)
+    killed = threading.Event()
+
+    def on_acked(count: int) -> None:
+        if count >= 30 and not killed.is_set():
+            killed.set()
+            os.kill(first, signal.SIGKILL)
+
+    acked = _load(node, values, on_acked)
+    assert killed.is_set(), f"seed {seed}: the shard process was never killed"
+    assert len(acked) == BATCHES, f"seed {seed}: {BATCHES - len(acked)} batches never acknowledged"
+    assert shard_pid(node, holder) != first and not alive(first), "a new shard process serves"
+    assert shard_pid(node, bystander) == untouched, "the other shard process kept running"
+    _check(node, values, acked, seed)
+
+
+def test_a_restarted_node_serves_every_queue_from_its_shard_process(tmp_path: Path) -> None:
+    node = Node(tmp_path / "n", "--shard-processes", str(COUNT))
+    node.start()
+    names = names_in(0, 1) + names_in(1, 1)
+    try:
+        with node.channel() as ch:
+            stub = queue_pb2_grpc.QueueServiceStub(ch)
+            for name in names:
+                stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name=name)))
+                publish(stub, name, name.encode())
+        node.kill9()
+        node.start()
+        with node.channel() as ch:
+            stub = queue_pb2_grpc.QueueServiceStub(ch)
+            for name in names:
+                fetched = stub.Fetch(pb.FetchRequest(queue=name, partition=0, max_messages=10))
+                assert [r.value for r in fetched.records] == [name.encode()]
+    finally:
+        node.stop()
