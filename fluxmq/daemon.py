@@ -69,6 +69,7 @@ from fluxmq.server.shard_process.shard_edge import FramedEdge, QueueReporter
 from fluxmq.server.shard_process.shard_server import FramedServer
 from fluxmq.server.shard_process.siblings import Siblings, decode_report, local_shard_id
 from fluxmq.server.shard_process.supervisor import (
+    LOCAL_SHARDS_DIR,
     ShardProcessExited,
     ShardProcessSupervisor,
     process_config,
@@ -498,10 +499,31 @@ def warn_if_discarded(store: LmdbStore, what: str) -> None:
 async def serve(cfg: config_mod.NodeConfig) -> None:
     """Run a node: in this process, or (``shard_processes``) as a front end that owns the
     gRPC port and a shard process under it that runs this same function for its shards."""
+    if not shard_edge.is_shard_process():
+        check_local_shards(cfg)
     if cfg.shard_processes and not shard_edge.is_shard_process():
         await serve_front(cfg, tls=load_tls(cfg))
     else:
         await serve_node(cfg)
+
+
+def check_local_shards(cfg: config_mod.NodeConfig) -> None:
+    """A queue stays in the local shard it was created in: a data directory whose node ran more
+    shard processes than this one would leave some of its queues unserved, so it stops here."""
+    root = os.path.join(cfg.data_dir, LOCAL_SHARDS_DIR)
+    found = [
+        int(name)
+        for name in (os.listdir(root) if os.path.isdir(root) else ())
+        if name.isdigit() and os.path.exists(os.path.join(root, name, "data.mdb"))
+    ]
+    needed = max(found, default=0) + 1
+    if needed > max(cfg.shard_processes, 1):
+        raise StartupError(
+            f"the data directory {cfg.data_dir!r} holds the queues of {needed} local shards "
+            f"(a node with shard_processes = {needed} created them) and this node runs "
+            f"{max(cfg.shard_processes, 1)} ({config_mod.where_set('shard_processes')}): set "
+            f"shard_processes to at least {needed}, or some queues would not be served"
+        )
 
 
 def open_edge(

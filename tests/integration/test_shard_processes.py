@@ -182,3 +182,17 @@ def test_a_restarted_node_serves_every_queue_from_its_shard_process(tmp_path: Pa
                 assert [r.value for r in fetched.records] == [name.encode()]
     finally:
         node.stop()
+
+
+def test_a_node_with_fewer_shard_processes_than_its_local_shards_stops_and_says_why(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path / "n", "--shard-processes", str(COUNT))
+    node.start()
+    node.stop()
+    assert (process_dir(node, 1) / "data.mdb").exists()
+    fewer = Node(tmp_path / "n", "--shard-processes", "1")
+    fewer.spawn()
+    assert fewer.proc is not None
+    assert fewer.proc.wait(60) == 1
+    assert "set shard_processes to at least 2" in fewer.log_path.read_text()
