@@ -22,7 +22,12 @@ from importlib import metadata
 from typing import Any
 
 from grpc_health.v1 import health_pb2
-from prometheus_client import PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
@@ -64,6 +69,7 @@ from fluxmq.server.shard_process.front import (
     RelayHandler,
     ShardProcessLink,
 )
+from fluxmq.server.shard_process.front_metrics import ShardProcessMetrics
 from fluxmq.server.shard_process.routing import CallRouting
 from fluxmq.server.shard_process.shard_edge import FramedEdge, QueueReporter
 from fluxmq.server.shard_process.shard_server import FramedServer
@@ -618,13 +624,31 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
     loop = asyncio.get_running_loop()
     health_updates: set[asyncio.Task[None]] = set()
     statuses: list[dict[str, int]] = [{} for _ in range(count)]
+    # Several shard processes: the front end serves the metrics port (each shard process's
+    # series, labelled with it) and /readyz (ready while every shard process is).
+    http: HttpEndpoint | None = None
+    readiness = HealthState()
+    if count > 1 and cfg.metrics_listen:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ShardProcessMetrics(links, loop))
+        metrics_host, _, mport = cfg.metrics_listen.rpartition(":")
+        try:
+            http = HttpEndpoint(metrics_host, int(mport), registry, readiness)
+        except OSError as err:
+            where = cfg.metrics_listen
+            raise listen_failure(where, "metrics and health", "metrics_listen", err) from None
+        http.start()
 
     async def mirror_now(combined: dict[str, int]) -> None:
         for service, status in combined.items():
             await health_servicer.set(service, status)  # type: ignore[arg-type]
 
     def mirror_combined() -> None:
-        task = loop.create_task(mirror_now(combined_health(statuses)))
+        combined = combined_health(statuses)
+        queue_service = RELAYED_SERVICES[0].full_name
+        ready = combined.get(queue_service) == health_pb2.HealthCheckResponse.SERVING
+        refresh(readiness, Verdict(ready, "" if ready else "a shard process is not ready"))
+        task = loop.create_task(mirror_now(combined))
         health_updates.add(task)
         task.add_done_callback(health_updates.discard)
 
@@ -665,6 +689,8 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
         # port closes.
         await asyncio.gather(*(s.stop(cfg.shutdown_grace_ms / 1000) for s in supervisors))
         await server.stop(0.5)
+        if http is not None:
+            http.close()
         if socket_dir:
             shutil.rmtree(socket_dir, ignore_errors=True)
 
@@ -751,13 +777,19 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
     auth_store = await start_auth(cfg, router, wall_clock_ms) if cfg.auth_enabled else None
     health = HealthState()
     http: HttpEndpoint | None = None
-    if cfg.metrics_listen:
+    if cfg.metrics_listen or reporter is not None:
+        # One of several shard processes: its front end serves the port and asks for these.
         metrics.set_series_limits(
             cfg.metrics_partition_series_max,
             cfg.metrics_queue_series_max,
             cfg.named_environment_list(),
         )
         _register_collectors(router, health, cfg.auth_bootstrap_environment)
+    if reporter is not None and isinstance(edge, FramedEdge):
+        edge.server.metrics_text = functools.partial(
+            asyncio.to_thread, generate_latest, metrics.REGISTRY
+        )
+    if cfg.metrics_listen:
         metrics_host, _, mport = cfg.metrics_listen.rpartition(":")
         try:
             http = HttpEndpoint(metrics_host, int(mport), metrics.REGISTRY, health)

@@ -9,14 +9,16 @@ import os
 import random
 import signal
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc
+from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq._pb.v1 import queue_pb2_grpc
 from fluxmq.server.shard_process.siblings import home_process
 from fluxmq.server.shard_process.supervisor import LOCAL_SHARDS_DIR, PID_FILE
 
@@ -196,3 +198,46 @@ def test_a_node_with_fewer_shard_processes_than_its_local_shards_stops_and_says_
     assert fewer.proc is not None
     assert fewer.proc.wait(60) == 1
     assert "set shard_processes to at least 2" in fewer.log_path.read_text()
+
+
+def scrape(node: Node, path: str) -> tuple[int, str]:
+    try:
+        url = f"http://127.0.0.1:{node.metrics_port}{path}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_the_metrics_port_serves_every_shard_process_labelled_with_it(node: Node) -> None:
+    placed = names_in(0, 1) + names_in(1, 1)
+    with node.channel() as ch:
+        stub = queue_pb2_grpc.QueueServiceStub(ch)
+        for name in placed:
+            stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name=name)))
+            publish(stub, name, b"x")
+    assert scrape(node, "/readyz")[0] == 200
+    code, text = scrape(node, "/metrics")
+    assert code == 200
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    up = {s.labels["shard_process"]: s.value for s in families["fluxmq_shard_process_up"].samples}
+    assert up == {"0": 1.0, "1": 1.0}
+    high = {
+        s.labels["queue"]: (s.labels["shard_process"], s.value)
+        for s in families["fluxmq_partition_high_watermark"].samples
+    }
+    assert high[placed[0]] == ("0", 1.0) and high[placed[1]] == ("1", 1.0)
+    os.kill(shard_pid(node, 1), signal.SIGSTOP)  # holds still: its part of a scrape is late
+    try:
+        assert scrape(node, "/readyz")[0] in (200, 503)  # never hangs
+        code, text = scrape(node, "/metrics")
+        assert code == 200
+        up_now = {
+            s.labels["shard_process"]: s.value
+            for f in text_string_to_metric_families(text)
+            if f.name == "fluxmq_shard_process_up"
+            for s in f.samples
+        }
+        assert up_now == {"0": 1.0, "1": 0.0}
+    finally:
+        os.kill(shard_pid(node, 1), signal.SIGCONT)

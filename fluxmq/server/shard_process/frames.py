@@ -7,7 +7,8 @@ a unary answer, its body). CREDIT grants the other side more MESSAGE frames of a
 reader bounds what waits for it. HEALTH (call 0) carries the shard process's serving status of
 each gRPC service to the front end's health service. With several shard processes, QUEUES
 (call 0) tells the front end the queues of a shard process's shards and ROUTES passes that on
-to the others (``siblings``).
+to the others (``siblings``), and the front end, which then serves the metrics port, asks
+each for its metrics (METRICS_ASK, answered by METRICS).
 
 Bodies are the gRPC messages' own bytes: neither side opens them on the way through.
 """
@@ -40,6 +41,8 @@ class Kind(IntEnum):
     HEALTH = 7
     QUEUES = 8  # a shard process's queues, by shard (call 0; siblings.encode_report)
     ROUTES = 9  # another shard process's QUEUES, passed on by the front end (call 0)
+    METRICS_ASK = 10  # the front end asks for the shard process's metrics (call: the ask's id)
+    METRICS = 11  # the answer: the Prometheus text exposition of the shard process's metrics
 
 
 class Shape(IntEnum):

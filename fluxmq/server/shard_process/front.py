@@ -109,6 +109,8 @@ class ShardProcessLink:
         # The shard process's report of its queues (several shard processes: the front end's
         # table, and the other shard processes, learn where each queue is).
         self.on_queues: Callable[[memoryview], None] = lambda payload: None
+        self._metrics_asks: dict[int, asyncio.Future[bytes]] = {}
+        self._next_ask = 0
 
     @property
     def attached(self) -> bool:
@@ -149,6 +151,11 @@ class ShardProcessLink:
         if kind is Kind.QUEUES:
             self.on_queues(payload)
             return
+        if kind is Kind.METRICS:
+            asked = self._metrics_asks.pop(call_id, None)
+            if asked is not None and not asked.done():
+                asked.set_result(bytes(payload))
+            return
         call = self._calls.get(call_id)
         if call is None:
             return  # cancelled here meanwhile
@@ -187,6 +194,22 @@ class ShardProcessLink:
         new one is sent every report when it attaches)."""
         if self._channel is not None and self._channel.is_open:
             self._channel.send(fr.frame(Kind.ROUTES, 0, payload))
+
+    async def metrics(self, timeout_s: float) -> bytes:
+        """The shard process's metrics, in the Prometheus text format (b"": it did not answer
+        in ``timeout_s``, or is not attached)."""
+        if not self.attached or self._channel is None:
+            return b""
+        self._next_ask = (self._next_ask + 1) & 0xFFFFFFFF or 1
+        ask = self._next_ask
+        answer = self._metrics_asks[ask] = asyncio.get_running_loop().create_future()
+        self._channel.send(fr.frame(Kind.METRICS_ASK, ask))
+        try:
+            return await asyncio.wait_for(answer, timeout_s)
+        except TimeoutError:
+            return b""
+        finally:
+            self._metrics_asks.pop(ask, None)
 
     def cancel(self, call_id: int) -> None:
         """The caller went away before the END: the shard process stops serving the call."""

@@ -149,6 +149,9 @@ class FramedServer:
         # this one reports its own before it answers a call that changed them.
         self.on_routes: Callable[[memoryview], None] = lambda payload: None
         self.before_end: Callable[[], None] = lambda: None
+        # The metrics this shard process answers a METRICS_ASK with (text exposition).
+        self.metrics_text: Callable[[], Awaitable[bytes]] | None = None
+        self._asks: set[asyncio.Task[None]] = set()
         # The interceptors around the handler lookup, outermost first, chained once (each
         # call's interceptors wrap its handler as gRPC's do; the chain itself never changes).
         handler: Callable[[CallDetails], Awaitable[Any]] = self._lookup
@@ -203,6 +206,11 @@ class FramedServer:
         if kind is Kind.ROUTES:
             self.on_routes(payload)
             return
+        if kind is Kind.METRICS_ASK:
+            task = asyncio.get_running_loop().create_task(self._answer_metrics(call_id))
+            self._asks.add(task)
+            task.add_done_callback(self._asks.discard)
+            return
         call = self._calls.get(call_id)
         if call is None:
             return  # the call ended meanwhile
@@ -215,6 +223,10 @@ class FramedServer:
             call.credit_granted.set()
         elif kind is Kind.CANCEL and call.task is not None:
             call.task.cancel()
+
+    async def _answer_metrics(self, ask: int) -> None:
+        text = b"" if self.metrics_text is None else await self.metrics_text()
+        self._send(fr.frame(Kind.METRICS, ask, text))
 
     def _send(self, data: bytes) -> None:
         if self._channel is not None:

@@ -98,16 +98,16 @@ LOCAL_SHARDS_DIR = "local-shards"
 
 
 def process_config(cfg: NodeConfig, index: int) -> NodeConfig:
-    """The settings shard process ``index`` runs with: the first has the node's own (its data
-    directory is the node's, as in one process); each other keeps its local shard's store in
-    ``<data_dir>/local-shards/<index>`` and serves no metrics port of its own."""
-    if index == 0:
+    """The settings shard process ``index`` runs with: the node's own, but with several the
+    front end serves the metrics port (asking each for its metrics) and each after the first
+    keeps its local shard's store in ``<data_dir>/local-shards/<index>`` (the first's is the
+    node's data directory, as in one process)."""
+    if cfg.shard_processes < 2:
         return cfg
-    return dataclasses.replace(
-        cfg,
-        data_dir=os.path.join(cfg.data_dir, LOCAL_SHARDS_DIR, str(index)),
-        metrics_listen="",
-    )
+    data_dir = cfg.data_dir
+    if index > 0:
+        data_dir = os.path.join(cfg.data_dir, LOCAL_SHARDS_DIR, str(index))
+    return dataclasses.replace(cfg, data_dir=data_dir, metrics_listen="")
 
 
 class ShardProcessSupervisor:
