@@ -155,7 +155,7 @@ HELP = {
     "(e.g. 0.0.0.0): anyone who reaches the port can use every queue; refused without it",
     "shard_processes": "processes that run this node's shards under the front end that owns "
     "the gRPC port: 0 runs them in the node's one process, 1 in one shard process (restarted "
-    "when it dies); N > 1 (a single node without auth, for now) gives it N local shards, one "
+    "when it dies); N > 1 (a single node, for now) gives it N local shards, one "
     "per shard process, and places each new queue in one by a hash of its name",
     "streams_max": "concurrent Tail, Consume and PublishStream streams this node serves or "
     "relays; more are refused with RESOURCE_EXHAUSTED / TOO_MANY_STREAMS (retriable)",
@@ -484,11 +484,6 @@ def validate(config: NodeConfig) -> None:
         raise ConfigError(
             f"shard_processes: {config.shard_processes}: a cluster node runs at most 1 shard "
             "process for now (several are built for a single node only)"
-        )
-    if config.shard_processes > 1 and config.auth_enabled:
-        raise ConfigError(
-            f"shard_processes: {config.shard_processes}: with auth = on a node runs at most 1 "
-            "shard process for now (its API keys are not shared between shard processes yet)"
         )
     if not 1 <= config.streams_max <= 100_000:
         raise ConfigError("streams_max: must be 1..100000")

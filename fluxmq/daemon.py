@@ -78,6 +78,7 @@ from fluxmq.server.shard_process.supervisor import (
     LOCAL_SHARDS_DIR,
     ShardProcessExited,
     ShardProcessSupervisor,
+    node_data_dir,
     process_config,
     wait_previous_gone,
 )
@@ -450,7 +451,9 @@ async def start_auth(
         store = router.view.store
     else:
         assert not cfg.cluster_mode, "validate() refuses a cluster with auth and without etcd"
-        owned = store = EmbeddedMetadataStore(os.path.join(cfg.data_dir, "auth"))
+        # One file for the node: its shard processes share it (each sees the others' writes).
+        shared_dir = node_data_dir(cfg.data_dir, shard_edge.shard_index())
+        owned = store = EmbeddedMetadataStore(os.path.join(shared_dir, "auth"))
     tiers = config_mod.parse_tiers(cfg.rate_limit_tiers)
     key = cfg.auth_bootstrap_key
     deadline = asyncio.get_running_loop().time() + AUTH_START_TIMEOUT_S
@@ -679,6 +682,18 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
     try:
         await asyncio.gather(*(s.start() for s in supervisors))
         await server.start()
+        if count > 1:
+            http_where = f"{cfg.metrics_listen.rpartition(':')[0]}:{http.port}" if http else "off"
+            log.warning(
+                "FluxMQ single node serving on %s over %s with %d shard processes (data: %s, "
+                "metrics/health: %s). %s",
+                f"{cfg.listen.rpartition(':')[0]}:{port}",
+                describe_tls(tls),
+                count,
+                cfg.data_dir,
+                http_where,
+                auth_line(cfg),
+            )
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -832,6 +847,15 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
             cfg.data_dir,
             http_where,
             auth_line(cfg),
+        )
+    elif shard_edge.shard_count() > 1:
+        log.warning(
+            "shard process %d of %d serving local shard %s (data: %s, applied index %d)",
+            shard_edge.shard_index(),
+            shard_edge.shard_count(),
+            shard.shard_id,
+            cfg.data_dir,
+            state.last_applied_index(),
         )
     else:
         log.warning(

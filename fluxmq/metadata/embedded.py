@@ -270,6 +270,11 @@ class _Entry:
             raise MetadataCorrupt(f"embedded metadata: {key!r} has revision 0")
 
 
+def _revision_in(txn: _Txn) -> int:
+    raw = txn.get(_REVISION_KEY)
+    return 0 if raw is None or len(raw) != 8 else int.from_bytes(raw, "big")
+
+
 class _EmbeddedWatch(MetadataWatch):
     def __init__(self, store: EmbeddedMetadataStore, poll_ms: int) -> None:
         super().__init__(poll_ms)
@@ -280,13 +285,16 @@ class _EmbeddedWatch(MetadataWatch):
         if not self._store.closed:
             with contextlib.suppress(MetadataError):
                 self._store.expire_nodes()
+                self._store.notice_other_writers()
 
     async def _shutdown(self) -> None:
         self._store.forget_watch(self)
 
 
 class EmbeddedMetadataStore:
-    """The single-node MetadataStore; see the module docstring. Not shared between processes."""
+    """The single-node MetadataStore; see the module docstring. The processes of one node may
+    share its file (LMDB serializes their writes): each one's watches hear of the others'
+    writes when they poll, as a re-read of everything."""
 
     def __init__(
         self,
@@ -306,6 +314,10 @@ class EmbeddedMetadataStore:
         )
         self._watches: set[_EmbeddedWatch] = set()
         self._closed = False
+        # The revision counter as this process last saw it: one it did not write means another
+        # process of the node wrote (several shard processes share the file), and its watches
+        # re-read everything (they cannot know what changed).
+        self._known_revision: int | None = None
 
     @property
     def closed(self) -> bool:
@@ -321,9 +333,33 @@ class EmbeddedMetadataStore:
         self._check_open()
         return self._backend.read()
 
-    def _write(self) -> AbstractContextManager[_Txn]:
+    @contextmanager
+    def _write(self) -> Iterator[_Txn]:
         self._check_open()
-        return self._backend.write()
+        with self._backend.write() as txn:
+            before = _revision_in(txn)
+            yield txn
+            after = _revision_in(txn)
+        # Committed.
+        other_wrote = self._known_revision is not None and before != self._known_revision
+        self._known_revision = after
+        if other_wrote:
+            self._resync_watches()
+
+    def notice_other_writers(self) -> None:
+        """Another process wrote since this one last looked: every watch re-reads everything
+        (the node's other shard processes create and revoke API keys in the same file)."""
+        with self._read() as txn:
+            revision = _revision_in(txn)
+        if self._known_revision is None:
+            self._known_revision = revision
+        elif revision != self._known_revision:
+            self._known_revision = revision
+            self._resync_watches()
+
+    def _resync_watches(self) -> None:
+        for watch in self._watches:
+            watch.push_resync()
 
     @staticmethod
     def _next_revision(txn: _Txn) -> int:
@@ -659,6 +695,9 @@ class EmbeddedMetadataStore:
 
     def watch(self) -> MetadataWatch:
         self._check_open()
+        if self._known_revision is None:  # before the re-read the new watch starts with
+            with self._read() as txn:
+                self._known_revision = _revision_in(txn)
         watch = _EmbeddedWatch(self, self._watch_poll_ms)
         watch.push_resync()
         self._watches.add(watch)

@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,12 +19,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
+from fluxmq._pb.v1 import admin_pb2 as apb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.server.shard_process.siblings import home_process
 from fluxmq.server.shard_process.supervisor import LOCAL_SHARDS_DIR, PID_FILE
 
 from .conftest import Node
 from .test_crash import BATCHES, batch_values
+from .test_security import md, serving_secured
 from .test_shard_process import _check, _load, alive, error_info
 
 COUNT = 2
@@ -241,3 +244,38 @@ def test_the_metrics_port_serves_every_shard_process_labelled_with_it(node: Node
         assert up_now == {"0": 1.0, "1": 0.0}
     finally:
         os.kill(shard_pid(node, 1), signal.SIGCONT)
+
+
+def test_api_keys_hold_in_every_shard_process_and_a_revocation_reaches_them_all(
+    tmp_path: Path,
+) -> None:
+    with serving_secured(tmp_path, "--shard-processes", str(COUNT)) as (_node, admin, api):
+        placed = names_in(0, 1) + names_in(1, 1)
+        for name in placed:
+            api.q.CreateQueue(
+                pb.CreateQueueRequest(config=pb.QueueConfig(name=name)), metadata=md(admin)
+            )
+        producer = api.key(admin, "producer")  # minted by one shard process, known to both
+        for name in placed:
+            api.q.Publish(
+                pb.PublishRequest(queue=name, messages=[pb.PublishMessage(value=b"x")]),
+                metadata=md(producer),
+                timeout=10,
+            )
+        api.a.RevokeApiKey(
+            apb.RevokeApiKeyRequest(key_id=producer[12:20]), metadata=md(admin), timeout=10
+        )
+        deadline = time.monotonic() + 5
+        for name in placed:
+            while True:
+                try:
+                    api.q.Publish(
+                        pb.PublishRequest(queue=name, messages=[pb.PublishMessage(value=b"y")]),
+                        metadata=md(producer),
+                        timeout=10,
+                    )
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.UNAUTHENTICATED, name
+                    break
+                assert time.monotonic() < deadline, f"{name}: the revoked key still publishes"
+                time.sleep(0.05)

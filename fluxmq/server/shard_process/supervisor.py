@@ -110,6 +110,16 @@ def process_config(cfg: NodeConfig, index: int) -> NodeConfig:
     return dataclasses.replace(cfg, data_dir=data_dir, metrics_listen="")
 
 
+def node_data_dir(process_data_dir: str, index: int) -> str:
+    """The node's data directory, from shard process ``index``'s (``process_config``'s inverse):
+    what the node's shard processes share (its API keys)."""
+    if index == 0:
+        return process_data_dir
+    parent = os.path.dirname(os.path.normpath(process_data_dir))
+    assert os.path.basename(parent) == LOCAL_SHARDS_DIR, process_data_dir
+    return os.path.dirname(parent)
+
+
 class ShardProcessSupervisor:
     def __init__(
         self,
