@@ -2,8 +2,10 @@
 
 A node's data directory holds its own replication group's store at the top (``data.mdb``, with a
 ``MODE`` file saying ``single`` or ``cluster <group id>``) and one store per further group it
-hosts under ``groups/<group id>/``. Stores of the same group on different nodes are replicas of
-each other; a single node's store is a group of its own (nothing to compare it with).
+hosts under ``groups/<group id>/``; a single node with several shard processes has one more store
+per further local shard under ``local-shards/<i>/``. Stores of the same group on different nodes
+are replicas of each other; a single node's store, and each of its local shards, is a group of
+its own (nothing to compare it with).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 DATA_FILE = "data.mdb"
 MODE_FILE = "MODE"
 GROUPS_DIR = "groups"
+LOCAL_SHARDS_DIR = "local-shards"  # the shard process supervisor's layout (a test checks)
 SINGLE_GROUP_PREFIX = "single:"
 
 
@@ -100,6 +103,13 @@ def discover(data_dirs: list[str]) -> list[StoreRef]:
             for group in sorted(os.listdir(groups_dir)):
                 sub = os.path.join(groups_dir, group)
                 if os.path.isfile(os.path.join(sub, DATA_FILE)):
+                    stores.append(StoreRef(node, group, os.path.abspath(sub)))
+        local_dir = os.path.join(path, LOCAL_SHARDS_DIR)
+        if os.path.isdir(local_dir):
+            for index in sorted(os.listdir(local_dir)):
+                sub = os.path.join(local_dir, index)
+                if os.path.isfile(os.path.join(sub, DATA_FILE)):
+                    group = f"{SINGLE_GROUP_PREFIX}{node}/local-{index}"
                     stores.append(StoreRef(node, group, os.path.abspath(sub)))
     # No store is opened here: a damaged one can kill the process that maps it, so the audit
     # checks each in a child process first (store_check, which also refuses record format 1).

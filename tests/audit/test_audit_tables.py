@@ -136,3 +136,18 @@ def test_ts_prev_is_the_previous_good_timestamp_across_splits_and_damage(
         assert r["ts_prev"] == previous, r
         previous = r["timestamp_ms"]
     assert len(rows) > 14
+
+
+def test_each_local_shard_of_a_node_with_shard_processes_is_a_group_of_its_own(
+    tmp_path: Path,
+) -> None:
+    from fluxmq.server.shard_process.supervisor import LOCAL_SHARDS_DIR
+
+    assert layout.LOCAL_SHARDS_DIR == LOCAL_SHARDS_DIR  # the audit reads what the node writes
+    node = tmp_path / "solo"
+    for store in (node, node / LOCAL_SHARDS_DIR / "1", node / LOCAL_SHARDS_DIR / "2"):
+        store.mkdir(parents=True, exist_ok=True)
+        (store / "data.mdb").write_bytes(b"")
+        (store / "MODE").write_text("single\n")
+    groups = [s.replication_group for s in layout.discover([str(node)])]
+    assert groups == ["single:solo", "single:solo/local-1", "single:solo/local-2"]
