@@ -612,7 +612,8 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
     reports = QueueReports(links)
     routing = CallRouting(reports.table, RELAYED_SERVICES) if count > 1 else None
     server = public_server(cfg.request_bytes_max_value, [FrontEndInterceptor()])
-    server.add_generic_rpc_handlers((RelayHandler(links, RELAYED_SERVICES, routing),))
+    streams = StreamSlots(cfg.streams_max) if count > 1 else None
+    server.add_generic_rpc_handlers((RelayHandler(links, RELAYED_SERVICES, routing, streams),))
     health_servicer = add_health_and_reflection(server)
     try:
         port = bind(server, cfg.listen, tls)

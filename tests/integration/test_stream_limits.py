@@ -206,3 +206,32 @@ def test_more_tail_streams_than_lmdb_reader_slots_all_read_without_internal(
         assert "MDB_READERS_FULL" not in log and "Traceback" not in log
     finally:
         node.stop()
+
+
+async def test_streams_max_bounds_the_node_not_each_of_its_shard_processes(
+    tmp_path: Path,
+) -> None:
+    from fluxmq.server.shard_process.siblings import home_process
+
+    node = Node(tmp_path / "node", "--streams-max", str(STREAMS_MAX), "--shard-processes", "2")
+    node.start()
+    try:
+        names = [f"s{i}" for i in range(100)]
+        queues = [next(n for n in names if home_process(n, 2) == i) for i in (0, 1)]
+        async with grpc.aio.insecure_channel(node.address) as ch:
+            stub = queue_pb2_grpc.QueueServiceStub(ch)
+            for queue in queues:
+                await create_stream_queue(stub, queue)
+                await publish(stub, queue, b"m0")
+            # Half the node's streams in each shard process: each is under its own bound.
+            open_calls = [tail(stub, queues[i % 2]) for i in range(STREAMS_MAX)]
+            for call in open_calls:
+                assert await first_values(call, 1) == [b"m0"]
+            await expect_too_many_streams(tail(stub, queues[0]))
+            open_calls.pop().cancel()
+            await asyncio.sleep(0.2)
+            assert await first_values(tail(stub, queues[0]), 1) == [b"m0"]
+            for call in open_calls:
+                call.cancel()
+    finally:
+        node.stop()

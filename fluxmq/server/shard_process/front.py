@@ -11,10 +11,11 @@ idempotent producer's retry finds).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -35,6 +36,7 @@ from fluxmq.server.shard_process.siblings import (
     decode_report,
     encode_report,
 )
+from fluxmq.server.stream_slots import StreamSlots, too_many_streams
 
 RELAYED_SERVICES = (
     queue_pb2.DESCRIPTOR.services_by_name["QueueService"],
@@ -294,10 +296,14 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
         links: Sequence[ShardProcessLink],
         services: Iterable[ServiceDescriptor],
         routing: CallRouting | None = None,
+        streams: StreamSlots | None = None,
     ) -> None:
         assert links and (routing is not None or len(links) == 1)
         self._links = tuple(links)
         self._routing = routing
+        # Several shard processes: the node's bound on streams (each shard process bounds its
+        # own too), counted here where every client's stream passes.
+        self._streams = streams
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         for service in services:
             for method in service.methods:
@@ -358,6 +364,20 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
             )
         return link, call_id, state, pump, metadata
 
+    def _counts_stream(self, context: grpc.aio.ServicerContext) -> bool:
+        """A client's stream takes a slot of the node's (a shard process forwarding to another,
+        on the internal socket, holds one of its own already)."""
+        return self._streams is not None and not context.peer().startswith("unix:")
+
+    @contextlib.contextmanager
+    def _stream_slot(self, context: grpc.aio.ServicerContext) -> Iterator[None]:
+        if not self._counts_stream(context):
+            yield
+            return
+        assert self._streams is not None
+        with self._streams.hold():
+            yield
+
     async def _pump(
         self,
         link: ShardProcessLink,
@@ -392,13 +412,19 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def _streamed(self, path: str, shape: Shape) -> Callable[..., AsyncIterator[bytes]]:
         async def relay(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-            link, call_id, state, pump, metadata = await self._open(path, shape, request, context)
-            try:
-                while (item := await link.next_item(call_id, state)) is not _END:
-                    yield item
-            finally:
-                await _finish(link, call_id, state, pump)
-            await _answer(context, state, metadata)
+            slots = self._streams
+            if slots is not None and self._counts_stream(context) and slots.open >= slots.limit:
+                await _abort(context, too_many_streams(slots.limit), _metadata(context))
+            with self._stream_slot(context):
+                link, call_id, state, pump, metadata = await self._open(
+                    path, shape, request, context
+                )
+                try:
+                    while (item := await link.next_item(call_id, state)) is not _END:
+                        yield item
+                finally:
+                    await _finish(link, call_id, state, pump)
+                await _answer(context, state, metadata)
 
         return relay
 
