@@ -619,12 +619,6 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
         port = bind(server, cfg.listen, tls)
     except (RuntimeError, OSError) as err:
         raise grpc_listen_failure(cfg, err) from None
-    # Where shard processes forward to one another (a call that reached the wrong one): a
-    # socket in a directory only this user can open, plaintext (it never leaves the machine).
-    socket_dir = tempfile.mkdtemp(prefix="fluxmq-front-") if count > 1 else ""
-    front_socket = os.path.join(socket_dir, "front.sock") if socket_dir else ""
-    if front_socket:
-        server.add_insecure_port(f"unix:{front_socket}")
     loop = asyncio.get_running_loop()
     health_updates: set[asyncio.Task[None]] = set()
     statuses: list[dict[str, int]] = [{} for _ in range(count)]
@@ -642,6 +636,21 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
             where = cfg.metrics_listen
             raise listen_failure(where, "metrics and health", "metrics_listen", err) from None
         http.start()
+    # Where shard processes forward to one another (a call that reached the wrong one): a
+    # socket in a directory only this user can open, plaintext (it never leaves the machine).
+    socket_dir = tempfile.mkdtemp(prefix="fluxmq-front-") if count > 1 else ""
+    front_socket = os.path.join(socket_dir, "front.sock") if socket_dir else ""
+    if front_socket:
+        try:
+            server.add_insecure_port(f"unix:{front_socket}")
+        except RuntimeError as err:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            if http is not None:
+                http.close()
+            raise StartupError(
+                f"cannot listen on the internal socket {front_socket} ({err}): set TMPDIR to "
+                "a shorter directory this user can write"
+            ) from None
 
     async def mirror_now(combined: dict[str, int]) -> None:
         for service, status in combined.items():

@@ -92,6 +92,7 @@ WATCH_POLL_MS_DEFAULT = 200
 # Stored value = header (mod_revision, expires_at_ms, ttl_ms; 0 = no lease) + record JSON.
 _HEADER = struct.Struct(">QQQ")
 _REVISION_KEY = b"\xffrevision"  # sorts after every record key (those are ASCII)
+_WATCHED_KEY = b"\xffwatched"  # the revision of the last write watches hear of
 _PREFIXES = {
     "node": b"nodes/",
     "group": b"groups/",
@@ -271,7 +272,8 @@ class _Entry:
 
 
 def _revision_in(txn: _Txn) -> int:
-    raw = txn.get(_REVISION_KEY)
+    """The revision of the last write watches hear of."""
+    raw = txn.get(_WATCHED_KEY)
     return 0 if raw is None or len(raw) != 8 else int.from_bytes(raw, "big")
 
 
@@ -362,12 +364,16 @@ class EmbeddedMetadataStore:
             watch.push_resync()
 
     @staticmethod
-    def _next_revision(txn: _Txn) -> int:
+    def _next_revision(txn: _Txn, *, watched: bool = True) -> int:
+        """The next revision; ``watched``: a change other processes' watches must hear of
+        (every write but API-key usage times, which only ``list_api_key_usage`` reads)."""
         raw = txn.get(_REVISION_KEY)
         if raw is not None and len(raw) != 8:
             raise MetadataCorrupt("embedded metadata: the revision counter is malformed")
         revision = (0 if raw is None else int.from_bytes(raw, "big")) + 1
         txn.put(_REVISION_KEY, revision.to_bytes(8, "big"))
+        if watched:
+            txn.put(_WATCHED_KEY, revision.to_bytes(8, "big"))
         return revision
 
     @staticmethod
@@ -678,7 +684,7 @@ class EmbeddedMetadataStore:
                 if entry is None or decode_key_usage(entry.record, key_id) < used_ms:
                     forward.append((usage, used_ms))
             if forward:
-                revision = self._next_revision(txn)
+                revision = self._next_revision(txn, watched=False)
                 for usage, used_ms in forward:
                     self._put(txn, usage, encode_key_usage(used_ms), revision)
 

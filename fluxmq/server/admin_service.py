@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import re
 import time
@@ -117,6 +118,9 @@ def _rpc_stats(row: node_stats.RpcRow) -> pb.RpcMethodStats:
         p99_ms=row.p99_s * 1000,
         seconds_sum=row.seconds_sum,
     )
+
+
+log = logging.getLogger(__name__)
 
 
 def merge_sibling_status(out: pb.ClusterStatus, part: pb.ClusterStatus) -> None:
@@ -312,11 +316,21 @@ class AdminService(pb_grpc.AdminServiceServicer):
         out.readiness = node_stats.readiness()
         siblings = self._router.siblings
         if siblings is not None and not was_forwarded(context):
-            for index in siblings.others():
-                part = await self._router.forwarder.forward_admin(
-                    siblings.address_of(index), "GetClusterStatus", request, context
-                )
-                merge_sibling_status(out, part)
+            parts = await asyncio.gather(
+                *(
+                    self._router.forwarder.forward_admin(
+                        siblings.address_of(index), "GetClusterStatus", request, context
+                    )
+                    for index in siblings.others()
+                ),
+                return_exceptions=True,
+            )
+            for index, part in zip(siblings.others(), parts, strict=True):
+                if isinstance(part, pb.ClusterStatus):
+                    merge_sibling_status(out, part)
+                else:  # restarting, or stuck: the rest of the status still answers
+                    log.warning("shard process %d left out of the status: %s", index, part)
+                    out.readiness = "not_ready"
         view = self._router.view
         if view is not None:
             await view.ensure_directory()  # fresh when the store answers; else the last seen

@@ -34,6 +34,13 @@ RESPONSE_BYTES_MAX = 64 * 1024 * 1024
 REQUEST_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # the request_bytes_max setting's default
 
 
+def describe(address: str) -> str:
+    """An address as error messages give it (another shard process by its number, not by its
+    internal socket's path)."""
+    _, process = split_address(address)
+    return address if process is None else f"shard process {process} of this node"
+
+
 def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
     """The FluxError the other node answered with (its ErrorInfo), so the caller gets the same
     status; a call that never reached a broker (connection refused, reset, timeout) is
@@ -41,6 +48,7 @@ def remote_error(err: grpc.aio.AioRpcError, address: str) -> FluxError:
     reason, metadata = "", {}
     violations: list[FieldViolation] = []
     retry_after_ms: int | None = None
+    address = describe(address)
     status = rpc_status.from_call(err)
     for detail in status.details if status is not None else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
@@ -120,6 +128,12 @@ def call_timeout_s(request: Any) -> float:
 
 def was_forwarded(context: Any) -> bool:
     return any(k == FORWARDED_KEY for k, _ in (context.invocation_metadata() or ()))
+
+
+def was_targeted(context: Any) -> bool:
+    """Sent by another shard process of this node to this one by name (through the front end's
+    internal socket): served here, never forwarded again."""
+    return any(k == TARGET_PROCESS_KEY for k, _ in (context.invocation_metadata() or ()))
 
 
 def forwarded_metadata(context: Any) -> tuple[tuple[str, str], ...]:

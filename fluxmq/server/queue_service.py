@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, cast
 
@@ -13,17 +14,23 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq._pb.v1 import queue_pb2_grpc as pb_grpc
 from fluxmq.core import validation
 from fluxmq.core.commands.results import AppendResult, LeaseResult, SettleResult
-from fluxmq.core.errors import FluxError, invalid_argument, nested
+from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument, nested
 from fluxmq.core.producers import IDLE_EXPIRY_MS
 from fluxmq.core.queue_config import normalize_new
 from fluxmq.core.reader import page_token_after
 from fluxmq.server.errors import domain_error, internal_error, status_code, to_rpc_status
-from fluxmq.server.forwarding import was_forwarded
+from fluxmq.server.forwarding import was_forwarded, was_targeted
 from fluxmq.server.guard import current_identity
 from fluxmq.server.interceptors import request_id_var
 from fluxmq.server.router import Router, current_shard, shard_unreachable
 from fluxmq.server.scoping import Scope, caller_error, stored_queue
 from fluxmq.server.shard.runtime import ShardRuntime
+from fluxmq.server.shard_process.siblings import (
+    NameLocks,
+    home_process,
+    local_shard_id,
+    local_shard_index,
+)
 from storage import Record
 
 PUBLISH_STREAM_IN_FLIGHT_MAX = 64  # requests of one PublishStream being processed at once
@@ -46,6 +53,11 @@ def _fill_records(out: Any, partition: int, records: list[Record], single: bool 
             rec.headers.update(r.headers)
         if r.idempotency_key:
             rec.idempotency_key = r.idempotency_key
+
+
+def _end(ended: asyncio.Future[None], _: object) -> None:
+    if not ended.done():
+        ended.set_result(None)
 
 
 def _published_batch(result: AppendResult) -> pb.PublishedBatch:
@@ -113,6 +125,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
     def __init__(self, router: Router) -> None:
         self._router = router
         self._forwarder = router.forwarder
+        self._creating = NameLocks()
 
     @property
     def _shard(self) -> ShardRuntime:
@@ -120,14 +133,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
 
     async def CreateQueue(self, request: pb.CreateQueueRequest, context: Any) -> pb.Queue:
         view = self._router.view
-        siblings = self._router.siblings
-        if siblings is not None and not was_forwarded(context):
-            owner = siblings.owner(request.config.name)
-            if owner is not None:  # another shard process has it: it answers ALREADY_EXISTS
-                there = siblings.address_of(owner[0])
-                existing = await self._forwarder.forward(there, "CreateQueue", request, context)
-                assert isinstance(existing, pb.Queue)
-                return existing
+        if self._router.siblings is not None:
+            return await self._create_in_local_shards(request, context)
         if view is None:
             return await self._router.home.queues.create_queue(request.config)
         config = normalize_new(request.config)
@@ -151,6 +158,62 @@ class QueueService(pb_grpc.QueueServiceServicer):
         queue = await self._forwarder.forward(address, "CreateQueue", forwarded, context)
         assert isinstance(queue, pb.Queue)
         return queue
+
+    async def _create_in_local_shards(
+        self, request: pb.CreateQueueRequest, context: Any
+    ) -> pb.Queue:
+        """Several shard processes: the first places each new queue (the front end sends it
+        every CreateQueue), one create of a name at a time: in the local shard its
+        ``replication.group`` names, else beside its DLQ when that exists, else in the one its
+        name hashes to. A name a shard process has is refused there (QUEUE_EXISTS); a named
+        local shard other than its DLQ's is refused (a DLQ is written by its queue's shard)."""
+        siblings = self._router.siblings
+        assert siblings is not None
+        config = request.config
+        if was_targeted(context):  # placed by the first shard process: create it here
+            return await self._router.home.queues.create_queue(config)
+        async with self._creating.hold(config.name):
+            target = self._local_shard_of(config.name)  # it exists there: QUEUE_EXISTS
+            dlq = config.dead_letter_queue
+            dlq_at = self._local_shard_of(dlq) if dlq else None
+            if target is None and config.replication.group:
+                target = local_shard_index(config.replication.group)
+                if target is None or target >= siblings.count:
+                    shards = ", ".join(local_shard_id(i) for i in range(siblings.count))
+                    raise invalid_argument(
+                        "config.replication.group",
+                        f"no local shard {config.replication.group!r} on this node ({shards})",
+                    )
+                if dlq_at is not None and dlq_at != target:
+                    raise FluxError(
+                        "REPLICATION_UNSATISFIABLE",
+                        f"dead_letter_queue {dlq!r} lives in local shard "
+                        f"{local_shard_id(dlq_at)!r}; a queue in {local_shard_id(target)!r} "
+                        "needs its DLQ in the same shard",
+                        violations=(
+                            FieldViolation("config.dead_letter_queue", "in another shard"),
+                        ),
+                    )
+            elif target is None:
+                # Beside its DLQ when that exists already (its queue's shard writes it).
+                target = home_process(config.name, siblings.count) if dlq_at is None else dlq_at
+            if target == siblings.index:
+                return await self._router.home.queues.create_queue(config)
+            there = siblings.address_of(target)
+            created = await self._forwarder.forward(there, "CreateQueue", request, context)
+            assert isinstance(created, pb.Queue)
+            return created
+
+    def _local_shard_of(self, name: str) -> int | None:
+        """The shard process that has queue ``name``, or reserves it as the DLQ of one of its
+        queues (None: none)."""
+        siblings = self._router.siblings
+        assert siblings is not None
+        runtime = self._router.local(name)
+        if runtime is not None or name in self._router.local_dead_letter_queues():
+            return siblings.index
+        owner = siblings.owner(name)
+        return None if owner is None else owner[0]
 
     async def UpdateQueue(self, request: pb.UpdateQueueRequest, context: Any) -> pb.Queue:
         return await self._shard.queues.update_queue(
@@ -190,11 +253,16 @@ class QueueService(pb_grpc.QueueServiceServicer):
             }
         if siblings is not None and not was_forwarded(context):
             addresses |= {siblings.address_of(i) for i in siblings.others()}
-        for address in sorted(addresses):
-            resp = await self._forwarder.forward(address, "ListQueues", request, context)
+        answers = await asyncio.gather(
+            *(
+                self._forwarder.forward(address, "ListQueues", request, context)
+                for address in sorted(addresses)
+            )
+        )
+        scope = self._caller_scope()
+        for resp in answers:
             # That node's edge showed them in the caller's words: back to stored names,
             # which this node's pages use, before merging and cutting the page.
-            scope = self._caller_scope()
             queues = [stored_queue(q, scope) for q in resp.queues]
             pages.append((queues, resp.next_page_token))
         merged = {q.config.name: q for queues, _ in pages for q in queues}
@@ -283,7 +351,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
             try:
                 return await self._stream_publish(req, forwarded_here, context, before)
             finally:
-                ended.set_result(None)
+                if not ended.done():
+                    ended.set_result(None)
                 if latest.get(req.publish.queue) is ended:
                     del latest[req.publish.queue]
 
@@ -291,7 +360,11 @@ class QueueService(pb_grpc.QueueServiceServicer):
             async for req in request_iterator:
                 before = latest.get(req.publish.queue)
                 ended = latest[req.publish.queue] = loop.create_future()
-                await window.put(asyncio.ensure_future(one(req, before, ended)))
+                task = asyncio.ensure_future(one(req, before, ended))
+                # Cancelled before it ran, it never ends ``ended`` itself: the next one for
+                # its queue must not wait for it forever.
+                task.add_done_callback(functools.partial(_end, ended))
+                await window.put(task)
 
         async def reader() -> None:
             # A node that drains (SIGTERM) stops reading: the requests read are answered and

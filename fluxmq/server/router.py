@@ -183,6 +183,15 @@ class Router:
                 return runtime
         return None
 
+    def local_dead_letter_queues(self) -> set[str]:
+        """The dead-letter queues the hosted shards' queues name (created on demand there)."""
+        return {
+            str(entry.queue.config.dead_letter_queue)
+            for runtime in self.shards.values()
+            for entry in runtime.state.catalog.values()
+            if entry.queue.config.dead_letter_queue
+        }
+
     async def locate(self, queue: str, *, forwarded: bool = False) -> ShardRuntime | str:
         """The local runtime of the shard that serves ``queue``, or the gRPC address of a node
         that does."""

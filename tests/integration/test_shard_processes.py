@@ -279,3 +279,52 @@ def test_api_keys_hold_in_every_shard_process_and_a_revocation_reaches_them_all(
                     break
                 assert time.monotonic() < deadline, f"{name}: the revoked key still publishes"
                 time.sleep(0.05)
+
+
+def test_a_name_lives_in_one_shard_process_whatever_the_create_says(node: Node) -> None:
+    other = names_in(1, 1)[0]
+    with node.channel() as ch:
+        stub = queue_pb2_grpc.QueueServiceStub(ch)
+        stub.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name=other)))
+        again = pb.QueueConfig(name=other)
+        again.replication.group = "local"  # another local shard than the one it is in
+        # Internal marks from a client: ignored (only a shard process of the node sets them).
+        spoofed = (("x-fluxmq-shard-process", "0"), ("x-fluxmq-forwarded", "1"))
+        for metadata in ((), spoofed):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.CreateQueue(pb.CreateQueueRequest(config=again), metadata=metadata)
+            assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        nowhere = pb.QueueConfig(name="elsewhere")
+        nowhere.replication.group = "local-7"
+        with pytest.raises(grpc.RpcError) as err:
+            stub.CreateQueue(pb.CreateQueueRequest(config=nowhere))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "no local shard 'local-7'" in (err.value.details() or "")
+        status = admin_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(
+            admin_pb2.GetClusterStatusRequest(skip_digest=True)
+        )
+        assert [q.name for q in status.queues].count(other) == 1
+
+
+def test_a_queue_is_created_beside_its_dead_letter_queue(node: Node) -> None:
+    # The DLQ hashes to one shard process, its queue to the other: the queue follows its DLQ,
+    # whose messages its shard writes.
+    dlq = names_in(1, 1)[0]
+    origin = names_in(0, 1)[0]
+    with node.channel() as ch:
+        stub = queue_pb2_grpc.QueueServiceStub(ch)
+        stub.CreateQueue(
+            pb.CreateQueueRequest(config=pb.QueueConfig(name=dlq, dead_letter_disabled=True))
+        )
+        config = pb.QueueConfig(name=origin, dead_letter_queue=dlq)
+        stub.CreateQueue(pb.CreateQueueRequest(config=config))
+        status = admin_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(
+            admin_pb2.GetClusterStatusRequest(skip_digest=True)
+        )
+        shard_of = {q.name: q.shard_id for q in status.queues}
+        assert shard_of[origin] == shard_of[dlq] == "local-1"
+        pinned = pb.QueueConfig(name=origin + "-pinned", dead_letter_queue=dlq)
+        pinned.replication.group = "local"
+        with pytest.raises(grpc.RpcError) as err:
+            stub.CreateQueue(pb.CreateQueueRequest(config=pinned))
+        assert error_info(err.value)[0] == "REPLICATION_UNSATISFIABLE"

@@ -89,15 +89,12 @@ def test_a_transaction_goes_where_its_first_queue_is() -> None:
     assert calls.process_for(f"/{SERVICE}/Transact", transact.SerializeToString()) == 3
 
 
-def test_a_queue_created_in_a_named_local_shard_goes_to_its_process() -> None:
+def test_every_create_goes_to_the_first_shard_process_which_places_it() -> None:
     calls = routing(3)
     config = pb.QueueConfig(name="anything")
     config.replication.group = "local-2"
     create = pb.CreateQueueRequest(config=config).SerializeToString()
-    assert calls.process_for(f"/{SERVICE}/CreateQueue", create) == 2
-    config.replication.group = "local-7"  # no such process: placed by its name
-    create = pb.CreateQueueRequest(config=config).SerializeToString()
-    assert calls.process_for(f"/{SERVICE}/CreateQueue", create) == home_process("anything", 3)
+    assert calls.process_for(f"/{SERVICE}/CreateQueue", create) == 0
 
 
 def test_one_shard_process_takes_every_call() -> None:

@@ -343,6 +343,9 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
         self, path: str, shape: Shape, request: Any, context: grpc.aio.ServicerContext
     ) -> tuple[ShardProcessLink, int, _ClientCall, asyncio.Task[None] | None, fr.Metadata]:
         metadata = _metadata(context)
+        if self._routing is not None and not context.peer().startswith("unix:"):
+            # Only a shard process of this node names the shard process to serve a call.
+            metadata = tuple((k, v) for k, v in metadata if k != TARGET_PROCESS_KEY)
         first: bytes | None = None
         if shape.request_streams:
             body = b""

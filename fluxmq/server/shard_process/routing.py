@@ -5,7 +5,8 @@ straight from the request's bytes (``queue``, or ``name``, or ``config.name``: t
 ``router.queue_of`` reads, found once per method from the descriptors). A Transact is decoded
 (its queues are spread over nested messages; it is not the hot path), a PublishStream goes
 where its first request's queue is. A call that names no queue (a listing, the cluster status,
-API keys) goes to the first shard process, which asks the others itself where it must.
+API keys) goes to the first shard process, which asks the others itself where it must; so does
+every CreateQueue (the first shard process places new queues).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescr
 
 from fluxmq._pb.v1 import queue_pb2
 from fluxmq.server.router import queue_of
-from fluxmq.server.shard_process.siblings import QueueTable, local_shard_index
+from fluxmq.server.shard_process.siblings import QueueTable
 
 FieldPath = tuple[int, ...]
 _TRANSACT = queue_pb2.TransactRequest.DESCRIPTOR.full_name
@@ -106,10 +107,6 @@ class CallRouting:
         publish_path = queue_field_path(publish.message_type)  # type: ignore[arg-type]
         assert publish_path is not None
         self._publish_path: FieldPath = (publish.number, *publish_path)
-        create = queue_pb2.CreateQueueRequest.DESCRIPTOR.fields_by_name["config"]
-        replication = queue_pb2.QueueConfig.DESCRIPTOR.fields_by_name["replication"]
-        group = queue_pb2.Replication.DESCRIPTOR.fields_by_name["group"]
-        self._create_group_path: FieldPath = (create.number, replication.number, group.number)
         queue_service = queue_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name
         self._create = f"/{queue_service}/CreateQueue"
         for service in services:
@@ -128,11 +125,9 @@ class CallRouting:
         if self.table.count == 1:
             return 0
         if method == self._create:
-            # A queue created in a named local shard ("local", "local-1"...: e.g. to share
-            # one with the queues of its transactions) goes to that shard's process.
-            index = local_shard_index(string_at(body, self._create_group_path) or "")
-            if index is not None and index < self.table.count:
-                return index
+            # The first shard process places every new queue (QueueService.CreateQueue): one
+            # at a time per name, so two creates of one name never land in two processes.
+            return 0
         if method in self._transact:
             try:
                 queue = queue_of(queue_pb2.TransactRequest.FromString(body))

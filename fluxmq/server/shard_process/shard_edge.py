@@ -106,8 +106,9 @@ class FramedEdge:
 
 
 class QueueReporter:
-    """Tells the front end this shard process's queues whenever a catalog changed (each is
-    replaced, never changed in place, so a changed one is a different object)."""
+    """Tells the front end this shard process's queues, and the DLQs they name, whenever a
+    catalog changed (each is replaced, never changed in place, so a changed one is a
+    different object)."""
 
     def __init__(
         self, server: FramedServer, runtimes: Callable[[], Mapping[str, ShardRuntime]]
@@ -123,7 +124,13 @@ class QueueReporter:
         ):
             return
         self._last = current
-        self._server.send_queues(encode_report({k: list(c) for k, c in current.items()}))
+        # A queue's DLQ is created on demand in the queue's shard: its name is reserved there.
+        report = {
+            shard_id: {*catalog, *(e.queue.config.dead_letter_queue for e in catalog.values())}
+            - {""}
+            for shard_id, catalog in current.items()
+        }
+        self._server.send_queues(encode_report(report))
 
     async def report_routine(self) -> None:
         while True:

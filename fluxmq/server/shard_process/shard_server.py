@@ -225,7 +225,12 @@ class FramedServer:
             call.task.cancel()
 
     async def _answer_metrics(self, ask: int) -> None:
-        text = b"" if self.metrics_text is None else await self.metrics_text()
+        text = b""  # what the front end's scrape counts as not answered
+        try:
+            if self.metrics_text is not None:
+                text = await self.metrics_text()
+        except Exception:
+            log.exception("rendering this shard process's metrics failed")
         self._send(fr.frame(Kind.METRICS, ask, text))
 
     def _send(self, data: bytes) -> None:

@@ -13,9 +13,11 @@ that has it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 
 from fluxmq.config import SHARD_PROCESSES_MAX
 from fluxmq.server.shard_process.frames import FrameError
@@ -150,3 +152,25 @@ class Siblings:
     def owner(self, queue: str) -> tuple[int, str] | None:
         """(shard process, shard id) of another shard process's queue (None: none has it)."""
         return self._owner.get(queue)
+
+
+class NameLocks:
+    """One holder at a time per name (the first shard process placing a new queue); a name's
+    lock is dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(name, (asyncio.Lock(), 0))
+        self._locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[name]
+            if users == 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, users - 1)
