@@ -480,10 +480,11 @@ def validate(config: NodeConfig) -> None:
             f"shard_processes: {config.shard_processes}: must be 0 (shards in the node's "
             f"process) to {SHARD_PROCESSES_MAX}"
         )
-    if config.shard_processes > 1 and config.cluster_mode:
+    if config.shard_processes > 1 and config.cluster_mode and not config.etcd:
         raise ConfigError(
-            f"shard_processes: {config.shard_processes}: a cluster node runs at most 1 shard "
-            "process for now (several are built for a single node only)"
+            f"shard_processes: {config.shard_processes}: a cluster node without etcd runs one "
+            "replication group, so at most 1 shard process (with etcd, placement gives it "
+            "groups to share out)"
         )
     if not 1 <= config.streams_max <= 100_000:
         raise ConfigError("streams_max: must be 1..100000")

@@ -211,13 +211,16 @@ def check_listen(address: str, purpose: str, setting: str) -> None:
         raise listen_failure(address, purpose, setting, first)
 
 
-def check_listen_addresses(cfg: config_mod.NodeConfig, *, grpc_port: bool = True) -> None:
-    """``grpc_port`` False: a shard process, whose front end holds the gRPC port."""
+def check_listen_addresses(
+    cfg: config_mod.NodeConfig, *, grpc_port: bool = True, raft_port: bool = True
+) -> None:
+    """``grpc_port`` False: a shard process, whose front end holds the gRPC port;
+    ``raft_port`` False: a shard process without the home group."""
     if grpc_port:
         check_listen(cfg.listen, "grpc", "listen")
     if cfg.metrics_listen:
         check_listen(cfg.metrics_listen, "metrics and health", "metrics_listen")
-    if cfg.cluster_mode:
+    if cfg.cluster_mode and raft_port:
         setting = "raft_bind" if cfg.raft_bind else "raft_listen"
         check_listen(cfg.raft_bind or cfg.raft_listen, "raft", setting)
 
@@ -295,7 +298,11 @@ def advertised_grpc_address(cfg: config_mod.NodeConfig, port: int) -> str:
 
 
 def build_cluster_view(
-    cfg: config_mod.NodeConfig, shard: Shard, port: int, clock_ms: Callable[[], int]
+    cfg: config_mod.NodeConfig,
+    shard: Shard | None,
+    port: int,
+    clock_ms: Callable[[], int],
+    owns: Callable[[str], bool] = lambda group_id: True,
 ) -> ClusterView:
     raft_host, _, raft_port = cfg.raft_listen.rpartition(":")
     node = NodeInfo(
@@ -325,6 +332,7 @@ def build_cluster_view(
         clock_ms=clock_ms,
         peers=cfg.peer_list,
         auto_provision_groups=cfg.auto_provision_groups,
+        owns=owns,
     )
 
 
@@ -557,13 +565,16 @@ def open_edge(
     return GrpcEdge(server, health_servicer, port)
 
 
-def join_siblings(edge: GrpcEdge | FramedEdge, router: Router) -> QueueReporter | None:
+def join_siblings(
+    cfg: config_mod.NodeConfig, edge: GrpcEdge | FramedEdge, router: Router
+) -> QueueReporter | None:
     """One of several shard processes: the router learns where the others' queues are (to
     forward what reaches it by mistake) and the front end learns this one's."""
     count = shard_edge.shard_count()
     if not isinstance(edge, FramedEdge) or count < 2:
         return None
-    siblings = Siblings(shard_edge.shard_index(), count, shard_edge.front_socket())
+    home_group = cfg.shard_id if cfg.cluster_mode else ""
+    siblings = Siblings(shard_edge.shard_index(), count, shard_edge.front_socket(), home_group)
     router.siblings = siblings
 
     def on_routes(payload: memoryview) -> None:
@@ -600,7 +611,7 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
     count = cfg.shard_processes
     for index in range(count):
         data_dir = process_config(cfg, index).data_dir
-        if not wait_previous_gone(data_dir):
+        if not wait_previous_gone(data_dir, index=index):
             raise StartupError(
                 f"the shard process of the last node on {data_dir!r} "
                 f"({config_mod.where_set('data_dir')}) still runs; stop it first"
@@ -733,15 +744,10 @@ def combined_health(statuses: list[dict[str, int]]) -> dict[str, int]:
     }
 
 
-async def serve_node(cfg: config_mod.NodeConfig) -> None:
-    tls = load_tls(cfg)  # checked before anything starts: a bad file stops the node here
-    in_shard_process = shard_edge.is_shard_process()
-    if in_shard_process:
-        shard_edge.die_with_front_end()
-    check_listen_addresses(cfg, grpc_port=not in_shard_process)
+def open_home_store(cfg: config_mod.NodeConfig) -> LmdbStore:
     try:
         check_mode(cfg)
-        store = LmdbStore(
+        return LmdbStore(
             cfg.data_dir,
             map_size_bytes=cfg.storage_map_size_bytes,
             # In cluster mode the Raft snapshot and journal rebuild the state after a machine
@@ -760,26 +766,50 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
             f"cannot use the data directory {cfg.data_dir!r} ({config_mod.where_set('data_dir')}): "
             f"{detail}; choose a directory this user can create and write"
         ) from None
-    warn_if_discarded(store, "this node's replication group")
-    state = QueueStateMachine(store)
-    shard = build_shard(cfg, state)
-    observe_disk(shard.shard_id, store, shard)
+
+
+async def serve_node(cfg: config_mod.NodeConfig) -> None:
+    tls = load_tls(cfg)  # checked before anything starts: a bad file stops the node here
+    in_shard_process = shard_edge.is_shard_process()
+    if in_shard_process:
+        shard_edge.die_with_front_end()
+    # A cluster node's further shard processes run placed groups only: the first runs the
+    # home group (its store, its Raft port) and registers the node.
+    hosts_home = not (cfg.cluster_mode and shard_edge.shard_index() > 0)
+    check_listen_addresses(cfg, grpc_port=not in_shard_process, raft_port=hosts_home)
+    store = open_home_store(cfg) if hosts_home else None
+    if not hosts_home:
+        check_mode(cfg)
+    state: QueueStateMachine | None = None
+    shard: LocalShard | PySyncObjShard | None = None
+    if store is not None:
+        warn_if_discarded(store, "this node's replication group")
+        state = QueueStateMachine(store)
+        shard = build_shard(cfg, state)
+        observe_disk(shard.shard_id, store, shard)
+    driver: RaftDriver | None = None
+    if isinstance(shard, PySyncObjShard):
+        driver = shard.driver
+    elif cfg.cluster_mode:
+        driver = RaftDriver()
     forwarder = Forwarder(
         tls,
         request_bytes_max=cfg.request_bytes_max_value,
         streams=StreamSlots(cfg.streams_max),
     )
-    router = Router(shard.shard_id, forwarder)
+    router = Router(cfg.shard_id if shard is None else shard.shard_id, forwarder)
     router.inflight = InflightBudget(
         cfg.inflight_bytes_max_value, cfg.inflight_bytes_max_value // 2
     )
     edge = open_edge(cfg, router, tls)
     port = edge.port
-    reporter = join_siblings(edge, router)
+    reporter = join_siblings(cfg, edge, router)
+    siblings = router.siblings
+    owns = siblings.owns_group if siblings is not None else lambda group_id: True
     directory: ClusterView | None = None
     if cfg.etcd:
-        assert isinstance(shard, PySyncObjShard)
-        directory = router.view = build_cluster_view(cfg, shard, port, wall_clock_ms)
+        assert shard is None or isinstance(shard, PySyncObjShard)
+        directory = router.view = build_cluster_view(cfg, shard, port, wall_clock_ms, owns)
     host = ShardHost(
         router,
         clock_ms=wall_clock_ms,
@@ -789,16 +819,17 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
         directory=directory,
         shards_dir=os.path.join(cfg.data_dir, "groups"),
         open_shard=(
-            functools.partial(open_placed_shard, cfg, shard.driver)
-            if isinstance(shard, PySyncObjShard)
-            else None
+            functools.partial(open_placed_shard, cfg, driver) if driver is not None else None
         ),
+        owns=owns,
     )
     if directory is not None:
         directory.host_shard = host.host
     # In the router before it starts: what the node checks at start (auth) sees its queues.
-    home = host.build(state, shard, cfg.raft_listen if cfg.cluster_mode else None)
-    router.add_shard(home)
+    home = None
+    if state is not None and shard is not None:
+        home = host.build(state, shard, cfg.raft_listen if cfg.cluster_mode else None)
+        router.add_shard(home)
     auth_store = await start_auth(cfg, router, wall_clock_ms) if cfg.auth_enabled else None
     health = HealthState()
     http: HttpEndpoint | None = None
@@ -822,7 +853,8 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
             where = cfg.metrics_listen
             raise listen_failure(where, "metrics and health", "metrics_listen", err) from None
         http.start()
-    await host.run(home)
+    if home is not None:
+        await host.run(home)
     if directory is not None:
         await host.restore()
         await directory.start()
@@ -846,7 +878,15 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
     )
     where = cfg.listen.rpartition(":")[0] + f":{port} over {describe_tls(tls)}"
     http_where = f"{cfg.metrics_listen.rpartition(':')[0]}:{http.port}" if http else "off"
-    if cfg.cluster_mode:
+    applied = state.last_applied_index() if state is not None else 0
+    if not hosts_home:
+        log.warning(
+            "shard process %d of %d serving the placed groups it runs (%s) of this node",
+            shard_edge.shard_index(),
+            shard_edge.shard_count(),
+            ", ".join(sorted(router.shards)) or "none yet",
+        )
+    elif cfg.cluster_mode:
         log.warning(
             "FluxMQ replica of %s serving on %s (raft %s, peers %s, data: %s, "
             "metrics/health: %s). %s",
@@ -863,9 +903,9 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
             "shard process %d of %d serving local shard %s (data: %s, applied index %d)",
             shard_edge.shard_index(),
             shard_edge.shard_count(),
-            shard.shard_id,
+            router.home_shard_id,
             cfg.data_dir,
-            state.last_applied_index(),
+            applied,
         )
     else:
         log.warning(
@@ -873,7 +913,7 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
             where,
             cfg.data_dir,
             http_where,
-            state.last_applied_index(),
+            applied,
             auth_line(cfg),
         )
 
@@ -914,9 +954,10 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
         await auth_store.close()
     await router.close()
     await host.close()
-    if isinstance(shard, PySyncObjShard):
-        shard.driver.stop()
-    store.close()
+    if driver is not None:
+        driver.stop()
+    if store is not None:
+        store.close()
     if http is not None:
         http.close()
     log.info("stopped cleanly")

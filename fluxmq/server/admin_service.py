@@ -287,8 +287,8 @@ class AdminService(pb_grpc.AdminServiceServicer):
             ) from None
 
     def _queues(self, shard: Shard) -> list[str]:
-        runtime = self._runtimes().get(shard.shard_id, self._router.home)
-        return sorted(runtime.state.catalog)
+        runtime = self._runtimes().get(shard.shard_id)
+        return [] if runtime is None else sorted(runtime.state.catalog)
 
     def _info(self, shard: Shard) -> pb.ShardInfo:
         """Without digest: reading the whole state is left to GetClusterStatus."""
@@ -308,7 +308,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
             if not request.skip_digest:
                 digest = await self.digests.digest(shard_id, runtime.state)
             out.shards.append(_shard_info(status, digest, sorted(runtime.state.catalog)))
-        out.sampled_ms = self._router.home.now_ms()
+        out.sampled_ms = int(time.time() * 1000)
         queues, counters = await asyncio.to_thread(_traffic, [r for _, r in runtimes])
         out.queues.extend(queues)
         out.queue_counters.extend(counters)

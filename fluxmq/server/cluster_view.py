@@ -96,14 +96,17 @@ class ClusterView:
         self,
         store: MetadataStore,
         node: NodeInfo,
-        shard: Shard,
+        shard: Shard | None,
         shard_id: str,
         *,
         node_ttl_ms: int,
         clock_ms: Callable[[], int],
         peers: tuple[str, ...] = (),
         auto_provision_groups: bool = False,
+        owns: Callable[[str], bool] = lambda group_id: True,
     ) -> None:
+        """``shard``: the home shard, in the process that registers the node (None: another
+        of its shard processes, which hosts only the placed groups ``owns`` gives it)."""
         self.store = store
         self.node = node
         self._shard_id = shard_id
@@ -114,7 +117,10 @@ class ClusterView:
         self._registered = False
         self.joined = False  # registered once: the node is part of the cluster from then on
         # Every shard this node runs a replica of (group id -> shard): each publishes its leader.
-        self._shards: dict[str, Shard] = {shard_id: shard}
+        self._shards: dict[str, Shard] = {} if shard is None else {shard_id: shard}
+        # The node's registration and its home group's record: the home shard's process only.
+        self.registers = shard is not None
+        self._owns = owns
         self._published_terms: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._peers = peers  # raft addresses of the home group's other members
@@ -133,11 +139,10 @@ class ClusterView:
         """Registers at once when the store answers; otherwise the routine keeps trying while
         the node serves (a node must start even while etcd is away)."""
         await self.maybe_register()
-        for name, routine in (
-            ("register", self.register_routine),
-            ("directory", self.directory_routine),
-            ("leader_record", self.leader_routine),
-        ):
+        routines = [("directory", self.directory_routine), ("leader_record", self.leader_routine)]
+        if self.registers:
+            routines.append(("register", self.register_routine))
+        for name, routine in routines:
             self._tasks.append(asyncio.create_task(_supervised(name, routine), name=name))
 
     async def close(self) -> None:
@@ -148,9 +153,10 @@ class ClusterView:
             await asyncio.wait(self._tasks, timeout=CLOSE_STEP_TIMEOUT_S)
         with contextlib.suppress(MetadataError, TimeoutError):
             # A clean stop leaves the directory at once instead of after the TTL.
-            await asyncio.wait_for(
-                self.store.deregister_node(self.node.node_id), CLOSE_STEP_TIMEOUT_S
-            )
+            if self.registers:
+                await asyncio.wait_for(
+                    self.store.deregister_node(self.node.node_id), CLOSE_STEP_TIMEOUT_S
+                )
         with contextlib.suppress(MetadataError, TimeoutError):
             await asyncio.wait_for(self.store.close(), CLOSE_STEP_TIMEOUT_S)
 
@@ -172,6 +178,9 @@ class ClusterView:
     # -- registration -----------------------------------------------------------------------
 
     async def maybe_register(self) -> None:
+        if not self.registers:  # the node's first shard process registers it
+            await self.ensure_directory()
+            return
         try:
             if self._registered:
                 await self.store.refresh_node(self.node.node_id)
@@ -201,6 +210,9 @@ class ClusterView:
             return
         self.nodes = {n.node_id: n for n in nodes}
         self.nodes.setdefault(self.node.node_id, self.node)
+        if not self.registers:  # joined once etcd answers (the first shard process registers)
+            self._registered = self.joined = True
+            self._worked()
 
     async def directory_routine(self) -> None:
         """Re-read on every watch event, and on a timer (the watch is only a hint)."""
@@ -244,12 +256,14 @@ class ClusterView:
             self._failed("replication groups", err)
             return
         self.shard_records = groups
-        if self._shard_id not in groups:
+        if self._shard_id not in groups and self.registers:
             await self.maybe_record_home_shard()
         async with self._hosting:  # two passes at once would open a group's store twice
             for gid, group in sorted(groups.items()):
                 if gid in self.hosted or self.node.node_id not in group.members:
                     continue
+                if not self._owns(gid):
+                    continue  # another shard process of this node runs it
                 if self.host_shard is None or len(self.hosted) >= SHARDS_PER_NODE_MAX:
                     continue
                 if await self.host_shard(group, dict(self.nodes)):
@@ -279,6 +293,12 @@ class ClusterView:
             self._failed("recording the home group", err)
             return
         self.shard_records[group.group_id] = group
+
+    def is_member(self, group_id: str) -> bool:
+        """Whether this node runs a replica of ``group_id`` (as the last read of the groups
+        says)."""
+        group = self.shard_records.get(group_id)
+        return group is not None and self.node.node_id in group.members
 
     def address_for_shard(self, group_id: str) -> str | None:
         """A node that serves ``group_id``: its leader when known and alive, else a member."""

@@ -133,7 +133,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
 
     async def CreateQueue(self, request: pb.CreateQueueRequest, context: Any) -> pb.Queue:
         view = self._router.view
-        if self._router.siblings is not None:
+        if self._router.siblings is not None and view is None:
             return await self._create_in_local_shards(request, context)
         if view is None:
             return await self._router.home.queues.create_queue(request.config)
@@ -151,6 +151,12 @@ class QueueService(pb_grpc.QueueServiceServicer):
         runtime = await self._router.ensure_hosted(group_id)
         if runtime is not None:
             return await runtime.queues.create_queue(config)
+        sibling = self._router.sibling_of_group(group_id)
+        if sibling is not None and not was_targeted(context):
+            forwarded = pb.CreateQueueRequest(config=config)
+            created = await self._forwarder.forward(sibling, "CreateQueue", forwarded, context)
+            assert isinstance(created, pb.Queue)
+            return created
         address = view.address_for_shard(group_id)
         if address is None or was_forwarded(context):
             raise shard_unreachable(group_id)
@@ -338,7 +344,9 @@ class QueueService(pb_grpc.QueueServiceServicer):
         window: asyncio.Queue[asyncio.Task[pb.PublishStreamResponse] | None] = asyncio.Queue(
             PUBLISH_STREAM_IN_FLIGHT_MAX
         )
-        forwarded_here = was_forwarded(context)  # a call's metadata is read once, not per request
+        # A call's metadata is read once, not per request: forwarded by another node, or by
+        # another shard process of this one.
+        marks = (was_forwarded(context), was_targeted(context))
         # Per queue, the end of the stream's latest request for it (what a forward waits for).
         latest: dict[str, asyncio.Future[None]] = {}
         loop = asyncio.get_running_loop()
@@ -349,7 +357,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
             ended: asyncio.Future[None],
         ) -> pb.PublishStreamResponse:
             try:
-                return await self._stream_publish(req, forwarded_here, context, before)
+                return await self._stream_publish(req, marks, context, before)
             finally:
                 if not ended.done():
                     ended.set_result(None)
@@ -396,7 +404,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def _stream_publish(
         self,
         req: pb.PublishStreamRequest,
-        forwarded_here: bool,
+        marks: tuple[bool, bool],
         context: Any,
         before: asyncio.Future[None] | None,
     ) -> pb.PublishStreamResponse:
@@ -404,7 +412,9 @@ class QueueService(pb_grpc.QueueServiceServicer):
         forwarded once ``before`` (the stream's previous request for its queue) ended."""
         try:
             timeout_ms = validation.request_timeout_ms(req.publish.request_timeout_ms)
-            target = await self._router.locate(req.publish.queue, forwarded=forwarded_here)
+            target = await self._router.locate(
+                req.publish.queue, forwarded=marks[0], targeted=marks[1]
+            )
             if isinstance(target, str):
                 if before is not None:
                     await asyncio.wait((before,))

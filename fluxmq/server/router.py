@@ -17,11 +17,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.core.errors import FluxError
+from fluxmq.core.errors import FluxError, queue_not_found
 from fluxmq.core.namespaces import scope_of_name
 from fluxmq.core.ratelimit import INFLIGHT_BYTES_MAX_DEFAULT, InflightBudget
 from fluxmq.server.errors import node_shutting_down
-from fluxmq.server.forwarding import Forwarder, is_remote_shutting_down, was_forwarded
+from fluxmq.server.forwarding import (
+    Forwarder,
+    is_remote_shutting_down,
+    was_forwarded,
+    was_targeted,
+)
 
 if TYPE_CHECKING:
     from fluxmq.server.cluster_view import ClusterView
@@ -192,29 +197,57 @@ class Router:
             if entry.queue.config.dead_letter_queue
         }
 
-    async def locate(self, queue: str, *, forwarded: bool = False) -> ShardRuntime | str:
+    async def locate(
+        self, queue: str, *, forwarded: bool = False, targeted: bool = False
+    ) -> ShardRuntime | str:
         """The local runtime of the shard that serves ``queue``, or the gRPC address of a node
-        that does."""
+        (or of another shard process of this node) that does. ``forwarded``: by another node
+        (never forwarded to a third); ``targeted``: by another shard process of this node
+        (never forwarded again)."""
         runtime = self.local(queue)
-        if runtime is None and self.siblings is not None:
-            owner = self.siblings.owner(queue)
-            if owner is None or forwarded:
-                return self.home  # nowhere (QUEUE_NOT_FOUND), or never forward twice
-            return self.siblings.address_of(owner[0])
-        if runtime is not None or self.view is None:
-            return runtime or self.home
+        if runtime is not None:
+            return runtime
+        siblings = self.siblings
+        if siblings is not None and not targeted:
+            owner = siblings.owner(queue)
+            if owner is not None:
+                return siblings.address_of(owner[0])
+        if self.view is None:
+            return self.answering(queue)
         group_id = await self.view.shard_of(queue)
         if group_id is None:
-            return self.home  # not placed anywhere: the home group answers QUEUE_NOT_FOUND
+            return self.answering(queue)  # not placed anywhere: QUEUE_NOT_FOUND
         hosted = await self.ensure_hosted(group_id)
         if hosted is not None:
             return hosted  # placed here, not applied yet on this replica: it catches up
-        if forwarded:
-            return self.home  # never forward twice
+        sibling = self.sibling_of_group(group_id)
+        if sibling is not None and not targeted:
+            return sibling  # another shard process of this node runs it
+        if forwarded or targeted:
+            return self.answering(queue)  # never forward twice
         address = self.view.address_for_shard(group_id)
         if address is None:
             raise shard_unreachable(group_id)
         return address
+
+    def sibling_of_group(self, group_id: str) -> str | None:
+        """The address of the other shard process of this node that runs ``group_id`` (None:
+        this one does, or this node is not a member)."""
+        siblings, view = self.siblings, self.view
+        if siblings is None or view is None or not view.is_member(group_id):
+            return None
+        index = siblings.process_of_group(group_id)
+        return None if index == siblings.index else siblings.address_of(index)
+
+    def answering(self, queue: str) -> ShardRuntime:
+        """The runtime that answers for ``queue`` where no hosted shard has it (QUEUE_NOT_FOUND,
+        after catching up): the home shard, or in a shard process without it any it runs."""
+        runtime = self.shards.get(self.home_shard_id)
+        if runtime is None and self.shards:
+            runtime = next(iter(self.shards.values()))
+        if runtime is None:
+            raise queue_not_found(queue)
+        return runtime
 
     async def ensure_hosted(self, group_id: str) -> ShardRuntime | None:
         """The local runtime of shard ``group_id`` if this node is (or just became) one of its
@@ -272,7 +305,8 @@ class Router:
         return any(results)
 
     def leader_address(self) -> str | None:
-        return call_leader.get() or (current_shard.get() or self.home).proposer.leader_address()
+        runtime = current_shard.get() or self.shards.get(self.home_shard_id)
+        return call_leader.get() or (runtime.proposer.leader_address() if runtime else None)
 
     async def close(self) -> None:
         await self.forwarder.close()
@@ -313,8 +347,10 @@ class RoutingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             await self._router.check_one_shard(request)
         queue = queue_of(request)
         if not queue:
-            return self._router.home
-        return await self._router.locate(queue, forwarded=was_forwarded(context))
+            return self._router.answering("")
+        return await self._router.locate(
+            queue, forwarded=was_forwarded(context), targeted=was_targeted(context)
+        )
 
     def _unary(
         self, method: str, behavior: Callable[..., Awaitable[Any]]

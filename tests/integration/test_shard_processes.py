@@ -22,7 +22,7 @@ from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import admin_pb2 as apb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.server.shard_process.siblings import home_process
-from fluxmq.server.shard_process.supervisor import LOCAL_SHARDS_DIR, PID_FILE
+from fluxmq.server.shard_process.supervisor import LOCAL_SHARDS_DIR, pid_file
 
 from .conftest import Node
 from .test_crash import BATCHES, batch_values
@@ -43,7 +43,7 @@ def process_dir(node: Node, index: int) -> Path:
 
 
 def shard_pid(node: Node, index: int) -> int:
-    return int((process_dir(node, index) / PID_FILE).read_text().strip())
+    return int(Path(pid_file(str(process_dir(node, index)), index)).read_text().strip())
 
 
 @pytest.fixture

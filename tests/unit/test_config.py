@@ -159,7 +159,8 @@ def test_shard_processes_is_off_by_default_and_one_is_accepted() -> None:
 def test_several_shard_processes_are_refused_where_they_are_not_built() -> None:
     assert load(["--shard-processes", "4"], environ={}).shard_processes == 4
     cluster = {**CLUSTER_ENV, "FLUXMQ_CLUSTER_SECRET": "s" * 32}
-    with pytest.raises(ConfigError, match="a cluster node runs at most 1 shard process"):
-        load(["--shard-processes", "2"], environ=cluster)
+    with pytest.raises(ConfigError, match="a cluster node without etcd runs one"):
+        load(["--shard-processes", "2"], environ={**cluster, "FLUXMQ_ETCD": ""})
+    assert load(["--shard-processes", "2"], environ=cluster).shard_processes == 2
     assert load(["--shard-processes", "1"], environ=cluster).shard_processes == 1
     assert load(["--shard-processes", "2", "--auth", "on"], environ={}).shard_processes == 2

@@ -93,7 +93,10 @@ class ShardHost:
         directory: ClusterView | None,
         shards_dir: str,
         open_shard: OpenShard | None,
+        owns: Callable[[str], bool] = lambda shard_id: True,
     ) -> None:
+        """``owns``: whether this process runs a placed shard (a node's shard processes share
+        its placed shards out; each restores only its own)."""
         self._router = router
         self._clock_ms = clock_ms
         self._retention_interval_ms = retention_interval_ms
@@ -101,6 +104,7 @@ class ShardHost:
         self._directory = directory
         self._shards_dir = shards_dir
         self._open_shard = open_shard
+        self._owns = owns
         self.running: list[tuple[ShardRuntime, Callable[[], None]]] = []
 
     def build(
@@ -156,6 +160,8 @@ class ShardHost:
     async def restore(self) -> None:
         """Start the placed shards this node ran before it stopped."""
         for spec in read_specs(self._shards_dir):
+            if not self._owns(spec.shard_id):
+                continue
             if await self._start_placed(spec) and self._directory is not None:
                 self._directory.hosted.add(spec.shard_id)
 

@@ -41,6 +41,21 @@ def home_process(queue: str, count: int) -> int:
     return zlib.crc32(queue.encode("utf-8")) % count if count > 1 else 0
 
 
+def group_process(group_id: str, count: int, home_group: str = "") -> int:
+    """The shard process of a cluster node that runs replication group ``group_id``: the home
+    group's is the first; groups numbered by provisioning (g1, g2, ...) take the processes in
+    turn, others go by a hash of their id (the same answer in every process, every restart).
+
+    >>> [group_process(g, 2, "g1") for g in ("g1", "g2", "g3", "g4")]
+    [0, 1, 0, 1]
+    """
+    if count < 2 or group_id == home_group:
+        return 0
+    if group_id[:1] == "g" and group_id[1:].isdigit():
+        return (int(group_id[1:]) - 1) % count
+    return zlib.crc32(group_id.encode("utf-8")) % count
+
+
 def local_shard_id(index: int) -> str:
     """The id of shard process ``index``'s local shard ("local" for the first, as a node in
     one process calls its shard)."""
@@ -123,10 +138,11 @@ class Siblings:
     """A shard process's view of the others: which holds which queue, and how to reach each
     (the front end's internal socket, naming the process)."""
 
-    def __init__(self, index: int, count: int, socket_path: str) -> None:
+    def __init__(self, index: int, count: int, socket_path: str, home_group: str = "") -> None:
         assert 0 <= index < count <= SHARD_PROCESSES_MAX, (index, count)
         self.index = index
         self.count = count
+        self.home_group = home_group  # a cluster node's home group ("": a single node)
         self._socket_path = socket_path
         self._owner: dict[str, tuple[int, str]] = {}
         self._reports: dict[int, Report] = {}
@@ -148,6 +164,12 @@ class Siblings:
         for shard_id, names in report.items():
             for name in names:
                 self._owner[name] = (index, shard_id)
+
+    def process_of_group(self, group_id: str) -> int:
+        return group_process(group_id, self.count, self.home_group)
+
+    def owns_group(self, group_id: str) -> bool:
+        return self.process_of_group(group_id) == self.index
 
     def owner(self, queue: str) -> tuple[int, str] | None:
         """(shard process, shard id) of another shard process's queue (None: none has it)."""

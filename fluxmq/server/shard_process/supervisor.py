@@ -44,13 +44,15 @@ class ShardProcessExited(Exception):
         self.code = code
 
 
-def wait_previous_gone(data_dir: str, timeout_s: float = PREVIOUS_GONE_WAIT_S) -> bool:
+def wait_previous_gone(
+    data_dir: str, timeout_s: float = PREVIOUS_GONE_WAIT_S, index: int = 0
+) -> bool:
     """The shard process of this data directory's last front end, if it still runs, is dying
     (the kernel kills it when its front end dies, a moment after): wait until it is gone, so
     that a node restarted at once after a kill -9 does not find its ports and store taken.
     -> False: still there after ``timeout_s``."""
     try:
-        with open(os.path.join(data_dir, PID_FILE)) as f:
+        with open(pid_file(data_dir, index)) as f:
             pid = int(f.read().strip() or 0)
     except (FileNotFoundError, ValueError):
         return True
@@ -86,9 +88,9 @@ def _is_shard_process(pid: int) -> bool:
         return False
 
 
-def _write_pid(data_dir: str, pid: int) -> None:
+def _write_pid(data_dir: str, index: int, pid: int) -> None:
     os.makedirs(data_dir, exist_ok=True)
-    path = os.path.join(data_dir, PID_FILE)
+    path = pid_file(data_dir, index)
     with open(path + ".tmp", "w") as f:
         f.write(f"{pid}\n")
     os.replace(path + ".tmp", path)
@@ -99,15 +101,20 @@ LOCAL_SHARDS_DIR = "local-shards"
 
 def process_config(cfg: NodeConfig, index: int) -> NodeConfig:
     """The settings shard process ``index`` runs with: the node's own, but with several the
-    front end serves the metrics port (asking each for its metrics) and each after the first
-    keeps its local shard's store in ``<data_dir>/local-shards/<index>`` (the first's is the
-    node's data directory, as in one process)."""
+    front end serves the metrics port (asking each for its metrics), and on a single node each
+    after the first keeps its local shard's store in ``<data_dir>/local-shards/<index>`` (the
+    first's is the node's data directory, as in one process)."""
     if cfg.shard_processes < 2:
         return cfg
     data_dir = cfg.data_dir
-    if index > 0:
+    if index > 0 and not cfg.cluster_mode:  # a cluster node's share the groups/ directory
         data_dir = os.path.join(cfg.data_dir, LOCAL_SHARDS_DIR, str(index))
     return dataclasses.replace(cfg, data_dir=data_dir, metrics_listen="")
+
+
+def pid_file(data_dir: str, index: int) -> str:
+    """Where shard process ``index`` of the node on ``data_dir`` writes its pid."""
+    return os.path.join(data_dir, PID_FILE if index == 0 else f"shard-process-{index}.pid")
 
 
 def node_data_dir(process_data_dir: str, index: int) -> str:
@@ -178,7 +185,7 @@ class ShardProcessSupervisor:
             )
         finally:
             shard_end.close()
-        _write_pid(self._cfg.data_dir, process.pid)
+        _write_pid(self._cfg.data_dir, self._index, process.pid)
         self._serving.clear()
         await self._link.attach(front_end)
         self.on_attached()
