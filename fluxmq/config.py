@@ -155,8 +155,9 @@ HELP = {
     "(e.g. 0.0.0.0): anyone who reaches the port can use every queue; refused without it",
     "shard_processes": "processes that run this node's shards under the front end that owns "
     "the gRPC port: 0 runs them in the node's one process, 1 in one shard process (restarted "
-    "when it dies); N > 1 (a single node, for now) gives it N local shards, one "
-    "per shard process, and places each new queue in one by a hash of its name",
+    "when it dies); N > 1 runs its shards in N shard processes: a single node gets a local "
+    "shard per shard process (new queues placed by a hash of their name), a cluster node "
+    "(with etcd) shares the groups placement gives it out over them",
     "streams_max": "concurrent Tail, Consume and PublishStream streams this node serves or "
     "relays; more are refused with RESOURCE_EXHAUSTED / TOO_MANY_STREAMS (retriable)",
     "metrics_listen": "host:port of the Prometheus /metrics endpoint ('' to disable)",
