@@ -23,10 +23,11 @@ from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server import node_stats
-from fluxmq.server.forwarding import was_forwarded
+from fluxmq.server.forwarding import was_targeted
 from fluxmq.server.guard import Identity, current_identity
 from fluxmq.server.key_admin import KeyAdmin
 from fluxmq.server.router import Router
+from fluxmq.server.scoping import stored_names
 from fluxmq.server.shard.proposer import not_leader
 from fluxmq.server.shard.runtime import ShardRuntime
 from raft import NotLeaderError, Shard, ShardStatus
@@ -315,7 +316,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
         out.rpcs.extend(_rpc_stats(r) for r in node_stats.rpc_rows())
         out.readiness = node_stats.readiness()
         siblings = self._router.siblings
-        if siblings is not None and not was_forwarded(context):
+        if siblings is not None and not was_targeted(context):
             parts = await asyncio.gather(
                 *(
                     self._router.forwarder.forward_admin(
@@ -325,8 +326,11 @@ class AdminService(pb_grpc.AdminServiceServicer):
                 ),
                 return_exceptions=True,
             )
+            guard, identity = self._router.guard, current_identity.get()
+            scope = guard.scope_of(identity) if guard is not None and identity else None
             for index, part in zip(siblings.others(), parts, strict=True):
                 if isinstance(part, pb.ClusterStatus):
+                    stored_names(part, scope)  # shown in the caller's words by the edge, once
                     merge_sibling_status(out, part)
                 else:  # restarting, or stuck: the rest of the status still answers
                     log.warning("shard process %d left out of the status: %s", index, part)
@@ -403,7 +407,25 @@ class AdminService(pb_grpc.AdminServiceServicer):
 
     async def RevokeApiKey(self, request: pb.RevokeApiKeyRequest, context: Any) -> pb.ApiKeyInfo:
         admin, identity = self._key_admin()
-        return await admin.revoke(identity, request)
+        revoked = await admin.revoke(identity, request)
+        siblings = self._router.siblings
+        if siblings is not None and not was_targeted(context):
+            # The node's other shard processes drop the key before the caller hears it is
+            # revoked (their watches would take up to half a second): revoking again is a
+            # no-op in the store that refreshes each one's cache.
+            results = await asyncio.gather(
+                *(
+                    self._router.forwarder.forward_admin(
+                        siblings.address_of(index), "RevokeApiKey", request, context
+                    )
+                    for index in siblings.others()
+                ),
+                return_exceptions=True,
+            )
+            for index, result in zip(siblings.others(), results, strict=True):
+                if isinstance(result, BaseException):  # it loads the key fresh when it needs it
+                    log.info("shard process %d did not take the revocation: %s", index, result)
+        return revoked
 
 
 def register(server: grpc.aio.Server, router: Router, node_id: str) -> None:

@@ -250,14 +250,16 @@ class QueueService(pb_grpc.QueueServiceServicer):
         view = self._router.view
         siblings = self._router.siblings
         addresses: set[str] = set()
-        if view is not None and not was_forwarded(context):
-            # Groups this node does not host: one node of each lists its own.
+        if view is not None and not was_forwarded(context) and not was_targeted(context):
+            # Groups this node does not host: one node of each lists its own (this node's
+            # other shard processes list theirs).
             addresses = {
                 a
                 for g in sorted(set(view.shard_records) - set(self._router.shards))
-                if (a := view.address_for_shard(g)) is not None
+                if not (siblings is not None and view.is_member(g))
+                and (a := view.address_for_shard(g)) is not None
             }
-        if siblings is not None and not was_forwarded(context):
+        if siblings is not None and not was_targeted(context):
             addresses |= {siblings.address_of(i) for i in siblings.others()}
         answers = await asyncio.gather(
             *(

@@ -153,6 +153,26 @@ def _unscope_record(record: pb.Record, scope: str, *, dry_run: bool) -> bool:
     return True
 
 
+def stored_names(message: Any, scope: Scope) -> None:
+    """Every queue name in ``message`` (an answer another shard process gave in the caller's
+    words) back under its stored name (in place), to be merged with this process's answer,
+    which the edge then shows in the caller's words once."""
+    if not scope:
+        return
+    prefix = scope + SCOPE_SEPARATOR
+    for fd, value in message.ListFields():
+        if fd.type == fd.TYPE_MESSAGE:
+            if fd.is_repeated and fd.message_type.GetOptions().map_entry:
+                continue
+            for item in value if fd.is_repeated else (value,):
+                stored_names(item, scope)
+        elif fd.type == fd.TYPE_STRING and fd.name in _NAME_FIELD_NAMES:
+            if fd.is_repeated:
+                value[:] = [v if not v or v.startswith(prefix) else prefix + v for v in value]
+            elif value and not value.startswith(prefix):
+                setattr(message, fd.name, prefix + value)
+
+
 def stored_queue(queue: pb.Queue, scope: Scope) -> pb.Queue:
     """A Queue another node answered in the caller's words, back under stored names (in place),
     to be merged and paged with this node's (a listing merges and cuts by stored name)."""
