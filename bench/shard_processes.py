@@ -30,7 +30,6 @@ from bench.fluxmq_driver import (
     publish_workload,
 )
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.server.shard_process.siblings import local_shard_id
 
 CREATE = "/fluxmq.v1.QueueService/CreateQueue"
 
@@ -45,6 +44,9 @@ async def create_queues(address: str, names: list[str], processes: int, partitio
         for i, name in enumerate(names):
             config = pb.QueueConfig(name=name, partitions=partitions)
             if processes > 1:
+                # Imported here: a run against an older tree (PYTHONPATH) has no siblings.
+                from fluxmq.server.shard_process.siblings import local_shard_id
+
                 config.replication.group = local_shard_id(i % processes)
             await stub_create(pb.CreateQueueRequest(config=config), timeout=10)
 

@@ -315,20 +315,11 @@ class AdminService(pb_grpc.AdminServiceServicer):
         out.queue_counters.extend(counters)
         out.rpcs.extend(_rpc_stats(r) for r in node_stats.rpc_rows())
         out.readiness = node_stats.readiness()
-        siblings = self._router.siblings
-        if siblings is not None and not was_targeted(context):
-            parts = await asyncio.gather(
-                *(
-                    self._router.forwarder.forward_admin(
-                        siblings.address_of(index), "GetClusterStatus", request, context
-                    )
-                    for index in siblings.others()
-                ),
-                return_exceptions=True,
-            )
+        parts = await self._ask_siblings("GetClusterStatus", request, context)
+        if parts:
             guard, identity = self._router.guard, current_identity.get()
             scope = guard.scope_of(identity) if guard is not None and identity else None
-            for index, part in zip(siblings.others(), parts, strict=True):
+            for index, part in parts:
                 if isinstance(part, pb.ClusterStatus):
                     stored_names(part, scope)  # shown in the caller's words by the edge, once
                     merge_sibling_status(out, part)
@@ -408,24 +399,32 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def RevokeApiKey(self, request: pb.RevokeApiKeyRequest, context: Any) -> pb.ApiKeyInfo:
         admin, identity = self._key_admin()
         revoked = await admin.revoke(identity, request)
-        siblings = self._router.siblings
-        if siblings is not None and not was_targeted(context):
-            # The node's other shard processes drop the key before the caller hears it is
-            # revoked (their watches would take up to half a second): revoking again is a
-            # no-op in the store that refreshes each one's cache.
-            results = await asyncio.gather(
-                *(
-                    self._router.forwarder.forward_admin(
-                        siblings.address_of(index), "RevokeApiKey", request, context
-                    )
-                    for index in siblings.others()
-                ),
-                return_exceptions=True,
-            )
-            for index, result in zip(siblings.others(), results, strict=True):
-                if isinstance(result, BaseException):  # it loads the key fresh when it needs it
-                    log.info("shard process %d did not take the revocation: %s", index, result)
+        # The node's other shard processes drop the key before the caller hears it is revoked
+        # (their watches would take up to half a second): revoking again is a no-op in the
+        # store that refreshes each one's cache.
+        for index, result in await self._ask_siblings("RevokeApiKey", request, context):
+            if isinstance(result, BaseException):  # it loads the key fresh when it needs it
+                log.info("shard process %d did not take the revocation: %s", index, result)
         return revoked
+
+    async def _ask_siblings(
+        self, method: str, request: Any, context: Any
+    ) -> list[tuple[int, object]]:
+        """``method`` on each other shard process of this node, at once: (its number, its
+        answer or the exception it failed with); none when this call came from one of them."""
+        siblings = self._router.siblings
+        if siblings is None or was_targeted(context):
+            return []
+        answers = await asyncio.gather(
+            *(
+                self._router.forwarder.forward_admin(
+                    siblings.address_of(index), method, request, context
+                )
+                for index in siblings.others()
+            ),
+            return_exceptions=True,
+        )
+        return list(zip(siblings.others(), answers, strict=True))
 
 
 def register(server: grpc.aio.Server, router: Router, node_id: str) -> None:

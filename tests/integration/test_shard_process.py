@@ -9,6 +9,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -127,6 +128,19 @@ def _load(
     return acked
 
 
+def kill_after(pid: int, acked: int) -> tuple[Callable[[int], None], threading.Event]:
+    """An ``on_acked`` for ``_load`` that kill -9s ``pid`` once ``acked`` batches are
+    acknowledged, and the event set when it did."""
+    killed = threading.Event()
+
+    def on_acked(count: int) -> None:
+        if count >= acked and not killed.is_set():
+            killed.set()
+            os.kill(pid, signal.SIGKILL)
+
+    return on_acked, killed
+
+
 def _check(
     node: Node, values: list[list[bytes]], acked: dict[int, list[tuple[int, int]]], seed: int
 ) -> None:
@@ -148,13 +162,7 @@ def test_acknowledged_messages_survive_kill_9_of_the_shard_process_under_load(no
     values = [batch_values(b, random.Random(seed + b)) for b in range(BATCHES)]
     first = shard_pid(node)
     front_end = node.proc
-    killed = threading.Event()
-
-    def on_acked(count: int) -> None:
-        if count >= 30 and not killed.is_set():
-            killed.set()
-            os.kill(first, signal.SIGKILL)
-
+    on_acked, killed = kill_after(first, 30)
     acked = _load(node, values, on_acked)
     assert killed.is_set(), f"seed {seed}: the shard process was never killed"
     assert len(acked) == BATCHES, f"seed {seed}: {BATCHES - len(acked)} batches never acknowledged"

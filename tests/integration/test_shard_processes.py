@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -26,7 +25,7 @@ from fluxmq.server.shard_process.supervisor import LOCAL_SHARDS_DIR, pid_file
 from .conftest import Node
 from .test_crash import BATCHES, batch_values
 from .test_security import md, serving_secured
-from .test_shard_process import _check, _load, alive, error_info
+from .test_shard_process import _check, _load, alive, error_info, kill_after
 
 COUNT = 2
 
@@ -152,13 +151,7 @@ def test_acknowledged_messages_survive_kill_9_of_one_shard_process_under_load(
     holder = home_process("crash", COUNT)  # the queue _load writes to
     bystander = 1 - holder
     first, untouched = shard_pid(node, holder), shard_pid(node, bystander)
-    killed = threading.Event()
-
-    def on_acked(count: int) -> None:
-        if count >= 30 and not killed.is_set():
-            killed.set()
-            os.kill(first, signal.SIGKILL)
-
+    on_acked, killed = kill_after(first, 30)
     acked = _load(node, values, on_acked)
     assert killed.is_set(), f"seed {seed}: the shard process was never killed"
     assert len(acked) == BATCHES, f"seed {seed}: {BATCHES - len(acked)} batches never acknowledged"
