@@ -24,6 +24,7 @@ class ConfigError(Exception):
 # each of at most 1000 messages), with a wide margin.
 RAFT_ENTRY_STAMP_BYTES_MAX = 1024 * 1024
 SHARD_PROCESSES_MAX = 64  # one per core of a large machine
+GROUPS_PER_SIZE_MAX = 16  # a node hosts at most 16 groups (cluster_view.SHARDS_PER_NODE_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,8 @@ class NodeConfig:
     node_ttl_ms: int = 5_000  # a node that stops refreshing disappears after this long
     # Default of the cluster setting auto_provision_groups (etcd's value wins when set).
     auto_provision_groups: bool = False
+    # Default of the cluster setting groups_per_size (etcd's value wins when set).
+    groups_per_size: int = 1
     shutdown_grace_ms: int = 20_000  # SIGTERM: hand leadership over and finish in-flight calls
     # Client authentication with API keys (see fluxmq/core/auth.py): "on", "off", or "auto":
     # on in cluster mode (keys live in etcd), off on a single node (the quickstart).
@@ -207,6 +210,10 @@ HELP = {
     "considered gone",
     "auto_provision_groups": "cluster mode: CreateQueue makes a new replication group when none "
     "has the queue's factor (the etcd setting auto_provision_groups overrides it)",
+    "groups_per_size": "cluster mode, with auto_provision_groups: CreateQueue makes new "
+    "replication groups of the queue's factor until this many exist, then places queues on the "
+    "least loaded (1..16; e.g. the nodes' shard_processes, so that every shard process runs "
+    "groups; the etcd setting groups_per_size overrides it)",
     "auth": "client authentication with API keys: on, off, or auto (on in cluster mode, off on "
     "a single node)",
     "auth_bootstrap_key": "an admin API key to register at start when its environment has no "
@@ -487,6 +494,8 @@ def validate(config: NodeConfig) -> None:
             "replication group, so at most 1 shard process (with etcd, placement gives it "
             "groups to share out)"
         )
+    if not 1 <= config.groups_per_size <= GROUPS_PER_SIZE_MAX:
+        raise ConfigError(f"groups_per_size: must be 1..{GROUPS_PER_SIZE_MAX}")
     if not 1 <= config.streams_max <= 100_000:
         raise ConfigError("streams_max: must be 1..100000")
     if config.metrics_listen:

@@ -332,6 +332,7 @@ def build_cluster_view(
         clock_ms=clock_ms,
         peers=cfg.peer_list,
         auto_provision_groups=cfg.auto_provision_groups,
+        groups_per_size=cfg.groups_per_size,
         owns=owns,
     )
 

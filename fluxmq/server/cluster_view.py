@@ -41,6 +41,7 @@ PLACEMENT_CACHE_MAX = 100_000
 PLACEMENT_PAGE = 1000
 GROUP_CREATE_ATTEMPTS = 8
 AUTO_PROVISION_SETTING = "auto_provision_groups"
+GROUPS_PER_SIZE_SETTING = "groups_per_size"
 
 HostShard = Callable[[ShardRecord, dict[str, NodeInfo]], Awaitable[bool]]
 
@@ -55,13 +56,13 @@ def metadata_unavailable(what: str, err: MetadataError) -> FluxError:
     )
 
 
-def invalid_setting(key: str, problem: str) -> FluxError:
+def invalid_setting(key: str, problem: str, example: str = "true") -> FluxError:
     """A cluster setting in etcd that cannot be used: the operator's to fix, so the request
     that needs it fails naming the key (a retry cannot help until the value is fixed)."""
     return FluxError(
         "INVALID_CLUSTER_SETTING",
         f"the cluster setting {key} (etcd key <prefix>settings/{key}) is invalid: {problem}; "
-        f"fix it, e.g. etcdctl put <prefix>settings/{key} true",
+        f"fix it, e.g. etcdctl put <prefix>settings/{key} {example}",
         metadata={"setting": key},
     )
 
@@ -103,6 +104,7 @@ class ClusterView:
         clock_ms: Callable[[], int],
         peers: tuple[str, ...] = (),
         auto_provision_groups: bool = False,
+        groups_per_size: int = 1,
         owns: Callable[[str], bool] = lambda group_id: True,
     ) -> None:
         """``shard``: the home shard, in the process that registers the node (None: another
@@ -125,6 +127,7 @@ class ClusterView:
         self._tasks: list[asyncio.Task[None]] = []
         self._peers = peers  # raft addresses of the home group's other members
         self._auto_provision = auto_provision_groups
+        self._groups_per_size = groups_per_size
         self.shard_records: dict[str, ShardRecord] = {}  # last read of every replication group
         self.leaders: dict[str, tuple[str, int]] = {}  # group -> (node id, term)
         self._placements: dict[str, str] = {}  # queue -> group, as read or written
@@ -478,6 +481,14 @@ class ClusterView:
             fitting = sorted(
                 g for g, info in self.shard_records.items() if len(info.members) == size
             )
+        if (
+            fitting
+            and len(fitting) < await self._groups_wanted()
+            and await self._auto_provisioning()
+        ):
+            # Fewer groups of this size than wanted: a new one, so that queues of one factor
+            # spread over several groups (and each node's shard processes).
+            return await self._provision_shard(size)
         if fitting:
             load = {g: 0 for g in fitting}
             for placed in self._placement_counts().items():
@@ -499,6 +510,22 @@ class ClusterView:
         for group_id in self._placements.values():
             counts[group_id] = counts.get(group_id, 0) + 1
         return counts
+
+    async def _groups_wanted(self) -> int:
+        """How many groups of one size auto-provisioning makes before it reuses them."""
+        try:
+            value = await self.store.get_setting(GROUPS_PER_SIZE_SETTING)
+        except MetadataCorrupt as err:
+            raise invalid_setting(GROUPS_PER_SIZE_SETTING, str(err)) from None
+        if value is None:
+            return self._groups_per_size
+        text = value.strip()
+        if not text.isdigit() or not 1 <= int(text) <= SHARDS_PER_NODE_MAX:
+            shown = value if len(value) <= 40 else value[:40] + "..."
+            raise invalid_setting(
+                GROUPS_PER_SIZE_SETTING, f"{shown!r} is not a number of groups 1..16", "2"
+            )
+        return int(text)
 
     async def _auto_provisioning(self) -> bool:
         try:

@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.metadata import ShardRecord
 from fluxmq.server.shard_process.siblings import group_process
 from fluxmq.server.shard_process.supervisor import pid_file
 from tests.integration.conftest import authorized_channel
 from tests.integration.group_helpers import wait_for
+from tests.integration.rpc_helpers import rich_error
 from tests.integration.test_placement import KEY, create, launched, metadata, stub
 
 pytestmark = pytest.mark.slow
@@ -59,20 +59,18 @@ def test_placed_groups_run_in_every_shard_process_and_survive_one_killed(
     cluster = next(clusters)
     try:
         metadata(cluster, "put_setting", "auto_provision_groups", "true")
-        a1 = cluster.node_addresses[0]
-        ch1, s1 = stub(a1)
+        # Two groups of three replicas before they are reused: one per shard process.
+        metadata(cluster, "put_setting", "groups_per_size", "2")
+        ch1, s1 = stub(cluster.node_addresses[0])
         with ch1:
-            home = create(s1, "everywhere", factor=3)
-            solo = create(s1, "solo", factor=1)  # provisioned: g2, a second shard process's
-            pair = create(s1, "pair", factor=2)  # provisioned: g3, a first shard process's
-        groups = {q.config.name: q.config.replication.group for q in (home, solo, pair)}
-        assert groups["everywhere"] == "g1"
-        assert group_process(groups["solo"], 2, "g1") == 1
-        record = metadata(cluster, "get_shard", groups["solo"])
-        assert isinstance(record.value, ShardRecord)  # type: ignore[attr-defined]
-        host = record.value.members[0]  # type: ignore[attr-defined]
-        spec = cluster.specs()[int(host.removeprefix("node")) - 1]
-        wait_for("the placed group to start", lambda: groups["solo"] in shards_of(spec.address))
+            spread = create(s1, "spread", factor=3)  # a second 3-replica group: g2
+            home = create(s1, "home", factor=3)  # then the least loaded: the home group g1
+            solo = create(s1, "solo", factor=1)  # a 1-replica group: g3
+        groups = {q.config.name: q.config.replication.group for q in (spread, home, solo)}
+        assert groups == {"spread": "g2", "home": "g1", "solo": "g3"}, groups
+        assert [group_process(groups[q], 2, "g1") for q in ("spread", "home")] == [1, 0]
+        spec = cluster.specs()[0]
+        wait_for("the placed group to start", lambda: "g2" in shards_of(spec.address))
         # Which shard process runs each group, as the node's metrics port labels its series.
         with urllib.request.urlopen(f"http://{spec.metrics_address}/metrics", timeout=10) as r:
             scraped = r.read().decode()
@@ -82,7 +80,7 @@ def test_placed_groups_run_in_every_shard_process_and_survive_one_killed(
             if f.name == "fluxmq_shard_is_leader"
             for s in f.samples
         }
-        assert runs["g1"] == "0" and runs[groups["solo"]] == "1", runs
+        assert runs["g1"] == "0" and runs["g2"] == "1", runs
 
         # Any node serves every queue, whichever shard process of whichever node runs it.
         for address in cluster.node_addresses:
@@ -100,15 +98,25 @@ def test_placed_groups_run_in_every_shard_process_and_survive_one_killed(
                     )
                     assert [r.value for r in got.records] == values, (queue, address)
 
-        # kill -9 of the shard process that runs the 1-replica group: its node restarts it,
-        # it reopens the group, and every acknowledged message is still there.
+        # kill -9 of the shard process that runs g2 on one node: its node restarts it, the
+        # replica catches up, and every acknowledged message is still there.
         pid = int(Path(pid_file(spec.data_dir, 1)).read_text().strip())
         os.kill(pid, signal.SIGKILL)
         ch, s = stub(spec.address)
         with ch:
-            publish_until_acked(s, "solo", b"after")
-            got = s.Fetch(pb.FetchRequest(queue="solo", partition=0, max_messages=100), timeout=30)
-            assert [r.value for r in got.records] == [*expected["solo"], b"after"]
+            publish_until_acked(s, "spread", b"after")
+            got = s.Fetch(
+                pb.FetchRequest(queue="spread", partition=0, max_messages=100), timeout=30
+            )
+            assert [r.value for r in got.records] == [*expected["spread"], b"after"]
         assert int(Path(pid_file(spec.data_dir, 1)).read_text().strip()) != pid
+        wait_for("g2 to run on the node again", lambda: "g2" in shards_of(spec.address))
+
+        metadata(cluster, "put_setting", "groups_per_size", "lots")
+        ch, s = stub(spec.address)
+        with ch, pytest.raises(grpc.RpcError) as err:
+            create(s, "refused", factor=3)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert rich_error(err.value).reason == "INVALID_CLUSTER_SETTING"
     finally:
         next(clusters, None)

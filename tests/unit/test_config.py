@@ -37,6 +37,7 @@ def test_environment_overrides_defaults_and_flags_override_environment() -> None
         (["--log-level", "LOUD"], {}, "log_level"),
         ([], {"FLUXMQ_LOG_JSON": "maybe"}, "FLUXMQ_LOG_JSON"),
         (["--shard-processes", "65"], {}, "shard_processes: 65: must be 0"),
+        (["--groups-per-size", "0"], {}, "groups_per_size: must be 1..16"),
         ([], {"FLUXMQ_SHARD_PROCESSES": "-1"}, "shard_processes"),
     ],
 )
