@@ -16,7 +16,7 @@ import pytest
 
 from fluxmq.core.errors import FluxError
 from fluxmq.metadata import EtcdMetadataStore, NodeInfo
-from fluxmq.server.cluster_view import AUTO_PROVISION_SETTING, ClusterView
+from fluxmq.server.cluster_view import AUTO_PROVISION_SETTING, GROUPS_PER_SIZE_SETTING, ClusterView
 from fluxmq.server.errors import status_code
 from tests.etcd_server import EtcdServer
 
@@ -117,3 +117,40 @@ def test_a_garbled_setting_does_not_stop_metadata_changes(etcd: EtcdServer) -> N
             await store.close()
 
     asyncio.run(run())
+
+
+def groups_wanted(server: EtcdServer, default: int = 1) -> int:
+    async def run() -> int:
+        store = EtcdMetadataStore(server.endpoint, prefix=PREFIX)
+        node = NodeInfo("n1", "127.0.0.1:7070", "127.0.0.1", 7100, 1, {})
+        view = ClusterView(
+            store,
+            node,
+            None,
+            "g1",
+            node_ttl_ms=10_000,
+            clock_ms=lambda: 1,
+            groups_per_size=default,
+        )
+        try:
+            return await view._groups_wanted()
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def test_groups_per_size_written_with_etcdctl_is_honoured_and_a_bad_one_refused(
+    etcd: EtcdServer,
+) -> None:
+    key = f"{PREFIX}settings/{GROUPS_PER_SIZE_SETTING}"
+    etcdctl_put(etcd, key, " 3 ")
+    assert groups_wanted(etcd) == 3
+    for written in ("0", "17", "two", "2.5"):
+        etcdctl_put(etcd, key, written)
+        with pytest.raises(FluxError) as exc:
+            groups_wanted(etcd, default=2)
+        assert exc.value.reason == "INVALID_CLUSTER_SETTING", written
+        assert exc.value.metadata["setting"] == GROUPS_PER_SIZE_SETTING
+    etcdctl_put(etcd, key, "2")
+    assert groups_wanted(etcd, default=5) == 2
