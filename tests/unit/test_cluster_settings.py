@@ -41,25 +41,30 @@ def etcdctl_put(server: EtcdServer, key: str, value: str) -> None:
     )
 
 
-def auto_provisioning(server: EtcdServer, default: bool = False) -> bool:
-    async def run() -> bool:
+def read_setting(server: EtcdServer, read: str, **defaults: Any) -> Any:
+    """``ClusterView.<read>()`` on a view whose node defaults are ``defaults`` (no shard: it
+    plays no part in reading a setting)."""
+
+    async def run() -> Any:
         store = EtcdMetadataStore(server.endpoint, prefix=PREFIX)
         node = NodeInfo("n1", "127.0.0.1:7070", "127.0.0.1", 7100, 1, {})
         view = ClusterView(
-            store,
-            node,
-            cast("Any", None),  # the shard plays no part in reading a setting
-            "g1",
-            node_ttl_ms=10_000,
-            clock_ms=lambda: 1,
-            auto_provision_groups=default,
+            store, node, None, "g1", node_ttl_ms=10_000, clock_ms=lambda: 1, **defaults
         )
         try:
-            return await view._auto_provisioning()
+            return await getattr(view, read)()
         finally:
             await store.close()
 
     return asyncio.run(run())
+
+
+def auto_provisioning(server: EtcdServer, default: bool = False) -> bool:
+    return bool(read_setting(server, "_auto_provisioning", auto_provision_groups=default))
+
+
+def groups_wanted(server: EtcdServer, default: int = 1) -> int:
+    return int(read_setting(server, "_groups_wanted", groups_per_size=default))
 
 
 @pytest.mark.parametrize("written", ["true", "TRUE", "True"])
@@ -117,27 +122,6 @@ def test_a_garbled_setting_does_not_stop_metadata_changes(etcd: EtcdServer) -> N
             await store.close()
 
     asyncio.run(run())
-
-
-def groups_wanted(server: EtcdServer, default: int = 1) -> int:
-    async def run() -> int:
-        store = EtcdMetadataStore(server.endpoint, prefix=PREFIX)
-        node = NodeInfo("n1", "127.0.0.1:7070", "127.0.0.1", 7100, 1, {})
-        view = ClusterView(
-            store,
-            node,
-            None,
-            "g1",
-            node_ttl_ms=10_000,
-            clock_ms=lambda: 1,
-            groups_per_size=default,
-        )
-        try:
-            return await view._groups_wanted()
-        finally:
-            await store.close()
-
-    return asyncio.run(run())
 
 
 def test_groups_per_size_written_with_etcdctl_is_honoured_and_a_bad_one_refused(
