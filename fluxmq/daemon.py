@@ -704,7 +704,7 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
     try:
         await asyncio.gather(*(s.start() for s in supervisors))
         await server.start()
-        if count > 1:
+        if count > 1 and not cfg.cluster_mode:  # a cluster node's first shard process says it
             http_where = f"{cfg.metrics_listen.rpartition(':')[0]}:{http.port}" if http else "off"
             log.warning(
                 "FluxMQ single node serving on %s over %s with %d shard processes (data: %s, "

@@ -156,6 +156,13 @@ def _metadata_for(address: str, context: Any) -> tuple[tuple[str, str], ...]:
     return out if process is None else (*out, (TARGET_PROCESS_KEY, str(process)))
 
 
+async def _unary(call: Any, address: str, request: Any, context: Any, timeout_s: float) -> Any:
+    try:
+        return await call(request, metadata=_metadata_for(address, context), timeout=timeout_s)
+    except grpc.aio.AioRpcError as err:
+        raise remote_error(err, address) from None
+
+
 class Forwarder:
     """Channels to the other nodes (plaintext, or TLS with ``tls``), with the size limits of
     this node's server, so a call relayed here passes exactly when a direct one would: a
@@ -206,35 +213,19 @@ class Forwarder:
     async def forward_admin(self, address: str, method: str, request: Any, context: Any) -> Any:
         """An AdminService call, as ``forward`` (another shard process's part of an answer)."""
         call = getattr(self.admin_service(address), method)
-        try:
-            return await call(
-                request, metadata=_metadata_for(address, context), timeout=FORWARD_TIMEOUT_S
-            )
-        except grpc.aio.AioRpcError as err:
-            raise remote_error(err, address) from None
+        return await _unary(call, address, request, context, FORWARD_TIMEOUT_S)
 
     async def forward(self, address: str, method: str, request: Any, context: Any) -> Any:
         """Call ``method`` on ``address``; its failure becomes this call's failure, unchanged
         (the rich status travels in the trailing metadata)."""
         call = getattr(self.queue_service(address), method)
-        try:
-            return await call(
-                request, metadata=_metadata_for(address, context), timeout=call_timeout_s(request)
-            )
-        except grpc.aio.AioRpcError as err:
-            raise remote_error(err, address) from None
+        return await _unary(call, address, request, context, call_timeout_s(request))
 
     async def forward_unary(self, address: str, method: str, request: Any, context: Any) -> Any:
         """Like ``forward`` for a caller that reports errors itself (a PublishStream answers
         each request): a failure comes back as the FluxError the other node sent. ``context``
         is the caller's (its credentials go along)."""
-        call = getattr(self.queue_service(address), method)
-        try:
-            return await call(
-                request, metadata=_metadata_for(address, context), timeout=call_timeout_s(request)
-            )
-        except grpc.aio.AioRpcError as err:
-            raise remote_error(err, address) from None
+        return await self.forward(address, method, request, context)
 
     async def forward_stream(
         self, address: str, method: str, request: Any, context: Any

@@ -55,9 +55,13 @@ def _fill_records(out: Any, partition: int, records: list[Record], single: bool 
             rec.idempotency_key = r.idempotency_key
 
 
-def _end(ended: asyncio.Future[None], _: object) -> None:
-    if not ended.done():
-        ended.set_result(None)
+def _end(
+    latest: dict[str, asyncio.Future[None]], queue: str, ended: asyncio.Future[None], _: object
+) -> None:
+    """A PublishStream request for ``queue`` ended: the next one for it may be forwarded."""
+    ended.set_result(None)
+    if latest.get(queue) is ended:
+        del latest[queue]
 
 
 def _published_batch(result: AppendResult) -> pb.PublishedBatch:
@@ -215,8 +219,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
         queues (None: none)."""
         siblings = self._router.siblings
         assert siblings is not None
-        runtime = self._router.local(name)
-        if runtime is not None or name in self._router.local_dead_letter_queues():
+        if self._router.holds_name(name):
             return siblings.index
         owner = siblings.owner(name)
         return None if owner is None else owner[0]
@@ -349,31 +352,28 @@ class QueueService(pb_grpc.QueueServiceServicer):
         # A call's metadata is read once, not per request: forwarded by another node, or by
         # another shard process of this one.
         marks = (was_forwarded(context), was_targeted(context))
-        # Per queue, the end of the stream's latest request for it (what a forward waits for).
+        # Per queue, the end of the stream's latest request for it (what a forward waits for);
+        # kept only where a request may be forwarded (not on a node alone in one process).
+        chained = self._router.view is not None or self._router.siblings is not None
         latest: dict[str, asyncio.Future[None]] = {}
         loop = asyncio.get_running_loop()
 
         async def one(
-            req: pb.PublishStreamRequest,
-            before: asyncio.Future[None] | None,
-            ended: asyncio.Future[None],
+            req: pb.PublishStreamRequest, before: asyncio.Future[None] | None
         ) -> pb.PublishStreamResponse:
-            try:
-                return await self._stream_publish(req, marks, context, before)
-            finally:
-                if not ended.done():
-                    ended.set_result(None)
-                if latest.get(req.publish.queue) is ended:
-                    del latest[req.publish.queue]
+            return await self._stream_publish(req, marks, context, before)
 
         async def read_all() -> None:
             async for req in request_iterator:
-                before = latest.get(req.publish.queue)
-                ended = latest[req.publish.queue] = loop.create_future()
-                task = asyncio.ensure_future(one(req, before, ended))
-                # Cancelled before it ran, it never ends ``ended`` itself: the next one for
-                # its queue must not wait for it forever.
-                task.add_done_callback(functools.partial(_end, ended))
+                if not chained:
+                    await window.put(asyncio.ensure_future(one(req, None)))
+                    continue
+                queue = req.publish.queue
+                before = latest.get(queue)
+                ended = latest[queue] = loop.create_future()
+                task = asyncio.ensure_future(one(req, before))
+                # Ended when the task is, even one cancelled before it ran.
+                task.add_done_callback(functools.partial(_end, latest, queue, ended))
                 await window.put(task)
 
         async def reader() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +29,7 @@ from fluxmq.server.forwarding import (
 )
 
 if TYPE_CHECKING:
+    from fluxmq.core.catalog import QueueEntry
     from fluxmq.server.cluster_view import ClusterView
     from fluxmq.server.guard import Guard
     from fluxmq.server.key_admin import KeyAdmin
@@ -65,6 +66,12 @@ def queue_of(request: Any) -> str | None:
     if "config" in fields:
         return str(request.config.name)
     return None
+
+
+def names_held(catalog: Mapping[str, QueueEntry]) -> set[str]:
+    """A shard's queues and the dead-letter queues they name (created on demand in the same
+    shard, so their names are that shard's even before they exist)."""
+    return {*catalog, *(str(e.queue.config.dead_letter_queue) for e in catalog.values())} - {""}
 
 
 def shard_unreachable(group_id: str) -> FluxError:
@@ -188,14 +195,9 @@ class Router:
                 return runtime
         return None
 
-    def local_dead_letter_queues(self) -> set[str]:
-        """The dead-letter queues the hosted shards' queues name (created on demand there)."""
-        return {
-            str(entry.queue.config.dead_letter_queue)
-            for runtime in self.shards.values()
-            for entry in runtime.state.catalog.values()
-            if entry.queue.config.dead_letter_queue
-        }
+    def holds_name(self, name: str) -> bool:
+        """Whether a hosted shard has queue ``name`` or reserves it as a DLQ of its own."""
+        return any(name in names_held(r.state.catalog) for r in self.shards.values())
 
     async def locate(
         self, queue: str, *, forwarded: bool = False, targeted: bool = False

@@ -322,39 +322,39 @@ class RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
             return grpc.stream_stream_rpc_method_handler(self._streamed(path, shape))
         return grpc.stream_unary_rpc_method_handler(self._unary(path, shape))
 
-    def _link_for(
-        self, path: str, body: bytes, metadata: fr.Metadata, context: grpc.aio.ServicerContext
-    ) -> ShardProcessLink:
+    def _link_for(self, path: str, body: bytes, named: int | None) -> ShardProcessLink:
         if self._routing is None:
             return self._links[0]
-        for key, value in metadata:
-            # A shard process forwarding to another names it; only on the internal socket.
-            if (
-                key == TARGET_PROCESS_KEY
-                and isinstance(value, str)
-                and value.isdigit()
-                and int(value) < len(self._links)
-                and context.peer().startswith("unix:")
-            ):
-                return self._links[int(value)]
+        if named is not None:
+            return self._links[named]
         return self._links[self._routing.process_for(path, body)]
+
+    def _named_process(self, metadata: fr.Metadata) -> int | None:
+        """The shard process another one forwards a call to (on the internal socket only)."""
+        for key, value in metadata:
+            if key == TARGET_PROCESS_KEY and isinstance(value, str) and value.isdigit():
+                return int(value) if int(value) < len(self._links) else None
+        return None
 
     async def _open(
         self, path: str, shape: Shape, request: Any, context: grpc.aio.ServicerContext
     ) -> tuple[ShardProcessLink, int, _ClientCall, asyncio.Task[None] | None, fr.Metadata]:
         metadata = _metadata(context)
-        if self._routing is not None and not context.peer().startswith("unix:"):
-            # Only a shard process of this node names the shard process to serve a call.
-            metadata = tuple((k, v) for k, v in metadata if k != TARGET_PROCESS_KEY)
+        named = None
+        if self._routing is not None:
+            if context.peer().startswith("unix:"):
+                named = self._named_process(metadata)
+            else:  # only a shard process of this node names the shard process to serve a call
+                metadata = tuple((k, v) for k, v in metadata if k != TARGET_PROCESS_KEY)
         first: bytes | None = None
         if shape.request_streams:
             body = b""
             if self._routing is not None and path in self._routing.by_first_request:
                 first = await anext(aiter(request), None)  # where its first request's queue is
-            link = self._link_for(path, first or b"", metadata, context)
+            link = self._link_for(path, first or b"", named)
         else:
             body = request
-            link = self._link_for(path, body, metadata, context)
+            link = self._link_for(path, body, named)
         try:
             call_id, state = link.open(fr.Call(path, _timeout_ms(context), shape, metadata, body))
         except _LinkLost as lost:

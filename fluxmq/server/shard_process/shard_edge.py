@@ -14,6 +14,7 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from fluxmq.server.router import names_held
 from fluxmq.server.shard_process.shard_server import FramedServer
 from fluxmq.server.shard_process.siblings import encode_report
 
@@ -124,12 +125,7 @@ class QueueReporter:
         ):
             return
         self._last = current
-        # A queue's DLQ is created on demand in the queue's shard: its name is reserved there.
-        report = {
-            shard_id: {*catalog, *(e.queue.config.dead_letter_queue for e in catalog.values())}
-            - {""}
-            for shard_id, catalog in current.items()
-        }
+        report = {shard_id: names_held(catalog) for shard_id, catalog in current.items()}
         self._server.send_queues(encode_report(report))
 
     async def report_routine(self) -> None:
