@@ -235,7 +235,9 @@ def _wait_for_workers(master_json: str, tmp_path: Path) -> None:
     while time.monotonic() < deadline:
         try:
             alive = sum(w["state"] == "ALIVE" for w in _json(master_json)["workers"])
-        except OSError:
+        except (OSError, ValueError):
+            # ValueError: while the master's web UI is starting, its "/" page (HTML) answers
+            # every path until the "/json" handler is attached.
             alive = 0
         if alive == 2:
             return
