@@ -280,6 +280,45 @@ async def test_calls_the_shard_process_does_not_read_are_bounded_then_refused_as
         assert all(len(r.results) == 1 for r in waited)
 
 
+async def test_one_keys_flood_is_refused_node_busy_while_another_keys_small_call_is_relayed() -> (
+    None
+):
+    async with Relay() as relay:
+        assert relay.shard._channel is not None and relay.shard._channel._transport is not None
+        relay.shard._channel._transport.pause_reading()  # the shard process falls behind
+        publish = relay.method("Publish", pb.PublishRequest, pb.PublishResponse, "unary_unary")
+        fat = (("authorization", "Bearer fmq_test_sk_" + "a" * 32),)
+        small = (("authorization", "Bearer fmq_test_sk_" + "b" * 32),)
+        body = [pb.PublishMessage(value=b"x" * 300_000)]
+        flood = [
+            asyncio.ensure_future(
+                publish(pb.PublishRequest(queue="q", messages=body), metadata=fat, timeout=10)
+            )
+            for _ in range(8)
+        ]
+        await asyncio.wait(flood, timeout=1)
+        refused = [t for t in flood if t.done() and t.exception() is not None]
+        assert len(refused) >= 6, "a key holds at most half of the link's bytes"
+        for task in refused:
+            err = task.exception()
+            assert isinstance(err, grpc.aio.AioRpcError)
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "NODE_BUSY" in str(err.trailing_metadata())
+        other = asyncio.ensure_future(
+            publish(
+                pb.PublishRequest(queue="q", messages=[pb.PublishMessage(value=b"y")]),
+                metadata=small,
+                timeout=10,
+            )
+        )
+        await asyncio.sleep(0.2)
+        assert not other.done(), "the other key's call is sent, not refused"
+        relay.shard._channel._transport.resume_reading()
+        assert len((await other).results) == 1
+        await asyncio.gather(*flood, return_exceptions=True)
+        assert relay.link._budget.in_use == 0  # every answered or refused call gave its bytes back
+
+
 async def test_calls_in_flight_end_when_the_shard_process_closes_its_end() -> None:
     async with Relay() as relay:
         tail = relay.method("Tail", pb.TailRequest, pb.TailResponse, "unary_stream")

@@ -23,8 +23,10 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 
 from fluxmq._pb.v1 import admin_pb2, queue_pb2
 from fluxmq.core.errors import FluxError
+from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.server.errors import to_grpc_status
-from fluxmq.server.interceptors import REQUEST_ID_KEY, EdgeInterceptor
+from fluxmq.server.guard import AUTH_HEADER
+from fluxmq.server.interceptors import REQUEST_ID_KEY, EdgeInterceptor, node_busy
 from fluxmq.server.shard_process import frames as fr
 from fluxmq.server.shard_process.channel import Channel
 from fluxmq.server.shard_process.frames import Kind, Shape
@@ -71,16 +73,6 @@ def lost_in_flight() -> FluxError:
     )
 
 
-def front_end_busy(buffered_bytes: int) -> FluxError:
-    return FluxError(
-        "NODE_BUSY",
-        f"this node's shard process has {buffered_bytes} bytes of calls it has not read yet "
-        "(at most inflight_bytes_max); nothing was done; retry",
-        retriable=True,
-        retry_after_ms=100,
-    )
-
-
 class _LinkLost(Exception):
     def __init__(self, error: FluxError) -> None:
         super().__init__(error.message)
@@ -88,7 +80,9 @@ class _LinkLost(Exception):
 
 
 class _ClientCall:
-    def __init__(self) -> None:
+    def __init__(self, key: str | None, request_bytes: int) -> None:
+        self.key = key  # whose share of the link's budget the request holds until the END
+        self.request_bytes = request_bytes
         self.items: asyncio.Queue[Any] = asyncio.Queue()
         self.end: fr.End | None = None
         self.lost: FluxError | None = None
@@ -100,9 +94,13 @@ class _ClientCall:
 class ShardProcessLink:
     """The front end's end of the channel: calls multiplexed by id over one socket."""
 
-    def __init__(self, frame_bytes_max: int, buffered_bytes_max: int) -> None:
+    def __init__(self, frame_bytes_max: int, inflight_bytes_max: int) -> None:
         self._frame_bytes_max = frame_bytes_max
-        self._buffered_bytes_max = buffered_bytes_max
+        # Request bytes sent to the shard process and not answered yet, with the shard
+        # process's own rule (one key may hold half): one key's flood of large calls is
+        # refused here without refusing another key's small ones. Keyed by the authorization
+        # value as presented (the shard process verifies it; an entry lives while its calls do).
+        self._budget = InflightBudget(inflight_bytes_max, max(1, inflight_bytes_max // 2))
         self._channel: Channel | None = None
         self._calls: dict[int, _ClientCall] = {}
         self._next_id = 0
@@ -141,6 +139,7 @@ class ShardProcessLink:
         self._serving = False
         calls, self._calls = self._calls, {}
         for call in calls.values():
+            self._budget.release(call.key, call.request_bytes)
             call.lost = lost_in_flight()
             call.items.put_nowait(_END)
             call.credit_granted.set()
@@ -166,6 +165,7 @@ class ShardProcessLink:
         elif kind is Kind.END:
             call.end = fr.decode_end(payload)
             del self._calls[call_id]
+            self._budget.release(call.key, call.request_bytes)
             call.items.put_nowait(_END)
             call.credit_granted.set()
         elif kind is Kind.CREDIT:
@@ -181,14 +181,21 @@ class ShardProcessLink:
             raise _LinkLost(not_attached())
         assert self._channel is not None
         # Sent at once, never awaited (calls reach the shard process in the order they came);
-        # what the shard process has not read yet is bounded here instead.
-        if self._channel.buffered_bytes > self._buffered_bytes_max:
-            raise _LinkLost(front_end_busy(self._channel.buffered_bytes))
+        # what it has not answered yet is bounded here instead.
+        key = _authorization(call.metadata)
+        size = len(call.body)
+        if not self._budget.reserve(key, size):
+            raise _LinkLost(node_busy(self._budget, size))
         self._next_id = (self._next_id + 1) & 0xFFFFFFFF or 1
         call_id = self._next_id
-        state = _ClientCall()
+        state = _ClientCall(key, size)
         self._calls[call_id] = state
-        self._send(fr.encode_call(call_id, call))
+        try:
+            self._send(fr.encode_call(call_id, call))
+        except BaseException:
+            del self._calls[call_id]
+            self._budget.release(key, size)
+            raise
         return call_id, state
 
     def send_routes(self, payload: bytes) -> None:
@@ -215,7 +222,11 @@ class ShardProcessLink:
 
     def cancel(self, call_id: int) -> None:
         """The caller went away before the END: the shard process stops serving the call."""
-        if self._calls.pop(call_id, None) is not None and self._channel is not None:
+        call = self._calls.pop(call_id, None)
+        if call is None:
+            return
+        self._budget.release(call.key, call.request_bytes)
+        if self._channel is not None:
             self._channel.send(fr.frame(Kind.CANCEL, call_id))
 
     async def next_item(self, call_id: int, state: _ClientCall) -> Any:
@@ -269,6 +280,13 @@ class QueueReports:
         for other, report in enumerate(self.table.reports):
             if other != index:
                 self._links[index].send_routes(encode_report(report, other))
+
+
+def _authorization(metadata: fr.Metadata) -> str | None:
+    for key, value in metadata:
+        if key == AUTH_HEADER:
+            return value if isinstance(value, str) else None
+    return None
 
 
 def _request_id(metadata: fr.Metadata) -> str:
