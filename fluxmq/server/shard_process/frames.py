@@ -88,6 +88,12 @@ def frame(kind: Kind, call_id: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(len(payload) + 5, kind, call_id) + payload
 
 
+def _frame_of(kind: Kind, call_id: int, parts: tuple[bytes, ...]) -> bytes:
+    """A frame whose payload is ``parts`` joined: one copy of a large body, not two."""
+    length = sum(len(p) for p in parts) + 5
+    return b"".join((HEADER.pack(length, kind, call_id), *parts))
+
+
 def encode_metadata(metadata: Metadata) -> bytes:
     if len(metadata) > METADATA_ITEMS_MAX:
         raise FrameError(f"{len(metadata)} metadata items, at most {METADATA_ITEMS_MAX}")
@@ -134,16 +140,14 @@ def encode_call(call_id: int, call: Call) -> bytes:
     timeout = (
         NO_TIMEOUT if call.timeout_ms is None else min(max(call.timeout_ms, 0), NO_TIMEOUT - 1)
     )
-    payload = b"".join(
-        (
-            _U16.pack(len(method)),
-            method,
-            _CALL.pack(timeout, call.shape),
-            encode_metadata(call.metadata),
-            call.body,
-        )
+    parts = (
+        _U16.pack(len(method)),
+        method,
+        _CALL.pack(timeout, call.shape),
+        encode_metadata(call.metadata),
+        call.body,
     )
-    return frame(Kind.CALL, call_id, payload)
+    return _frame_of(Kind.CALL, call_id, parts)
 
 
 def decode_call(payload: memoryview) -> Call:
@@ -168,16 +172,14 @@ def decode_call(payload: memoryview) -> Call:
 def encode_end(call_id: int, end: End) -> bytes:
     details = end.details.encode("utf-8")
     body = b"" if end.body is None else end.body
-    payload = b"".join(
-        (
-            _END.pack(end.code, len(details)),
-            details,
-            encode_metadata(end.trailers),
-            bytes((0 if end.body is None else 1,)),
-            body,
-        )
+    parts = (
+        _END.pack(end.code, len(details)),
+        details,
+        encode_metadata(end.trailers),
+        b"\x00" if end.body is None else b"\x01",
+        body,
     )
-    return frame(Kind.END, call_id, payload)
+    return _frame_of(Kind.END, call_id, parts)
 
 
 def decode_end(payload: memoryview) -> End:
@@ -229,23 +231,28 @@ class FrameReader:
         self._frame_bytes_max = frame_bytes_max
 
     def feed(self, data: bytes) -> list[tuple[Kind, int, memoryview]]:
-        self._buffer += data
+        """Payloads are views of the bytes fed (never of a buffer that changes): whoever
+        keeps one past the call copies it, as ``decode_end`` and the relays do."""
+        if self._buffer:
+            self._buffer += data
+            data = bytes(self._buffer)
+            self._buffer.clear()
         out = []
         at = 0
-        buffer = self._buffer
-        while len(buffer) - at >= 4:
-            (length,) = _U32.unpack_from(buffer, at)
+        view = memoryview(data)
+        while len(data) - at >= 4:
+            (length,) = _U32.unpack_from(data, at)
             if length < 5 or length > self._frame_bytes_max:
                 raise FrameError(f"frame of {length} bytes (5..{self._frame_bytes_max})")
-            if len(buffer) - at - 4 < length:
+            if len(data) - at - 4 < length:
                 break
-            _, kind, call_id = HEADER.unpack_from(buffer, at)
+            _, kind, call_id = HEADER.unpack_from(data, at)
             try:
                 kind_value = Kind(kind)
             except ValueError:
                 raise FrameError(f"unknown frame kind {kind}") from None
-            out.append((kind_value, call_id, memoryview(bytes(buffer[at + 9 : at + 4 + length]))))
+            out.append((kind_value, call_id, view[at + 9 : at + 4 + length]))
             at += 4 + length
-        if at:
-            del buffer[:at]
+        if at < len(data):
+            self._buffer += view[at:]
         return out
