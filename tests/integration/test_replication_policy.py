@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -75,7 +76,9 @@ def test_min_in_sync_refuses_writes_while_a_replica_is_down_and_writes_nothing(
         assert rich_error(e.value).reason == "REPLICATION_UNSATISFIABLE"
         create(stub, "strict", factor=3, min_in_sync=3)
         create(stub, "majority", factor=3)
-        publish(stub, "strict", "a")
+        # A replica that started last may still be catching up when the leader is elected:
+        # until all three are in sync, "strict" refuses (retriable) and writes nothing.
+        _until_accepted(stub, "strict", "a", bound_s=20)
         follower = next(n for n in cluster.nodes if n is not leader)
         follower.kill9()
         deadline = time.monotonic() + 10
@@ -96,16 +99,22 @@ def test_min_in_sync_refuses_writes_while_a_replica_is_down_and_writes_nothing(
         assert stub.GetQueueStats(pb.GetQueueStatsRequest(name="strict"), timeout=5) == hw
         publish(stub, "majority", "still-fine")  # 2 of 3 is a majority
         follower.start()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                publish(stub, "strict", "after")
-                break
-            except grpc.RpcError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+        _until_accepted(stub, "strict", "after", bound_s=20)
     finally:
         cluster.stop()
+
+
+def _until_accepted(stub: Any, queue: str, value: str, *, bound_s: float) -> None:
+    """Publish until the queue takes it, refused only NOT_ENOUGH_REPLICAS meanwhile."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            publish(stub, queue, value)
+            return
+        except grpc.RpcError as err:
+            assert rich_error(err).reason == "NOT_ENOUGH_REPLICAS", err
+            assert time.monotonic() < deadline, err
+            time.sleep(0.1)
 
 
 def test_ack_timeout_is_unavailable_and_a_retry_writes_exactly_once(tmp_path: Path) -> None:
