@@ -672,7 +672,8 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
         combined = combined_health(statuses)
         queue_service = RELAYED_SERVICES[0].full_name
         ready = combined.get(queue_service) == health_pb2.HealthCheckResponse.SERVING
-        refresh(readiness, Verdict(ready, "" if ready else "a shard process is not ready"))
+        if count > 1:  # with one, the shard process serves /readyz and says when it changes
+            refresh(readiness, Verdict(ready, "" if ready else "a shard process is not ready"))
         task = loop.create_task(mirror_now(combined))
         health_updates.add(task)
         task.add_done_callback(health_updates.discard)
