@@ -235,6 +235,8 @@ class FrameReader:
         keeps one past the call copies it, as ``decode_end`` and the relays do."""
         if self._buffer:
             self._buffer += data
+            if self._first_incomplete():
+                return []  # a large frame arriving in pieces is copied once, when whole
             data = bytes(self._buffer)
             self._buffer.clear()
         out = []
@@ -256,3 +258,12 @@ class FrameReader:
         if at < len(data):
             self._buffer += view[at:]
         return out
+
+    def _first_incomplete(self) -> bool:
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return True
+        (length,) = _U32.unpack_from(buffer, 0)
+        if length < 5 or length > self._frame_bytes_max:
+            raise FrameError(f"frame of {length} bytes (5..{self._frame_bytes_max})")
+        return len(buffer) - 4 < length
