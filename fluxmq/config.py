@@ -35,8 +35,9 @@ class NodeConfig:
     insecure_listen: bool = False
     # Concurrent Tail, Consume and PublishStream streams of this node (RESOURCE_EXHAUSTED beyond).
     streams_max: int = 200
-    # 1: the shards run in a shard process under the front end that owns the gRPC port.
-    shard_processes: int = 0
+    # The shards run in shard processes under a front end that owns the gRPC port (0: all in
+    # one process). One by default: see HELP and the README's Processes for why not per core.
+    shard_processes: int = 1
     metrics_listen: str = "127.0.0.1:7071"  # empty: no metrics endpoint
     # Bounds of /metrics: partitions given per-partition series, queues named in queue series.
     metrics_partition_series_max: int = 4096
@@ -157,10 +158,11 @@ HELP = {
     "insecure_listen": "serve without authentication on a listen address beyond loopback "
     "(e.g. 0.0.0.0): anyone who reaches the port can use every queue; refused without it",
     "shard_processes": "processes that run this node's shards under the front end that owns "
-    "the gRPC port: 0 runs them in the node's one process, 1 in one shard process (restarted "
-    "when it dies); N > 1 runs its shards in N shard processes: a single node gets a local "
-    "shard per shard process (new queues placed by a hash of their name), a cluster node "
-    "(with etcd) shares the groups placement gives it out over them",
+    "the gRPC port: 1 (the default) runs them in one shard process (restarted when it dies), "
+    "0 in the node's one process; N > 1 runs its shards in N shard processes: a single node "
+    "gets a local shard per shard process (new queues placed by a hash of their name; a "
+    "transaction spans one local shard), a cluster node (with etcd) shares the groups "
+    "placement gives it out over them",
     "streams_max": "concurrent Tail, Consume and PublishStream streams this node serves or "
     "relays; more are refused with RESOURCE_EXHAUSTED / TOO_MANY_STREAMS (retriable)",
     "metrics_listen": "host:port of the Prometheus /metrics endpoint ('' to disable)",

@@ -9,9 +9,12 @@ import pytest
 
 from tests.integration.conftest import Node
 
-# Every SDK test runs against a node in one process and against one whose shards run in a
-# shard process behind its front end: what a client sees must not differ.
-SHARD_PROCESSES = {"one-process": "0", "shard-processes": "2"}
+# Every SDK test runs against a node as it starts by default (its shards in one shard process
+# behind its front end) and against one with two shard processes, whose front end routes each
+# call by its queue: what a client sees must not differ. (A node in one process, the
+# `shard_processes = 0` path, is what the in-process tests of tests/unit and tests/contract
+# serve.)
+SHARD_PROCESSES = {"shard-process": "1", "shard-processes": "2"}
 
 
 @pytest.fixture(scope="module", params=sorted(SHARD_PROCESSES))

@@ -152,9 +152,11 @@ def test_bootstrap_key_file_without_authentication_is_refused(tmp_path: Path) ->
         load(["--auth", "maybe"], environ={})
 
 
-def test_shard_processes_is_off_by_default_and_one_is_accepted() -> None:
-    assert load([], environ={}).shard_processes == 0
-    assert load(["--shard-processes", "1"], environ={}).shard_processes == 1
+def test_a_node_runs_its_shards_in_one_shard_process_by_default_and_zero_keeps_one_process() -> None:
+    assert load([], environ={}).shard_processes == 1
+    static = {**CLUSTER_ENV, "FLUXMQ_CLUSTER_SECRET": "s" * 32, "FLUXMQ_ETCD": ""}
+    assert load(["--auth", "off"], environ=static).shard_processes == 1  # valid on static peers
+    assert load(["--shard-processes", "0"], environ={}).shard_processes == 0
 
 
 def test_several_shard_processes_are_refused_where_they_are_not_built() -> None:
