@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fluxmq.server.shard_process.frames import FrameError, FrameReader, Kind
 
@@ -89,6 +89,13 @@ class Channel(asyncio.Protocol):
         if self._transport is None or self._transport.is_closing():
             return False
         self._transport.write(data)
+        return True
+
+    def send_parts(self, parts: Sequence[bytes]) -> bool:
+        """``send`` of the parts joined, written without joining them (-> False: closed)."""
+        if self._transport is None or self._transport.is_closing():
+            return False
+        self._transport.writelines(parts)
         return True
 
     async def writable(self) -> None:

@@ -90,8 +90,12 @@ def frame(kind: Kind, call_id: int, payload: bytes = b"") -> bytes:
 
 def _frame_of(kind: Kind, call_id: int, parts: tuple[bytes, ...]) -> bytes:
     """A frame whose payload is ``parts`` joined: one copy of a large body, not two."""
+    return b"".join(_frame_parts(kind, call_id, parts))
+
+
+def _frame_parts(kind: Kind, call_id: int, parts: tuple[bytes, ...]) -> tuple[bytes, ...]:
     length = sum(len(p) for p in parts) + 5
-    return b"".join((HEADER.pack(length, kind, call_id), *parts))
+    return (HEADER.pack(length, kind, call_id), *parts)
 
 
 def encode_metadata(metadata: Metadata) -> bytes:
@@ -170,6 +174,11 @@ def decode_call(payload: memoryview) -> Call:
 
 
 def encode_end(call_id: int, end: End) -> bytes:
+    return b"".join(end_parts(call_id, end))
+
+
+def end_parts(call_id: int, end: End) -> tuple[bytes, ...]:
+    """The END frame in pieces, for a gathering write that copies a large answer no more."""
     details = end.details.encode("utf-8")
     body = b"" if end.body is None else end.body
     parts = (
@@ -179,7 +188,7 @@ def encode_end(call_id: int, end: End) -> bytes:
         b"\x00" if end.body is None else b"\x01",
         body,
     )
-    return _frame_of(Kind.END, call_id, parts)
+    return _frame_parts(Kind.END, call_id, parts)
 
 
 def decode_end(payload: memoryview) -> End:

@@ -291,7 +291,8 @@ class FramedServer:
             del self._calls[call_id]
             if end is not None:
                 self.before_end()  # a queue it created is routed here before the caller knows
-                self._send(fr.encode_end(call_id, end))
+                if self._channel is not None:
+                    self._channel.send_parts(fr.end_parts(call_id, end))
 
     async def _invoke(
         self,

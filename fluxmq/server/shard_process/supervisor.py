@@ -34,6 +34,7 @@ STABLE_AFTER_S = 30.0  # a shard process that ran this long starts the back-off 
 STOP_EXTRA_S = 5.0  # beyond the shutdown grace, before a shard process that hangs is killed
 PID_FILE = "shard-process.pid"
 PREVIOUS_GONE_WAIT_S = 10.0
+CHANNEL_SOCKET_BYTES = 2 * 1024 * 1024  # each end's send buffer on the channel
 
 
 class ShardProcessExited(Exception):
@@ -166,6 +167,10 @@ class ShardProcessSupervisor:
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         front_end, shard_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for end in (front_end, shard_end):
+            # A Fetch answer of a few hundred KB goes into the socket in one write, not in
+            # pieces with an event-loop turn each (the kernel caps it at net.core.wmem_max).
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHANNEL_SOCKET_BYTES)
         env = dict(os.environ)
         env[shard_edge.SHARD_FD_ENV] = str(shard_end.fileno())
         env[shard_edge.FRONT_PORT_ENV] = str(self._front_port)
