@@ -5,6 +5,6 @@ import os
 # start about skipping them because other threads are in gRPC.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from fluxmq.daemon import main  # noqa: E402
+from fluxmq.daemon import main
 
 raise SystemExit(main())

@@ -20,6 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO = ROOT / "proto"
 OUT = ROOT / "fluxmq" / "_pb"
 IMPORT_RE = re.compile(r"^from fluxmq\.(v1|internal) import", re.M)
+# The gRPC stubs refuse to import under a grpcio older than the grpcio-tools that generated
+# them. They use nothing newer than pyproject's floor (grpcio>=1.70), so they say that floor:
+# the stubs are then the same whichever patch release of grpcio-tools a machine installs.
+GRPC_FLOOR = "1.70.0"
+GENERATED_VERSION_RE = re.compile(r"^GRPC_GENERATED_VERSION = '[^']*'$", re.M)
 
 
 def generate(dest: Path) -> None:
@@ -46,6 +51,7 @@ def generate(dest: Path) -> None:
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             text = IMPORT_RE.sub(lambda m: f"from fluxmq._pb.{m.group(1)} import", path.read_text())
+            text = GENERATED_VERSION_RE.sub(f"GRPC_GENERATED_VERSION = '{GRPC_FLOOR}'", text)
             target.write_text(text)
         for sub in {p.relative_to(gen).parent for p in gen.rglob("*.py")}:
             (dest / sub / "__init__.py").touch()

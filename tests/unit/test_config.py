@@ -152,7 +152,7 @@ def test_bootstrap_key_file_without_authentication_is_refused(tmp_path: Path) ->
         load(["--auth", "maybe"], environ={})
 
 
-def test_a_node_runs_its_shards_in_one_shard_process_by_default_and_zero_keeps_one_process() -> None:
+def test_a_node_runs_its_shards_in_a_shard_process_by_default_and_zero_keeps_one() -> None:
     assert load([], environ={}).shard_processes == 1
     static = {**CLUSTER_ENV, "FLUXMQ_CLUSTER_SECRET": "s" * 32, "FLUXMQ_ETCD": ""}
     assert load(["--auth", "off"], environ=static).shard_processes == 1  # valid on static peers

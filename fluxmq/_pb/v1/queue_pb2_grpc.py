@@ -5,7 +5,7 @@ import warnings
 
 from fluxmq._pb.v1 import queue_pb2 as fluxmq_dot_v1_dot_queue__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.70.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

@@ -272,7 +272,7 @@ class FrameReader:
         buffer = self._buffer
         if len(buffer) < 4:
             return True
-        (length,) = _U32.unpack_from(buffer, 0)
+        length: int = _U32.unpack_from(buffer, 0)[0]
         if length < 5 or length > self._frame_bytes_max:
             raise FrameError(f"frame of {length} bytes (5..{self._frame_bytes_max})")
         return len(buffer) - 4 < length
