@@ -612,6 +612,7 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
     count = cfg.shard_processes
     for index in range(count):
         data_dir = process_config(cfg, index).data_dir
+        ensure_data_dir(cfg, data_dir)  # the pid file goes there before the shard process runs
         if not wait_previous_gone(data_dir, index=index):
             raise StartupError(
                 f"the shard process of the last node on {data_dir!r} "
@@ -733,6 +734,21 @@ async def serve_front(cfg: config_mod.NodeConfig, *, tls: TlsConfig | None) -> N
             shutil.rmtree(socket_dir, ignore_errors=True)
 
 
+def ensure_data_dir(cfg: config_mod.NodeConfig, path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise data_dir_failure(cfg, err) from None
+
+
+def data_dir_failure(cfg: config_mod.NodeConfig, err: OSError | StorageError) -> StartupError:
+    detail = (err.strerror or str(err)).lower() if isinstance(err, OSError) else str(err)
+    return StartupError(
+        f"cannot use the data directory {cfg.data_dir!r} ({config_mod.where_set('data_dir')}): "
+        f"{detail}; choose a directory this user can create and write"
+    )
+
+
 def combined_health(statuses: list[dict[str, int]]) -> dict[str, int]:
     """What the port reports for each service: serving only when every shard process does
     (a node serves a queue only when the shard process that holds it runs)."""
@@ -763,11 +779,7 @@ def open_home_store(cfg: config_mod.NodeConfig) -> LmdbStore:
             f"{err}"
         ) from None
     except (OSError, StorageError) as err:
-        detail = (err.strerror or str(err)).lower() if isinstance(err, OSError) else str(err)
-        raise StartupError(
-            f"cannot use the data directory {cfg.data_dir!r} ({config_mod.where_set('data_dir')}): "
-            f"{detail}; choose a directory this user can create and write"
-        ) from None
+        raise data_dir_failure(cfg, err) from None
 
 
 async def serve_node(cfg: config_mod.NodeConfig) -> None:

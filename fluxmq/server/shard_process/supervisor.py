@@ -55,8 +55,8 @@ def wait_previous_gone(
     try:
         with open(pid_file(data_dir, index)) as f:
             pid = int(f.read().strip() or 0)
-    except (FileNotFoundError, ValueError):
-        return True
+    except (OSError, ValueError):
+        return True  # none, or none readable: the data directory's own check says why
     deadline = time.monotonic() + timeout_s
     while pid > 0 and _is_shard_process(pid):
         if time.monotonic() >= deadline:
@@ -194,7 +194,15 @@ class ShardProcessSupervisor:
         self._serving.clear()
         await self._link.attach(front_end)
         self.on_attached()
-        log.info("shard process %d (%d of %d) started", process.pid, self._index, self._count)
+        # The first start says nothing of its own (the node's "serving" line, or the shard
+        # process's one-line reason it cannot, is what an operator reads); a restart says it.
+        log.log(
+            logging.INFO if self._process is not None else logging.DEBUG,
+            "shard process %d (%d of %d) started",
+            process.pid,
+            self._index,
+            self._count,
+        )
         return process
 
     async def start(self) -> None:
