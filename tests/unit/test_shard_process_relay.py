@@ -256,6 +256,14 @@ async def test_a_streamed_request_that_arrives_with_its_call_is_not_dropped() ->
         assert got == [0, 1, 2]
 
 
+def assert_node_busy(tasks: list[asyncio.Future[Any]]) -> None:
+    for task in tasks:
+        err = task.exception()
+        assert isinstance(err, grpc.aio.AioRpcError)
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "NODE_BUSY" in str(err.trailing_metadata())
+
+
 async def test_calls_the_shard_process_does_not_read_are_bounded_then_refused_as_node_busy() -> (
     None
 ):
@@ -268,11 +276,7 @@ async def test_calls_the_shard_process_does_not_read_are_bounded_then_refused_as
         done, pending = await asyncio.wait([asyncio.ensure_future(c) for c in calls], timeout=3)
         busy = [t for t in done if t.exception() is not None]
         assert busy, "calls beyond the bound are refused, not buffered without end"
-        for task in busy:
-            err = task.exception()
-            assert isinstance(err, grpc.aio.AioRpcError)
-            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "NODE_BUSY" in str(err.trailing_metadata())
+        assert_node_busy(busy)
         assert relay.link._channel is not None
         assert relay.link._channel.buffered_bytes <= BUFFERED_BYTES_MAX + 400_000
         relay.shard._channel._transport.resume_reading()
@@ -299,11 +303,7 @@ async def test_one_keys_flood_is_refused_node_busy_while_another_keys_small_call
         await asyncio.wait(flood, timeout=1)
         refused = [t for t in flood if t.done() and t.exception() is not None]
         assert len(refused) >= 6, "a key holds at most half of the link's bytes"
-        for task in refused:
-            err = task.exception()
-            assert isinstance(err, grpc.aio.AioRpcError)
-            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "NODE_BUSY" in str(err.trailing_metadata())
+        assert_node_busy(refused)
         other = asyncio.ensure_future(
             publish(
                 pb.PublishRequest(queue="q", messages=[pb.PublishMessage(value=b"y")]),

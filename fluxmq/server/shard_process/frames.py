@@ -252,9 +252,7 @@ class FrameReader:
         at = 0
         view = memoryview(data)
         while len(data) - at >= 4:
-            (length,) = _U32.unpack_from(data, at)
-            if length < 5 or length > self._frame_bytes_max:
-                raise FrameError(f"frame of {length} bytes (5..{self._frame_bytes_max})")
+            length = self._length_at(data, at)
             if len(data) - at - 4 < length:
                 break
             _, kind, call_id = HEADER.unpack_from(data, at)
@@ -270,9 +268,11 @@ class FrameReader:
 
     def _first_incomplete(self) -> bool:
         buffer = self._buffer
-        if len(buffer) < 4:
-            return True
-        length: int = _U32.unpack_from(buffer, 0)[0]
+        return len(buffer) < 4 or len(buffer) - 4 < self._length_at(buffer, 0)
+
+    def _length_at(self, data: bytes | bytearray, at: int) -> int:
+        """The length field of the frame at ``at``, checked before anything waits for it."""
+        length: int = _U32.unpack_from(data, at)[0]
         if length < 5 or length > self._frame_bytes_max:
             raise FrameError(f"frame of {length} bytes (5..{self._frame_bytes_max})")
-        return len(buffer) - 4 < length
+        return length
