@@ -13,15 +13,13 @@ A :class:`Consumer` is one member of a group (``consumer_id``, default
   to learn its generation and retries the request. Every Lease / Ack / Nack / ExtendLease
   carries ``member_id`` and ``generation_id``. In *shared* groups membership is liveness only;
   in *ordered* groups leases come only from the member's assigned partitions;
-- receives messages (``mode``): ``"poll"`` (the default) leases batches with a long poll
-  (``Lease``, ``wait_ms``) while fewer than its prefetch limit are held; ``"push"`` opens a
-  ``Consume`` stream with its prefetch as the stream's credit (``max_in_flight``): the broker
-  checks the consumer out of the group and sends each message in the replicated round that
-  stores it (no round of its own), and each ack's round tops the credit up. A stop in push
-  mode cancels the stream: what the broker had sent and the consumer had not read yet stays
-  leased to it until its lease ends (then it is delivered again, its attempt counted), which
-  is why push is not the default yet (a Consume stream has no way to be told "send nothing
-  more" and still be read to its end). Either way it renews the leases of
+- receives messages (``mode``): ``"push"`` (the default) opens a ``Consume`` stream with its
+  prefetch as the stream's credit (``max_in_flight``): the broker checks the consumer out of
+  the group and sends each message in the replicated round that stores it (no round of its
+  own), and each ack's round tops the credit up; a stop asks the broker to end the stream
+  (EndConsume: nothing more is assigned), reads what it was given to the end, and handles it
+  like the rest. ``"poll"`` leases batches with a long poll (``Lease``, ``wait_ms``) while
+  fewer than its prefetch limit are held. Either way it renews the leases of
   held messages at about half their lease time (ExtendLease), so a long handler keeps its
   message, and sends acks in batches. A node that shuts down (SIGTERM) ends the stream or the
   long poll at once with NODE_SHUTTING_DOWN: the next one goes to another node without
@@ -218,7 +216,7 @@ class Consumer:
     settled) at once (default ``batch``; ``consume`` uses ``batch + max(batch,
     concurrency)``); ``lease_ms``: lease time (default the queue's ``lease_timeout``);
     ``wait_ms``: the long poll of each Lease (also the longest a stop waits for it);
-    ``mode``: ``"poll"`` (Lease long polls; the default) or ``"push"`` (a Consume stream);
+    ``mode``: ``"push"`` (a Consume stream; the default) or ``"poll"`` (Lease long polls);
     ``auto_ack``: as an iterator, a message is acked when the next one is asked for or the
     ``async with`` block is left normally, nacked when it is left with an exception.
 
@@ -238,7 +236,7 @@ class Consumer:
         prefetch: int | None = None,
         lease_ms: int | None = None,
         wait_ms: int = DEFAULT_WAIT_MS,
-        mode: str = "poll",
+        mode: str = "push",
         auto_ack: bool = True,
         create_group: bool = False,
         session_timeout_ms: int = 0,
@@ -266,6 +264,7 @@ class Consumer:
         self._wait_ms = wait_ms
         self.mode = mode
         self._stream_call: Any = None  # the open Consume stream (push mode)
+        self._end_task: asyncio.Task[None] | None = None  # its graceful end (push mode)
         self._auto_ack = auto_ack
         self._create_group = create_group
         self._session_timeout_ms = session_timeout_ms
@@ -365,9 +364,35 @@ class Consumer:
         self._held_changed.set()
         self._buffer_ready.set()
         if self._stream_call is not None:
-            # What the broker pushed and this consumer did not read yet stays leased to it
-            # until the lease ends (then it goes to another consumer).
-            self._stream_call.cancel()
+            self._end_stream(self._stream_call)
+
+    def _end_stream(self, call: Any) -> None:
+        """Push mode's stop: the broker checks this consumer in (EndConsume), so the stream
+        sends what it was given and ends; the consume loop reads it to its end."""
+        if self._end_task is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to ask the broker from: cut the stream
+            call.cancel()
+            return
+        self._end_task = loop.create_task(self._end_consume(call))
+
+    async def _end_consume(self, call: Any) -> None:
+        request = pb.EndConsumeRequest(
+            queue=self.queue, group=self.group, consumer_id=self.consumer_id
+        )
+        try:
+            answer = await self._call("EndConsume", request, retry=RetryPolicy(max_attempts=3))
+            if answer.ended and self._lease_task is not None:
+                await asyncio.wait([self._lease_task], timeout=self._transport.timeout_s)
+        except FluxMQError as err:
+            # What the broker sent and this consumer does not read stays leased to it until
+            # the lease ends (then it goes to another consumer).
+            log.warning("fluxmq: ending the Consume stream of %s failed: %s", self.consumer_id,
+                        err)  # fmt: skip
+        finally:
+            call.cancel()  # ended by then, or cut
 
     async def _watch_stop(self, event: asyncio.Event) -> None:
         await event.wait()
@@ -403,6 +428,9 @@ class Consumer:
             if self._lease_task is not None:
                 with contextlib.suppress(Exception):
                     await self._lease_task
+            if self._end_task is not None:
+                with contextlib.suppress(Exception):
+                    await self._end_task
             if release and self._buffer:
                 rest = list(self._buffer)
                 self._buffer.clear()
@@ -742,7 +770,7 @@ class Consumer:
                     raise  # this task was cancelled, not the stream by stop()
                 return
             else:
-                continue  # the broker ended the stream (it should not): open another
+                continue  # ended (EndConsume, after a stop: the loop ends), or open another
             finally:
                 self._stream_call = None
                 call.cancel()

@@ -173,13 +173,15 @@ class Delivery:
 class Push:
     """What an apply assigned to a checked-out consumer, for the leader to send on the stream
     of ``session_id`` (followers assign the same and send nothing). With ``error`` the checkout
-    was revoked (its member is no longer current): the stream ends with that error."""
+    was revoked (its member is no longer current): the stream ends with that error; with
+    ``end`` the consumer was checked in: the stream ends after what was pushed before."""
 
     group_id: int
     consumer_id: str
     session_id: int
     deliveries: tuple[Delivery, ...] = ()
     error: FluxError | None = None
+    end: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,3 +154,34 @@ def test_a_restarted_node_checks_in_the_streams_it_no_longer_serves(node: Node) 
             timeout_s=10,
             what="the dead stream's consumer checked in after the restart",
         )
+
+
+def test_end_consume_ends_the_stream_after_what_it_was_given(node: Node) -> None:
+    with node.channel() as ch:
+        stub = queue_pb2_grpc.QueueServiceStub(ch)
+        work_queue(stub, "ending")
+        group(stub, "ending")
+        stream = Stream(stub, "ending", "c1", window=10)
+        try:
+            publish(stub, "ending", b"a", b"b", b"c")
+            got = [stream.take().record.value for _ in range(3)]
+            end = pb.EndConsumeRequest(queue="ending", group="g", consumer_id="c1")
+            assert stub.EndConsume(end).ended
+            stream._thread.join(5)
+            assert not stream._thread.is_alive() and not stream.ended  # ended with OK
+            assert got == [b"a", b"b", b"c"]
+            # Nothing more is assigned to c1; a second EndConsume finds no stream.
+            publish(stub, "ending", b"d")
+            assert [m.record.value for m in lease(stub, "ending", consumer="other")] == [b"d"]
+            assert not stub.EndConsume(end).ended
+        finally:
+            stream.close()
+
+
+def test_end_consume_of_an_unknown_group_is_not_found(node: Node) -> None:
+    with node.channel() as ch:
+        stub = queue_pb2_grpc.QueueServiceStub(ch)
+        work_queue(stub, "ending2")
+        with pytest.raises(grpc.RpcError) as err:
+            stub.EndConsume(pb.EndConsumeRequest(queue="ending2", group="nope", consumer_id="c"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND

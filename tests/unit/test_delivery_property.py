@@ -147,6 +147,7 @@ class Run:
         self.listen()
         # (group, consumer) -> (session id, max_in_flight, lease_ms) of checkouts in force
         self.checkouts: dict[tuple[str, str], tuple[int, int, int]] = {}
+        self.checked_in: tuple[str, str, int] | None = None  # by the last checkin
         self.now = T0
         self.step_no = 0
         self.parts = rng.choice([1, 2, 3])
@@ -645,6 +646,7 @@ class Run:
         assert res == (0 if stale else 1), self.fail(f"checkin gave {res}")
         if not stale:
             del self.checkouts[(group, consumer)]
+            self.checked_in = (group, consumer, session)
 
     def take_pushes(self) -> None:
         """What the step's applies assigned to checked-out consumers: only ready messages,
@@ -656,6 +658,11 @@ class Run:
             spec = next(s for s in GROUPS if self.group_ids[s.name] == push.group_id)
             group, model = spec.name, self.model[spec.name]
             co = self.checkouts.get((group, push.consumer_id))
+            if push.end:  # a checkin of this step: the stream ends after what it was sent
+                assert co is None and (group, push.consumer_id, push.session_id) == (
+                    self.checked_in
+                ), self.fail(f"{push} ends a stream not checked in")
+                continue
             assert push.error is None, self.fail(f"a checkout without members revoked: {push}")
             assert co is not None and co[0] == push.session_id, self.fail(f"{push} not out")
             _, window, lease_ms = co

@@ -27,8 +27,9 @@ Commands (the clock starts at 1000 ms and moves only with ``tick``):
   and every slot
 
 Every command prints what it returned (refusals as ``error REASON``) and every push
-(``push <consumer>#<session>: <partition>/<offset>=<value> a<attempt> d<deadline>`` or
-``revoked <consumer>#<session>: REASON``).
+(``push <consumer>#<session>: <partition>/<offset>=<value> a<attempt> d<deadline>``,
+``revoked <consumer>#<session>: REASON``, or ``end <consumer>#<session>``: checked in, the
+stream ends after what it was sent).
 """
 
 from __future__ import annotations
@@ -114,6 +115,9 @@ class Scenario:
             who = f"{push.consumer_id}#{push.session_id}"
             if push.error is not None:
                 out.append(f"revoked {who}: {push.error.reason}")
+                continue
+            if push.end:
+                out.append(f"end {who}")
                 continue
             self.hold(queue, group, push.consumer_id, push.group_id, push.deliveries)
             out.append(f"push {who}: " + ", ".join(self.fmt(x) for x in push.deliveries))

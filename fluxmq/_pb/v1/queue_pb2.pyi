@@ -822,6 +822,22 @@ class ConsumeResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[LeasedMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[LeasedMessage, _Mapping]]] = ...) -> None: ...
 
+class EndConsumeRequest(_message.Message):
+    __slots__ = ("queue", "group", "consumer_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    consumer_id: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ...) -> None: ...
+
+class EndConsumeResponse(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    def __init__(self, ended: _Optional[bool] = ...) -> None: ...
+
 class AckRequest(_message.Message):
     __slots__ = ("queue", "group", "receipts", "member_id", "generation_id")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fluxmq._pb.internal import commands_pb2 as cpb
-from fluxmq.core import keys
+from fluxmq.core import keys, validation
 from fluxmq.core.catalog import QueueEntry
 from fluxmq.core.commands.codec import Command, Op
 from fluxmq.core.commands.context import ApplyContext
 from fluxmq.core.commands.letters import write_dead_letters
-from fluxmq.core.commands.rules import check_lease_member, has_members
+from fluxmq.core.commands.rules import check_lease_member, group_view, has_members
 from fluxmq.core.delivery import Checkout, GroupState, Push
 from fluxmq.core.errors import FluxError
 from fluxmq.core.views import StateView
@@ -73,6 +73,16 @@ def apply_checkout(ctx: ApplyContext, cmd: cpb.CheckoutCmd) -> int:
     return g.group_id
 
 
+def prepare_end_consume(
+    view: StateView, entry: QueueEntry, group: str, consumer_id: str
+) -> cpb.CheckinCmd | None:
+    """EndConsume: the checkin of the consumer's current checkout (None: it has none)."""
+    co = group_view(view, entry, group).checkouts.get(validation.consumer_id(consumer_id))
+    if co is None:
+        return None
+    return checkin_cmd(entry, [(group, co.consumer_id, co.session_id)])
+
+
 def checkin_cmd(entry: QueueEntry, ends: Iterable[tuple[str, str, int]]) -> cpb.CheckinCmd:
     """``ends``: (group, consumer id, session id) of streams of ``entry`` that ended."""
     cmd = cpb.CheckinCmd(queue=entry.name, queue_id=entry.queue_id)
@@ -96,6 +106,8 @@ def apply_checkin(ctx: ApplyContext, cmd: cpb.CheckinCmd) -> int:
             and ctx.delivery.checkin(ctx.txn, g, c.consumer_id, c.session_id)
         ):
             ended += 1
+            # A stream still open (EndConsume) sends what it was given, then ends.
+            ctx.delivery.pushes.append(Push(g.group_id, c.consumer_id, c.session_id, end=True))
     return ended
 
 

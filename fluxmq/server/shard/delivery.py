@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from fluxmq import metrics
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.catalog import QueueEntry
-from fluxmq.core.commands.checkout import checkin_cmd, prepare_checkout
+from fluxmq.core.commands.checkout import checkin_cmd, prepare_checkout, prepare_end_consume
 from fluxmq.core.commands.leases import (
     LeaseAsk,
     consume_ask,
@@ -53,6 +53,7 @@ class _Stream:
 
     session_id: int
     inbox: deque[Push] = field(default_factory=deque)
+    ended: bool = False  # checked in by the replicated state (nothing to check in)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -198,6 +199,9 @@ class GroupDelivery:
                     push = stream.inbox.popleft()
                     if push.error is not None:
                         raise push.error
+                    if push.end:  # checked in (EndConsume): all it was given is sent
+                        stream.ended = True
+                        return
                     deliveries = list(push.deliveries)
                     metrics.observe_deliveries(entry.name, deliveries)
                     for i in range(0, len(deliveries), ask.max_messages):
@@ -213,7 +217,17 @@ class GroupDelivery:
             if self._streams.get(slot) is stream:
                 del self._streams[slot]
             self._active.discard(key)
-            self._checkin_later(entry, ask.group, ask.consumer_id, stream.session_id)
+            if not stream.ended:
+                self._checkin_later(entry, ask.group, ask.consumer_id, stream.session_id)
+
+    async def end_consume(self, req: pb.EndConsumeRequest) -> bool:
+        """Check the consumer in: its stream (wherever it runs) sends what it was given and
+        ends. -> whether it had a stream checked out."""
+        entry = self._reader.entry(req.queue)
+        cmd = prepare_end_consume(self._reader.view, entry, req.group, req.consumer_id)
+        if cmd is None:
+            return False
+        return await self._proposer.submit(cmd, int) > 0
 
     @property
     def streaming(self) -> bool:
