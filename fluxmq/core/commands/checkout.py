@@ -138,12 +138,13 @@ def assign_checked_out(ctx: ApplyContext, op: Op, cmd: Command) -> None:
             ids.update(g.group_id for g in delivery.of_queue(queue_id) if g.checkouts)
     if not ids:
         return
-    catalog = {e.queue_id: e for e in ctx.cat().values()}
     assigned = False
     for group_id in sorted(ids):
         g = delivery.by_id(group_id)
-        entry = catalog.get(g.queue_id) if g is not None else None
-        if g is None or entry is None or not g.checkouts:
+        if g is None or not g.checkouts:
+            continue
+        entry = ctx.cat().get(g.meta.queue)
+        if entry is None or entry.queue_id != g.queue_id:
             continue
         assigned |= _assign_group(ctx, entry, g, now_ms)
     if assigned:
