@@ -53,6 +53,7 @@ class _Stream:
 
     session_id: int
     inbox: deque[Push] = field(default_factory=deque)
+    checked_out: bool = False  # its Checkout applied
     ended: bool = False  # checked in by the replicated state (nothing to check in)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -194,6 +195,7 @@ class GroupDelivery:
                 self._clock_ms(),
             )
             await self._proposer.submit(cmd, int)
+            stream.checked_out = True
             while True:
                 while stream.inbox:
                     push = stream.inbox.popleft()
@@ -217,7 +219,7 @@ class GroupDelivery:
             if self._streams.get(slot) is stream:
                 del self._streams[slot]
             self._active.discard(key)
-            if not stream.ended:
+            if stream.checked_out and not stream.ended:
                 self._checkin_later(entry, ask.group, ask.consumer_id, stream.session_id)
 
     async def end_consume(self, req: pb.EndConsumeRequest) -> bool:
