@@ -208,6 +208,13 @@ class QueueReader:
         desc = pb.GroupDescription(group=g.meta)
         desc.partitions.extend(self.group_partitions(entry, name, now_ms))
         desc.in_flight_by_consumer.update(g.in_flight_by_member)
+        for consumer_id, co in sorted(g.checkouts.items()):
+            desc.streaming.add(
+                consumer_id=consumer_id,
+                max_in_flight=co.max_in_flight,
+                lease_ms=co.lease_ms,
+                member_id=co.member.member_id,
+            )
         ms = g.membership
         if ms is not None:
             desc.group_generation = ms.group_generation

@@ -125,6 +125,8 @@ def test_a_stream_that_ended_takes_no_more_messages(node: Node) -> None:
         stream = Stream(stub, "ended", "c1")
         publish(stub, "ended", b"first")
         assert stream.take().record.value == b"first"
+        desc = stub.DescribeGroup(pb.DescribeGroupRequest(queue="ended", group="g"))
+        assert [(s.consumer_id, s.max_in_flight) for s in desc.streaming] == [("c1", 10)]
         stream.close()
         # The stream's end checks its consumer in: new messages wait for somebody who asks.
         wait_for(
@@ -132,6 +134,8 @@ def test_a_stream_that_ended_takes_no_more_messages(node: Node) -> None:
             timeout_s=5,
             what="the ended stream's consumer checked in",
         )
+        desc = stub.DescribeGroup(pb.DescribeGroupRequest(queue="ended", group="g"))
+        assert list(desc.streaming) == []
 
 
 def test_a_restarted_node_checks_in_the_streams_it_no_longer_serves(node: Node) -> None:
