@@ -6,8 +6,10 @@ measures what it costs.
 Two clients, as two "brokers" of the comparison: ``fluxmq`` publishes through the Python SDK
 (``AsyncClient.publish`` / ``publish_batch``: concurrent single publishes share requests,
 sent in a producer session), as the peers' adapters use their official clients;
-``fluxmq-raw`` sends pre-built Publish requests on raw gRPC stubs (no keys). Both lease and
-ack on raw stubs."""
+``fluxmq-raw`` sends pre-built Publish requests on raw gRPC stubs (no keys). Both receive on
+raw stubs as RabbitMQ's adapter does: one long-lived Consume stream per (queue, group) with a
+credit of ``PREFETCH`` (RabbitMQ's prefetch), feeding a buffer that ``receive`` takes from;
+acks are Ack calls."""
 
 from __future__ import annotations
 
@@ -32,6 +34,36 @@ DURABILITY = (
 )
 
 
+PREFETCH = 500  # a Consume stream's max_in_flight: RabbitMQ's adapter's prefetch
+STREAM_BATCH_MAX = 100
+
+
+class _Stream:
+    """One Consume stream of a (queue, group), read into a buffer by a task."""
+
+    def __init__(self, stub: queue_pb2_grpc.QueueServiceStub, queue: str, group: str) -> None:
+        self.buffer: asyncio.Queue[pb.LeasedMessage] = asyncio.Queue()
+        self.call = stub.Consume(
+            pb.ConsumeRequest(
+                queue=queue,
+                group=group,
+                consumer_id=f"bench-{queue}-{group}",
+                max_in_flight=PREFETCH,
+                batch_max=STREAM_BATCH_MAX,
+            )
+        )
+        self.task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        async for response in self.call:
+            for m in response.messages:
+                self.buffer.put_nowait(m)
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.task.cancel()
+
+
 class FluxAdapter:
     durability = DURABILITY
 
@@ -44,6 +76,7 @@ class FluxAdapter:
         self._client: AsyncClient | None = None
         self._channel: grpc.aio.Channel | None = None
         self._stub: queue_pb2_grpc.QueueServiceStub | None = None
+        self._streams: dict[tuple[str, str], _Stream] = {}
 
     async def connect(self) -> None:
         self._channel = grpc.aio.insecure_channel(self.address)
@@ -53,6 +86,9 @@ class FluxAdapter:
             await self._client.connect()
 
     async def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
         if self._client is not None:
             await self._client.close()
         if self._channel is not None:
@@ -82,17 +118,21 @@ class FluxAdapter:
     async def receive(
         self, queue: str, group: str, max_messages: int, wait_ms: int
     ) -> list[Delivered]:
-        resp = await self.stub.Lease(
-            pb.LeaseRequest(
-                queue=queue,
-                group=group,
-                consumer_id=f"bench-{id(asyncio.current_task())}",
-                max_messages=max_messages,
-                wait_ms=wait_ms,
-            ),
-            timeout=wait_ms / 1000 + 30,
-        )
-        return [Delivered(m.record.value, m.receipt) for m in resp.messages]
+        stream = self._streams.get((queue, group))
+        if stream is None:
+            stream = self._streams[(queue, group)] = _Stream(self.stub, queue, group)
+        buf = stream.buffer
+        if buf.empty():
+            try:
+                first = await asyncio.wait_for(buf.get(), timeout=max(wait_ms, 0) / 1000)
+            except TimeoutError:
+                return []
+        else:
+            first = buf.get_nowait()
+        out = [first]
+        while len(out) < max_messages and not buf.empty():
+            out.append(buf.get_nowait())
+        return [Delivered(m.record.value, m.receipt) for m in out]
 
     async def ack(self, queue: str, group: str, messages: Sequence[Delivered]) -> None:
         if messages:

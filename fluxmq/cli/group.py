@@ -182,6 +182,12 @@ def describe(args: argparse.Namespace, ctx: Context) -> int:
     if d.in_flight_by_consumer:
         ctx.out.line()
         ctx.out.table(["CONSUMER", "IN_FLIGHT"], sorted(d.in_flight_by_consumer.items()))
+    if d.streaming:
+        ctx.out.line()
+        ctx.out.table(
+            ["STREAMING", "MAX_IN_FLIGHT", "LEASE_MS", "MEMBER"],
+            [[s.consumer_id, s.max_in_flight, s.lease_ms, s.member_id or "-"] for s in d.streaming],
+        )
     return 0
 
 

@@ -68,6 +68,7 @@ from fluxmq.client.errors import (
     from_rpc_error,
 )
 from fluxmq.client.producer import OutgoingMessage, PublishResult
+from fluxmq.client.reader import StreamReader, StreamRecord
 
 __all__ = [
     "NO_RETRY",
@@ -96,6 +97,8 @@ __all__ = [
     "RateLimited",
     "RetryPolicy",
     "StaleGeneration",
+    "StreamReader",
+    "StreamRecord",
     "Unauthenticated",
     "Unavailable",
     "from_rpc_error",

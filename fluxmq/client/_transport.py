@@ -199,6 +199,26 @@ class Transport:
         reads and ends it (no deadline: it lives as long as the caller keeps it)."""
         return self._node(address).queue.PublishStream(metadata=self._metadata)
 
+    def server_stream(self, method: str, request: Any, *, queue: str) -> tuple[str, Any]:
+        """-> (the address, a server-streaming call of ``method`` there: the queue's cached
+        leader, else the current seed). No deadline: the caller reads it and cancels it; after
+        a failure it reports the error to ``stream_failed`` and opens another."""
+        target = self._target(queue)
+        call = getattr(self._node(target).queue, method)(request, metadata=self._metadata)
+        return target, call
+
+    def stream_failed(self, err: FluxMQError, target: str, queue: str) -> bool:
+        """A stream to ``target`` about ``queue`` failed with ``err``: learn from it as a
+        unary call does (a named leader, a node shutting down, a node gone). -> whether the
+        next stream goes to another node at once (no reason to wait)."""
+        if self._redirect(err, target, queue) is not None:
+            return True
+        if err.reason == SHUTTING_DOWN:
+            return self._shutting_down(target, queue) != target
+        if fails_over(err):
+            self._failover(target, queue)
+        return False
+
     def _avoided(self, address: str) -> bool:
         until = self._avoid.get(address)
         if until is not None and time.monotonic() >= until:

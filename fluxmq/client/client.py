@@ -41,6 +41,8 @@ from fluxmq.client.producer import (
     PublishResult,
     fill,
 )
+from fluxmq.client.reader import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_FETCH_MAX, StreamReader
+from fluxmq.client.reader import DEFAULT_WAIT_MS as DEFAULT_READ_WAIT_MS
 from fluxmq.client.record_batches import CorruptBatchError, add_records
 
 log = logging.getLogger("fluxmq.client")
@@ -110,6 +112,7 @@ class AsyncClient:
         self.admin = Admin(self._transport)
         self._producers: set[BufferedProducer] = set()
         self._consumers: set[Consumer] = set()
+        self._readers: set[StreamReader] = set()
         self._publish_window = publish_window
         self._publish_linger_ms = publish_linger_ms
         self._pipelines: dict[str, PublishPipeline] = {}
@@ -176,6 +179,9 @@ class AsyncClient:
         for c in list(self._consumers):
             with contextlib.suppress(Exception):
                 await c.close()
+        for r in list(self._readers):
+            with contextlib.suppress(Exception):
+                await r.close()
         for pipeline in list(self._pipelines.values()):
             await pipeline.close()
         await self._lanes.close()
@@ -365,6 +371,7 @@ class AsyncClient:
         prefetch: int | None = None,
         lease_ms: int | None = None,
         wait_ms: int = DEFAULT_WAIT_MS,
+        mode: str = "push",
         auto_ack: bool = True,
         create_group: bool = False,
         session_timeout_ms: int = 0,
@@ -384,6 +391,7 @@ class AsyncClient:
             prefetch=prefetch,
             lease_ms=lease_ms,
             wait_ms=wait_ms,
+            mode=mode,
             auto_ack=auto_ack,
             create_group=create_group,
             session_timeout_ms=session_timeout_ms,
@@ -393,6 +401,36 @@ class AsyncClient:
         )
         self._consumers.add(c)
         return c
+
+    def reader(
+        self,
+        queue: str,
+        group: str,
+        *,
+        partitions: Sequence[int] | None = None,
+        fetch_max: int = DEFAULT_FETCH_MAX,
+        wait_ms: int = DEFAULT_READ_WAIT_MS,
+        commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS,
+        create_group: bool = False,
+        codec: str | Codec | None = None,
+    ) -> StreamReader:
+        """A :class:`StreamReader` of a stream queue for ``group``: records from the group's
+        committed offsets, no lease and no replicated round per record; the position is
+        committed in the background (``async for rec in client.reader(q, g)``, better inside
+        ``async with``)."""
+        r = StreamReader(
+            self,
+            queue,
+            group,
+            codec=self._codec(codec),
+            partitions=partitions,
+            fetch_max=fetch_max,
+            wait_ms=wait_ms,
+            commit_interval_ms=commit_interval_ms,
+            create_group=create_group,
+        )
+        self._readers.add(r)
+        return r
 
     async def consume(
         self,
@@ -409,6 +447,7 @@ class AsyncClient:
         consumer_id: str | None = None,
         lease_ms: int | None = None,
         wait_ms: int = DEFAULT_WAIT_MS,
+        mode: str = "push",
         create_group: bool = False,
         session_timeout_ms: int = 0,
         strategy: str = "",
@@ -431,6 +470,7 @@ class AsyncClient:
                 batch=batch,
                 lease_ms=lease_ms,
                 wait_ms=wait_ms,
+                mode=mode,
                 auto_ack=auto_ack,
                 create_group=create_group,
                 session_timeout_ms=session_timeout_ms,

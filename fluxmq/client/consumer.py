@@ -13,12 +13,19 @@ A :class:`Consumer` is one member of a group (``consumer_id``, default
   to learn its generation and retries the request. Every Lease / Ack / Nack / ExtendLease
   carries ``member_id`` and ``generation_id``. In *shared* groups membership is liveness only;
   in *ordered* groups leases come only from the member's assigned partitions;
-- leases batches with a long poll (``Lease``, ``wait_ms``) while fewer than its prefetch limit
-  are held, renews the leases of held messages at about half their lease time (ExtendLease),
-  so a long handler keeps its message, and sends acks in batches. A node that shuts down
-  (SIGTERM) ends the long poll at once with NODE_SHUTTING_DOWN: the next Lease goes to another
-  node without waiting, and the held messages are acked there (receipts are valid on any node
-  of the queue's group).
+- receives messages (``mode``): ``"push"`` (the default) opens a ``Consume`` stream with its
+  prefetch as the stream's credit (``max_in_flight``): the broker checks the consumer out of
+  the group and sends each message in the replicated round that stores it (no round of its
+  own), and each ack's round tops the credit up; a stop asks the broker to end the stream
+  (EndConsume: nothing more is assigned), reads what it was given to the end, and handles it
+  like the rest. ``"poll"`` leases batches with a long poll (``Lease``, ``wait_ms``) while
+  fewer than its prefetch limit are held. Either way it renews the leases of
+  held messages at about half their lease time (ExtendLease), so a long handler keeps its
+  message, and sends acks in batches. A node that shuts down (SIGTERM) ends the stream or the
+  long poll at once with NODE_SHUTTING_DOWN: the next one goes to another node without
+  waiting, and the held messages are acked there (receipts are valid on any node of the
+  queue's group). A stream that fails (a leader change, a node gone, a new generation) is
+  opened again, on the leader the error names when it names one.
 
 Each :class:`Message` is acked, nacked or extended with its own methods. With
 ``AsyncClient.consume`` a handler's success acks the message (``auto_ack``), an exception
@@ -46,15 +53,24 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+import grpc
+
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._transport import RetryPolicy, Transport
 from fluxmq.client.codecs import Codec
-from fluxmq.client.errors import FluxMQError, GroupExists, NotFound, StaleGeneration
+from fluxmq.client.errors import (
+    FluxMQError,
+    GroupExists,
+    NotFound,
+    StaleGeneration,
+    from_rpc_error,
+)
 
 log = logging.getLogger("fluxmq.client")
 
 DEFAULT_BATCH = 100
 DEFAULT_WAIT_MS = 1000
+MODES = ("push", "poll")
 DEFAULT_LEASE_MS = 30_000
 RECEIPTS_PER_CALL = 1000
 SETTLE_TRIES = 5
@@ -200,6 +216,7 @@ class Consumer:
     settled) at once (default ``batch``; ``consume`` uses ``batch + max(batch,
     concurrency)``); ``lease_ms``: lease time (default the queue's ``lease_timeout``);
     ``wait_ms``: the long poll of each Lease (also the longest a stop waits for it);
+    ``mode``: ``"push"`` (a Consume stream; the default) or ``"poll"`` (Lease long polls);
     ``auto_ack``: as an iterator, a message is acked when the next one is asked for or the
     ``async with`` block is left normally, nacked when it is left with an exception.
 
@@ -219,6 +236,7 @@ class Consumer:
         prefetch: int | None = None,
         lease_ms: int | None = None,
         wait_ms: int = DEFAULT_WAIT_MS,
+        mode: str = "push",
         auto_ack: bool = True,
         create_group: bool = False,
         session_timeout_ms: int = 0,
@@ -231,6 +249,8 @@ class Consumer:
             raise ValueError(f"batch must be 1..{RECEIPTS_PER_CALL}")
         if not 0 <= wait_ms <= 60_000:
             raise ValueError("wait_ms must be 0..60000")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
         self.queue = queue
         self.group = group
         self.codec = codec
@@ -242,6 +262,9 @@ class Consumer:
         self._lease_ms_arg = lease_ms
         self._lease_s = (lease_ms or DEFAULT_LEASE_MS) / 1000
         self._wait_ms = wait_ms
+        self.mode = mode
+        self._stream_call: Any = None  # the open Consume stream (push mode)
+        self._end_task: asyncio.Task[None] | None = None  # its graceful end (push mode)
         self._auto_ack = auto_ack
         self._create_group = create_group
         self._session_timeout_ms = session_timeout_ms
@@ -298,7 +321,8 @@ class Consumer:
                 await self._prepare()
             await self._join()
             self._started = True
-            self._lease_task = asyncio.ensure_future(self._lease_loop())
+            loop = self._consume_loop() if self.mode == "push" else self._lease_loop()
+            self._lease_task = asyncio.ensure_future(loop)
             self._lease_task.add_done_callback(self._lease_ended)
             self._ack_task = asyncio.ensure_future(self._ack_loop())
             self._tasks = [
@@ -339,6 +363,36 @@ class Consumer:
         self._stopped.set()
         self._held_changed.set()
         self._buffer_ready.set()
+        if self._stream_call is not None:
+            self._end_stream(self._stream_call)
+
+    def _end_stream(self, call: Any) -> None:
+        """Push mode's stop: the broker checks this consumer in (EndConsume), so the stream
+        sends what it was given and ends; the consume loop reads it to its end."""
+        if self._end_task is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to ask the broker from: cut the stream
+            call.cancel()
+            return
+        self._end_task = loop.create_task(self._end_consume(call))
+
+    async def _end_consume(self, call: Any) -> None:
+        request = pb.EndConsumeRequest(
+            queue=self.queue, group=self.group, consumer_id=self.consumer_id
+        )
+        try:
+            answer = await self._call("EndConsume", request, retry=RetryPolicy(max_attempts=3))
+            if answer.ended and self._lease_task is not None:
+                await asyncio.wait([self._lease_task], timeout=self._transport.timeout_s)
+        except FluxMQError as err:
+            # What the broker sent and this consumer does not read stays leased to it until
+            # the lease ends (then it goes to another consumer).
+            log.warning("fluxmq: ending the Consume stream of %s failed: %s", self.consumer_id,
+                        err)  # fmt: skip
+        finally:
+            call.cancel()  # ended by then, or cut
 
     async def _watch_stop(self, event: asyncio.Event) -> None:
         await event.wait()
@@ -374,6 +428,9 @@ class Consumer:
             if self._lease_task is not None:
                 with contextlib.suppress(Exception):
                     await self._lease_task
+            if self._end_task is not None:
+                with contextlib.suppress(Exception):
+                    await self._end_task
             if release and self._buffer:
                 rest = list(self._buffer)
                 self._buffer.clear()
@@ -683,13 +740,65 @@ class Consumer:
                 if time.monotonic() - t0 < 0.05 and self._wait_ms:
                     await self._pause(0.1)  # no long poll happened (e.g. nothing assigned yet)
                 continue
-            deadline = t0 + self._lease_s
-            self.stats.leased += len(resp.messages)
-            for leased in resp.messages:
-                m = Message(self, leased, deadline)
-                r = leased.receipt
-                self._held[(r.partition, r.offset, r.lease_id)] = m
-                self._deliver(m)
+            self._hold(resp.messages, t0)
+
+    async def _consume_loop(self) -> None:
+        failures = 0
+        policy = self._transport.retry
+        while not self._stopping:
+            req = pb.ConsumeRequest(
+                queue=self.queue,
+                group=self.group,
+                consumer_id=self.consumer_id,
+                max_in_flight=self._prefetch,
+                lease_ms=self._lease_ms_arg or 0,
+                batch_max=self._batch,
+                member_id=self.member_id,
+                generation_id=self.generation,
+            )
+            t0 = time.monotonic()
+            target, call = self._transport.server_stream("Consume", req, queue=self.queue)
+            self._stream_call = call
+            try:
+                async for resp in call:
+                    failures = 0
+                    self._hold(resp.messages, time.monotonic())
+            except grpc.aio.AioRpcError as rpc_err:
+                err = from_rpc_error(rpc_err)
+            except asyncio.CancelledError:
+                if not self._stopping:
+                    raise  # this task was cancelled, not the stream by stop()
+                return
+            else:
+                continue  # ended (EndConsume, after a stop: the loop ends), or open another
+            finally:
+                self._stream_call = None
+                call.cancel()
+            if self._stopping:
+                return
+            if isinstance(err, StaleGeneration):
+                await self._safely(self._refresh(t0))
+                continue
+            if not err.retriable:
+                self._fail(err)
+                return
+            if self._transport.stream_failed(err, target, self.queue):
+                continue  # another node, named or next: no reason to wait
+            failures += 1
+            log.warning("fluxmq: Consume of %s/%s failed: %s", self.queue, self.group, err)
+            advised = (err.retry_after_ms or 0) / 1000
+            await self._pause(max(policy.backoff_s(failures) + 0.05, advised))
+
+    def _hold(self, messages: Any, received: float) -> None:
+        """Messages just leased (lease deadlines counted from ``received``): held until
+        settled, handed out."""
+        deadline = received + self._lease_s
+        self.stats.leased += len(messages)
+        for leased in messages:
+            m = Message(self, leased, deadline)
+            r = leased.receipt
+            self._held[(r.partition, r.offset, r.lease_id)] = m
+            self._deliver(m)
 
     async def _pause(self, seconds: float) -> None:
         """Sleeps, unless the consumer stops first."""

@@ -89,6 +89,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     "LeaveGroup": Action.CONSUME,
     "Lease": Action.CONSUME,
     "Consume": Action.CONSUME,
+    "EndConsume": Action.CONSUME,
     "Ack": Action.CONSUME,
     "Nack": Action.CONSUME,
     "ExtendLease": Action.CONSUME,

@@ -107,6 +107,34 @@ class PartState:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Checkout:
+    """A consumer checked out of its group by a Consume stream (replicated state): while it
+    is, applies assign it ready messages up to its credit (``max_in_flight`` minus what it
+    holds), and the leader pushes them on the stream of ``session_id``."""
+
+    consumer_id: str
+    max_in_flight: int
+    lease_ms: int
+    session_id: int
+    member: cpb.MemberRef
+
+    def to_proto(self) -> cpb.CheckoutState:
+        return cpb.CheckoutState(
+            consumer_id=self.consumer_id,
+            max_in_flight=self.max_in_flight,
+            lease_ms=self.lease_ms,
+            session_id=self.session_id,
+            member=self.member,
+        )
+
+    @classmethod
+    def from_proto(cls, m: cpb.CheckoutState) -> Checkout:
+        member = cpb.MemberRef()
+        member.CopyFrom(m.member)
+        return cls(m.consumer_id, m.max_in_flight, m.lease_ms, m.session_id, member)
+
+
 @dataclass(slots=True)
 class GroupState:
     meta: pb.Group
@@ -115,6 +143,7 @@ class GroupState:
     expiry: list[tuple[int, int, int, int]] = field(default_factory=list)  # (deadline, p, off, id)
     in_flight_by_member: dict[str, int] = field(default_factory=dict)
     membership: Membership | None = None  # None until somebody joins
+    checkouts: dict[str, Checkout] = field(default_factory=dict)  # consumer id -> checkout
 
     @property
     def group_id(self) -> int:
@@ -138,6 +167,21 @@ class Delivery:
     attempt: int
     deadline_ms: int
     lease_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """What an apply assigned to a checked-out consumer, for the leader to send on the stream
+    of ``session_id`` (followers assign the same and send nothing). With ``error`` the checkout
+    was revoked (its member is no longer current): the stream ends with that error; with
+    ``end`` the consumer was checked in: the stream ends after what was pushed before."""
+
+    group_id: int
+    consumer_id: str
+    session_id: int
+    deliveries: tuple[Delivery, ...] = ()
+    error: FluxError | None = None
+    end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +262,11 @@ class DeliveryState:
         # Of those, the groups whose membership was saved: the others' published membership
         # copies stay valid (a membership changes only through save_membership).
         self.members_touched: set[int] = set()
+        # The groups the current command changed (cleared after each command): where its
+        # apply may have made messages ready or freed credit, so where checkouts are served.
+        self.changed: set[int] = set()
+        self.checked_out: set[int] = set()  # ids of the groups with a checkout
+        self.pushes: list[Push] = []  # what this batch assigned to checkouts, for the leader
         self._next_lease_id = 1
 
     # -- loading ----------------------------------------------------------------------------
@@ -253,6 +302,12 @@ class DeliveryState:
             slot = Slot(kind, attempt, due_ms, lease_id, member)
             part.slots[offset] = slot
             state._index(g, partition, part, offset, slot)
+        for key, value in txn.scan(keys.CHECKOUT):
+            group_id = keys.U64.unpack_from(key, len(keys.CHECKOUT))[0]
+            co = Checkout.from_proto(cpb.CheckoutState.FromString(value))
+            assert key == keys.checkout_key(group_id, co.consumer_id), key
+            state._by_id[group_id].checkouts[co.consumer_id] = co
+            state.checked_out.add(group_id)
         for key, value in txn.scan(keys.MEMBERSHIP):
             group_id = keys.U64.unpack_from(key, len(keys.MEMBERSHIP))[0]
             ms = Membership.from_proto(cpb.MembershipState.FromString(value))
@@ -294,7 +349,11 @@ class DeliveryState:
 
     def _touch(self, g: GroupState, p: int) -> None:
         self._dirty.add((g.group_id, p))
-        self.touched.add(g.group_id)
+        self._mark(g.group_id)
+
+    def _mark(self, group_id: int) -> None:
+        self.touched.add(group_id)
+        self.changed.add(group_id)
 
     # -- groups -----------------------------------------------------------------------------
 
@@ -334,7 +393,7 @@ class DeliveryState:
         g = GroupState(meta, queue_id)
         named[g.name] = g
         self._by_id[g.group_id] = g
-        self.touched.add(g.group_id)
+        self._mark(g.group_id)
         txn.put(keys.group_key(queue_id, g.name), meta.SerializeToString())
         for p, offset in start_offsets.items():
             g.parts[p] = PartState(offset, offset, base=offset)
@@ -346,8 +405,40 @@ class DeliveryState:
         assert ms is not None
         ms.check()
         txn.put(keys.membership_key(g.group_id), ms.to_proto().SerializeToString())
-        self.touched.add(g.group_id)
+        self._mark(g.group_id)
         self.members_touched.add(g.group_id)
+
+    # -- checkouts --------------------------------------------------------------------------
+
+    def checkout(self, txn: WriteTxn, g: GroupState, co: Checkout) -> None:
+        """Check ``co.consumer_id`` out (replacing its earlier checkout, if any)."""
+        if co.consumer_id not in g.checkouts and len(g.checkouts) >= limits.CHECKOUTS_PER_GROUP_MAX:
+            raise FluxError(
+                "CHECKOUT_LIMIT",
+                f"group {g.name!r} has {limits.CHECKOUTS_PER_GROUP_MAX} Consume streams open, "
+                "the most it takes: close one, or lease with Lease",
+                retriable=True,
+                retry_after_ms=1000,
+                metadata={"group": g.name},
+            )
+        assert co.session_id > 0 and co.max_in_flight > 0, co
+        g.checkouts[co.consumer_id] = co
+        self.checked_out.add(g.group_id)
+        txn.put(keys.checkout_key(g.group_id, co.consumer_id), co.to_proto().SerializeToString())
+        self._mark(g.group_id)
+
+    def checkin(self, txn: WriteTxn, g: GroupState, consumer_id: str, session_id: int) -> bool:
+        """End the checkout of ``consumer_id`` if it is still the one of ``session_id`` (0: any).
+        -> whether one ended. The consumer's leases stay as they are."""
+        co = g.checkouts.get(consumer_id)
+        if co is None or (session_id and co.session_id != session_id):
+            return False
+        del g.checkouts[consumer_id]
+        if not g.checkouts:
+            self.checked_out.discard(g.group_id)
+        txn.delete(keys.checkout_key(g.group_id, consumer_id))
+        self._mark(g.group_id)
+        return True
 
     def busy(self, g: GroupState, p: int) -> bool:
         """Whether a partition of an ordered group still has a batch out (it cannot move)."""
@@ -369,7 +460,7 @@ class DeliveryState:
                     self._put_slot(txn, g, p, offset, slot)
                     count += 1
         if count:
-            self.touched.add(g.group_id)
+            self._mark(g.group_id)
         return count
 
     def delete(self, txn: WriteTxn, g: GroupState) -> None:
@@ -381,9 +472,12 @@ class DeliveryState:
             txn.delete(k)
         for p in g.parts:
             txn.delete(keys.group_partition_key(g.group_id, p))
+        for consumer_id in g.checkouts:
+            txn.delete(keys.checkout_key(g.group_id, consumer_id))
+        self.checked_out.discard(g.group_id)
         del self.groups[g.queue_id][g.name]
         del self._by_id[g.group_id]
-        self.touched.add(g.group_id)
+        self._mark(g.group_id)
 
     def delete_queue(self, txn: WriteTxn, queue_id: int) -> None:
         for g in self.of_queue(queue_id):
@@ -461,6 +555,11 @@ class DeliveryState:
         g.in_flight_by_member[member] = g.in_flight_by_member.get(member, 0) + 1
         self._put_slot(txn, g, p, offset, slot)
         self._touch(g, p)
+
+    @property
+    def rotation(self) -> int:
+        """A number that moves with every lease granted (replicated): whose turn is first."""
+        return self._next_lease_id
 
     def save_lease_counter(self, txn: WriteTxn) -> None:
         txn.put(keys.NEXT_LEASE_ID, keys.U64.pack(self._next_lease_id))
@@ -659,7 +758,7 @@ class DeliveryState:
             slot.due_ms = now_ms + lease_ms
             heapq.heappush(g.expiry, (slot.due_ms, r.partition, r.offset, slot.lease_id))
             self._put_slot(txn, g, r.partition, r.offset, slot)
-            self.touched.add(g.group_id)
+            self._mark(g.group_id)
             out.append((EXTENDED, slot.due_ms))
         return out
 
@@ -709,7 +808,7 @@ class DeliveryState:
                     # Ready again from its deadline: behind what was already waiting.
                     self._reschedule(txn, g, p, part, offset, slot, deadline)
             if (g.expiry[0] if g.expiry else None) != head:
-                self.touched.add(g.group_id)  # stale entries went: published views must see it
+                self._mark(g.group_id)  # stale entries went: published views must see it
             if policy.message_ttl_ms and budget > 0:
                 for p in range(policy.partitions):
                     examined, dead = self._expire_ttl(txn, g, p, policy, now_ms, budget)

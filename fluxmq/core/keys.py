@@ -29,6 +29,7 @@ DEAD_INDEXED = b"I/"
 # + dlq queue_id u64 + origin name length u8 + origin name -> u64: DEAD_ORIGIN rows of that origin
 # (the depth without a scan; rows below the DLQ's low watermark are subtracted by readers)
 DEAD_ORIGIN_COUNT = b"K/"
+CHECKOUT = b"H/"  # + group_id u64 + consumer id (utf-8) -> fluxmq.internal.CheckoutState
 MEMBERSHIP = b"G/"  # + group_id u64 -> fluxmq.internal.MembershipState (groups with members)
 NODE_ADDRESS = b"N/"  # + raft address (utf-8) -> gRPC address (utf-8) of that node
 # Idempotent producer sessions (core/producers.py): + queue_id u64 + producer_id u64 -> epoch,
@@ -116,6 +117,14 @@ def split_slot_key(key: bytes) -> tuple[int, int, int]:
         U32.unpack_from(key, n + 8)[0],
         U64.unpack_from(key, n + 12)[0],
     )
+
+
+def checkout_prefix(group_id: int) -> bytes:
+    return CHECKOUT + U64.pack(group_id)
+
+
+def checkout_key(group_id: int, consumer_id: str) -> bytes:
+    return checkout_prefix(group_id) + consumer_id.encode()
 
 
 def membership_key(group_id: int) -> bytes:

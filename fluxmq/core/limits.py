@@ -45,6 +45,7 @@ RETENTION_BATCHES_PER_PASS_MAX = 10_000  # batch headers one retention-by-bytes 
 
 # Delivery (consumer groups).
 GROUPS_PER_QUEUE_MAX = 64
+CHECKOUTS_PER_GROUP_MAX = 1000  # consumers checked out (Consume streams) at once, per group
 CONSUMER_ID_CHARS_MAX = 200
 LEASE_MESSAGES_MAX = 1000
 RECEIPTS_MAX = 1000

@@ -208,6 +208,13 @@ class QueueReader:
         desc = pb.GroupDescription(group=g.meta)
         desc.partitions.extend(self.group_partitions(entry, name, now_ms))
         desc.in_flight_by_consumer.update(g.in_flight_by_member)
+        for consumer_id, co in sorted(g.checkouts.items()):
+            desc.streaming.add(
+                consumer_id=consumer_id,
+                max_in_flight=co.max_in_flight,
+                lease_ms=co.lease_ms,
+                member_id=co.member.member_id,
+            )
         ms = g.membership
         if ms is not None:
             desc.group_generation = ms.group_generation
@@ -233,6 +240,21 @@ class QueueReader:
                 if only is None or p in only
             }
         return g.maybe_ready(highs, now_ms), g.next_ready_ms()
+
+    def checkouts_ready(self, now_ms: int) -> bool:
+        """Whether some checked-out consumer with credit could be assigned a message now that
+        no apply assigned it (a retry or a delay came due, offsets were reset, ...)."""
+        catalog = {e.queue_id: e for e in self._state.view.catalog.values()}
+        for g in self._state.view.delivery.all_groups():
+            entry = catalog.get(g.queue_id)
+            if entry is None:
+                continue
+            for consumer_id, co in g.checkouts.items():
+                if co.max_in_flight <= g.in_flight_by_member.get(consumer_id, 0):
+                    continue
+                if self.maybe_ready(entry, g.name, now_ms, co.member.member_id)[0]:
+                    return True
+        return False
 
     def owned_partitions(self, entry: QueueEntry, group: str, member_id: str) -> set[int] | None:
         """The partitions a member may lease from (None: no restriction)."""

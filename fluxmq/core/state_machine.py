@@ -20,10 +20,20 @@ from typing import Any, Protocol
 
 from fluxmq.core import keys
 from fluxmq.core.catalog import QueueEntry, load_catalog
-from fluxmq.core.commands import Op, decode, leases, letters, members, queues, retention, transact
+from fluxmq.core.commands import (
+    Op,
+    checkout,
+    decode,
+    leases,
+    letters,
+    members,
+    queues,
+    retention,
+    transact,
+)
 from fluxmq.core.commands import append as append_cmds
 from fluxmq.core.commands.context import ApplyContext, ApplyCounters
-from fluxmq.core.delivery import DeliveryState
+from fluxmq.core.delivery import DeliveryState, Push
 from fluxmq.core.errors import FluxError
 from fluxmq.core.views import DeliveryView, StateView
 from storage.api import Store, WriteTxn
@@ -68,7 +78,13 @@ HANDLERS: Mapping[Op, Handler] = {
     Op.EXPIRE_MEMBERS: members.apply_expire_members,
     Op.RECORD_NODE_ADDRESS: queues.apply_record_node_address,
     Op.INIT_PRODUCER: append_cmds.apply_init_producer,
+    Op.CHECKOUT: checkout.apply_checkout,
+    Op.CHECKIN: checkout.apply_checkin,
 }
+
+# Called after each commit (from the applying thread) with the logs that grew, the consumer
+# groups that changed, and what was assigned to checked-out consumers.
+CommitListener = Callable[[list[int], list[int], list[Push]], None]
 
 
 class QueueStateMachine:
@@ -89,9 +105,9 @@ class QueueStateMachine:
         self.delivery = DeliveryState()
         self._reload()
         self._view = self._whole_view()
-        # Called after each commit with the logs that grew (from the applying thread): how
-        # waiting readers learn about new records whoever proposed them.
-        self.commit_listener: Callable[[list[int], list[int]], None] | None = None
+        # How waiting readers learn about new records whoever proposed them, and how the
+        # leader's Consume streams get what the apply assigned to them.
+        self.commit_listener: CommitListener | None = None
         self._counters = ApplyCounters()
 
     @property
@@ -175,7 +191,7 @@ class QueueStateMachine:
         log_ids = sorted(old_logs | self._log_ids())
         group_ids = sorted(old_groups | self._group_ids())
         if self.commit_listener is not None:
-            self.commit_listener(log_ids, group_ids)
+            self.commit_listener(log_ids, group_ids, [])
 
     def _log_ids(self) -> set[int]:
         return {
@@ -206,7 +222,7 @@ class QueueStateMachine:
                     txn.put(keys.APPLIED, keys.U64.pack(applied))
         except BaseException:
             # The transaction rolled back: so must the in-memory delivery state (the published
-            # view never saw any of it).
+            # view never saw any of it; nothing it assigned was pushed).
             with self._store.read() as rtxn:
                 self.delivery = DeliveryState.load(rtxn)
             raise
@@ -219,8 +235,10 @@ class QueueStateMachine:
         self._last_ts.update(batch.last_ts)
         touched = sorted(self.delivery.touched)
         members_touched = set(self.delivery.members_touched)
+        pushes = self.delivery.pushes
         self.delivery.touched.clear()
         self.delivery.members_touched.clear()
+        self.delivery.pushes = []
         before = self._view
         self._view = StateView(
             applied,
@@ -229,7 +247,7 @@ class QueueStateMachine:
             DeliveryView.changed(before.delivery, self.delivery, touched, members_touched),
         )
         if (batch.last_ts or touched) and self.commit_listener is not None:
-            self.commit_listener(sorted(batch.last_ts), touched)
+            self.commit_listener(sorted(batch.last_ts), touched, pushes)
         return results
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -247,13 +265,21 @@ class QueueStateMachine:
     def _apply_one(self, ctx: ApplyContext, payload: bytes) -> Result:
         op, cmd = decode(payload)
         try:
-            return self._dispatch(ctx, op, cmd)
+            result = self._dispatch(ctx, op, cmd)
         except FluxError as err:
             # Refusals are raised before anything changes (checked first, then applied).
             assert not self.delivery.dead_letters
             return err
+        else:
+            # Delivery is decided at apply: what this command made ready goes to the
+            # checked-out consumers now, in the same transaction, alike on every replica.
+            # (It refuses nothing: an exception here aborts the batch, as a storage error.)
+            checkout.assign_checked_out(ctx, op, cmd)
+            return result
         finally:
             self.delivery.flush(ctx.txn)
+            self.delivery.changed.clear()
+            ctx.grown.clear()
 
     def _dispatch(self, ctx: ApplyContext, op: Op, cmd: object) -> Result:
         handler = HANDLERS.get(op)

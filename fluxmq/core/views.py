@@ -23,6 +23,7 @@ from fluxmq.core import keys, limits
 from fluxmq.core.catalog import QueueEntry
 from fluxmq.core.delivery import (
     SCHEDULED,
+    Checkout,
     DeliveryState,
     GroupState,
     PartState,
@@ -103,6 +104,7 @@ class GroupView:
     in_flight_by_member: Mapping[str, int]
     membership: Membership | None  # a copy; None until somebody joins
     expiry_head_ms: int | None  # the earliest lease deadline (maybe of a stale heap entry)
+    checkouts: Mapping[str, Checkout]  # consumer id -> its checkout (Consume streams)
 
     @classmethod
     def of(cls, g: GroupState, before: GroupView | None = None) -> GroupView:
@@ -122,6 +124,7 @@ class GroupView:
             in_flight_by_member=MappingProxyType(dict(g.in_flight_by_member)),
             membership=membership,
             expiry_head_ms=g.expiry[0][0] if g.expiry else None,
+            checkouts=MappingProxyType(dict(g.checkouts)),
         )
 
     @property

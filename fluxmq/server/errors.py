@@ -46,6 +46,7 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "GROUP_NOT_FOUND": grpc.StatusCode.NOT_FOUND,
     "GROUP_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
     "GROUP_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "CHECKOUT_LIMIT": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "RECEIPT_MISMATCH": grpc.StatusCode.INVALID_ARGUMENT,
     "CONSUMER_BUSY": grpc.StatusCode.FAILED_PRECONDITION,
     "NO_DEAD_LETTER_QUEUE": grpc.StatusCode.FAILED_PRECONDITION,

@@ -574,6 +574,11 @@ class QueueService(pb_grpc.QueueServiceServicer):
             with contextlib.suppress(Exception):
                 await stream.aclose()  # type: ignore[attr-defined]
 
+    async def EndConsume(
+        self, request: pb.EndConsumeRequest, context: Any
+    ) -> pb.EndConsumeResponse:
+        return pb.EndConsumeResponse(ended=await self._shard.delivery.end_consume(request))
+
     async def Ack(self, request: pb.AckRequest, context: Any) -> pb.AckResponse:
         result = await self._shard.delivery.ack(request)
         return pb.AckResponse(statuses=_statuses(result))

@@ -4,8 +4,11 @@ the heal, the drain, and the history the checker judges.
 The nodes listen on 127.0.0.11-13, each under a group id of its own (see ``network``), on static
 peers or on one etcd (then with API keys, the cluster default). Producers publish unique ids
 with idempotency keys round-robin over the nodes and retry a failed publish on the next node
-with the same keys, as the SDK does; consumers lease and ack during the run. Every bound is
-explicit: messages per producer, seconds per publish, seconds of drain.
+with the same keys, as the SDK does; consumers lease and ack during the run, some with Lease
+polls and some on Consume streams (checked out of the group: what they get is assigned at
+apply, so a leader killed under them tests that a checkout's leases survive the failover).
+Every bound is explicit: messages per producer, seconds per publish, seconds of drain, seconds
+per stream.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ QUEUE = "chaos"
 GROUP = "g"
 PARTITIONS = 4
 PRODUCERS = 3
-CONSUMERS = 2
+CONSUMERS = 2  # with Lease polls
+STREAMS = 2  # consumers on Consume streams
+STREAM_S = 4.0  # a stream's deadline: then it is opened again (on the next node)
+STREAM_WINDOW = 50  # max_in_flight of a stream
 BATCH = 5  # messages per publish
 PUBLISHES_MAX = 2_000  # per producer: bounds the load whatever the speed
 PUBLISH_BUDGET_S = 8.0  # per publish, over its retries; then its outcome is unknown
@@ -197,13 +203,20 @@ class Workload:
         self.history = history
         self.stop = threading.Event()
         self.errors: list[str] = []
-        self._threads = [
-            threading.Thread(target=self._guard, args=(self._produce, f"p{i}"), daemon=True)
-            for i in range(PRODUCERS)
-        ] + [
-            threading.Thread(target=self._guard, args=(self._consume, f"c{i}"), daemon=True)
-            for i in range(CONSUMERS)
-        ]
+        self._threads = (
+            [
+                threading.Thread(target=self._guard, args=(self._produce, f"p{i}"), daemon=True)
+                for i in range(PRODUCERS)
+            ]
+            + [
+                threading.Thread(target=self._guard, args=(self._consume, f"c{i}"), daemon=True)
+                for i in range(CONSUMERS)
+            ]
+            + [
+                threading.Thread(target=self._guard, args=(self._stream, f"s{i}"), daemon=True)
+                for i in range(STREAMS)
+            ]
+        )
 
     def start(self) -> None:
         for t in self._threads:
@@ -268,6 +281,31 @@ class Workload:
             turn += 1
             lease_once(self.cluster, node, consumer, self.history, wait_ms=300)
 
+    def _stream(self, consumer: str) -> None:
+        nodes = self.cluster.nodes
+        turn = int(consumer[1:])
+        for _ in range(100_000):
+            if self.stop.is_set():
+                return
+            node = nodes[turn % len(nodes)]
+            turn += 1
+            stream = self.cluster.queue(node).Consume(
+                pb.ConsumeRequest(
+                    queue=QUEUE, group=GROUP, consumer_id=consumer,
+                    max_in_flight=STREAM_WINDOW, lease_ms=LEASE_MS, batch_max=50,
+                ),
+                timeout=STREAM_S,
+            )  # fmt: skip
+            try:
+                for response in stream:
+                    receipts = [m.receipt for m in response.messages]
+                    ack_leased(self.cluster, node, consumer, self.history, receipts)
+                    if self.stop.is_set():
+                        stream.cancel()
+                        return
+            except grpc.RpcError:  # deadline, failover, node down: open it again
+                time.sleep(0.05)
+
 
 def lease_once(
     cluster: ChaosCluster, node: ChaosNode, consumer: str, history: History, wait_ms: int
@@ -284,8 +322,18 @@ def lease_once(
     except grpc.RpcError:
         time.sleep(0.05)
         return 0
+    return ack_leased(cluster, node, consumer, history, [m.receipt for m in leased.messages])
+
+
+def ack_leased(
+    cluster: ChaosCluster,
+    node: ChaosNode,
+    consumer: str,
+    history: History,
+    receipts: list[pb.Receipt],
+) -> int:
+    """Record what ``consumer`` was just given and ack it through ``node``; -> how many."""
     received = _now_ms()
-    receipts = [m.receipt for m in leased.messages]
     with history.lock:
         for r in receipts:
             history.leases[(consumer, r.partition, r.offset, received)] = [

@@ -25,15 +25,17 @@ async def wait_for(predicate, timeout_s: float, interval_s: float = 0.05):  # ty
     raise AssertionError(f"not true within {timeout_s} s")
 
 
+@pytest.mark.parametrize("mode", ["poll", "push"])
 async def test_handler_exception_redelivers_then_dead_letters_after_max_attempts(
-    broker: Node,
+    broker: Node, mode: str
 ) -> None:
+    poison = f"poison-{mode}"
     async with AsyncClient(broker.address) as client:
         await client.admin.create_queue(
-            "poison", type="work", max_attempts=2, retry_backoff={"base": "100ms", "max": "100ms"}
+            poison, type="work", max_attempts=2, retry_backoff={"base": "100ms", "max": "100ms"}
         )
-        await client.publish("poison", b"bad input", key="k")
-        await client.publish("poison", b"fine")
+        await client.publish(poison, b"bad input", key="k")
+        await client.publish(poison, b"fine")
         deliveries: list[tuple[bytes, int]] = []
 
         async def handle(msg: Message) -> None:
@@ -43,11 +45,13 @@ async def test_handler_exception_redelivers_then_dead_letters_after_max_attempts
 
         stop = asyncio.Event()
         run = asyncio.ensure_future(
-            client.consume("poison", "g", handle, stop=stop, create_group=True, wait_ms=200)
+            client.consume(
+                poison, "g", handle, stop=stop, create_group=True, wait_ms=200, mode=mode
+            )
         )
 
         async def dead_letters():  # type: ignore[no-untyped-def]
-            return [d async for d in client.admin.list_dead_letters("poison")]
+            return [d async for d in client.admin.list_dead_letters(poison)]
 
         dead = await wait_for(dead_letters, 15)
         stop.set()
@@ -59,7 +63,7 @@ async def test_handler_exception_redelivers_then_dead_letters_after_max_attempts
         assert (stats.acked, stats.nacked, stats.dead_lettered) == (1, 1, 1)
         assert stats.handler_errors == 2
         # the dead letter can be replayed to the group and handled this time
-        assert await client.admin.replay_dead_letters("poison", all=True) == 1
+        assert await client.admin.replay_dead_letters(poison, all=True) == 1
         got: list[bytes] = []
         stop = asyncio.Event()
 
@@ -67,7 +71,9 @@ async def test_handler_exception_redelivers_then_dead_letters_after_max_attempts
             got.append(msg.value)
             stop.set()
 
-        await asyncio.wait_for(client.consume("poison", "g", fixed, stop=stop, wait_ms=200), 10)
+        await asyncio.wait_for(
+            client.consume(poison, "g", fixed, stop=stop, wait_ms=200, mode=mode), 10
+        )
         assert got == [b"bad input"]
 
 
@@ -177,16 +183,19 @@ async def test_leaving_the_iteration_early_gives_leased_messages_back(broker: No
         assert {o for o, a in seen if a == 2} == set(range(5, 20))  # released: attempt 2
 
 
-async def test_ordered_group_hands_partitions_to_a_new_member_in_order(broker: Node) -> None:
+@pytest.mark.parametrize("mode", ["poll", "push"])
+async def test_ordered_group_hands_partitions_to_a_new_member_in_order(
+    broker: Node, mode: str
+) -> None:
     """Ordered group, 4 partitions: a second member joins mid-stream; the first finishes what
     it holds of the revoked partitions and releases them at once. Every message is handled
     once (attempt 1), and each partition in offset order across both members."""
     n = 400
     async with AsyncClient(broker.address) as client:
-        await client.admin.create_queue("ordered", type="work", partitions=4)
-        await client.admin.create_group("ordered", "g", mode="ordered")
+        await client.admin.create_queue(f"ordered-{mode}", type="work", partitions=4)
+        await client.admin.create_group(f"ordered-{mode}", "g", mode="ordered")
         await client.publish_batch(
-            "ordered", [OutgoingMessage(f"m{i}", key=f"k{i % 8}") for i in range(n)]
+            f"ordered-{mode}", [OutgoingMessage(f"m{i}", key=f"k{i % 8}") for i in range(n)]
         )
         handled: list[tuple[str, int, int, int]] = []
         stop = asyncio.Event()
@@ -206,7 +215,8 @@ async def test_ordered_group_hands_partitions_to_a_new_member_in_order(broker: N
         def member(cid: str) -> asyncio.Future[ConsumerStats]:
             return asyncio.ensure_future(
                 client.consume(
-                    "ordered", "g", handler(cid), consumer_id=cid, batch=10, wait_ms=200,
+                    f"ordered-{mode}", "g", handler(cid), consumer_id=cid, batch=10, wait_ms=200,
+                    mode=mode,
                     session_timeout_ms=1500, concurrency=2, stop=stop,
                 )
             )  # fmt: skip
@@ -223,6 +233,49 @@ async def test_ordered_group_hands_partitions_to_a_new_member_in_order(broker: N
             offsets = [o for _, q, o, _ in handled if q == p]
             assert offsets == sorted(offsets), p
         assert {cid for cid, *_ in handled} == {"a", "b"}
+
+
+async def test_push_consumers_handle_every_message_once_while_it_is_published(
+    broker: Node,
+) -> None:
+    """Two consumers on Consume streams (mode="push") of one shared group, messages published
+    while they run: every message handled once, on its first attempt, all acked."""
+    n = 300
+    async with AsyncClient(broker.address) as client:
+        await client.admin.create_queue("pushed", type="work", partitions=2)
+        await client.admin.create_group("pushed", "g")
+        handled: Counter[bytes] = Counter()
+        attempts: list[int] = []
+        stop = asyncio.Event()
+
+        async def handle(msg: Message) -> None:
+            handled[msg.value] += 1
+            attempts.append(msg.attempt)
+            if sum(handled.values()) >= n:
+                stop.set()
+
+        runs = [
+            asyncio.ensure_future(
+                client.consume(
+                    "pushed",
+                    "g",
+                    handle,
+                    consumer_id=cid,
+                    batch=20,
+                    concurrency=4,
+                    mode="push",
+                    stop=stop,
+                )
+            )
+            for cid in ("a", "b")
+        ]
+        for i in range(0, n, 30):
+            await client.publish_batch("pushed", [f"m{j}".encode() for j in range(i, i + 30)])
+        stats = await asyncio.wait_for(asyncio.gather(*runs), 30)
+        assert handled == Counter({f"m{j}".encode(): 1 for j in range(n)})
+        assert set(attempts) == {1} and sum(s.acked for s in stats) == n
+        desc = await client.admin.describe_group("pushed", "g")
+        assert sum(p.in_flight for p in desc.partitions) == 0
 
 
 async def test_client_close_stops_a_running_consume_gracefully(broker: Node) -> None:

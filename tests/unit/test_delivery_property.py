@@ -26,7 +26,7 @@ from fluxmq.core.commands.results import (
     RetentionResult,
     SettleResult,
 )
-from fluxmq.core.delivery import PartitionView
+from fluxmq.core.delivery import PartitionView, Push
 from fluxmq.core.errors import FluxError
 from fluxmq.core.queue_config import normalize_new
 from fluxmq.core.reader import QueueReader
@@ -53,7 +53,8 @@ GONE = "gone"  # removed by retention before the group was done with it
 PURGED = "purged"
 DONE = (ACKED_, DEAD, PURGED)
 
-CONSUMERS = ("c1", "c2", "c3")
+CONSUMERS = ("c1", "c2", "c3")  # lease with Lease
+STREAM_CONSUMERS = ("p1", "p2")  # checked out, as Consume streams are
 BACKOFF_BASE_MS, BACKOFF_MAX_MS = 50, 400
 SCOPES = (
     pb.PURGE_SCOPE_UNSPECIFIED,
@@ -140,6 +141,13 @@ class Run:
         self.store = store
         self.d = Driver(store)
         self.twin = Driver(twin) if twin is not None else None
+        # Consume streams: what the applies pushed to checked-out consumers, per replica.
+        self.pushes: list[Push] = []
+        self.twin_pushes: list[Push] = []
+        self.listen()
+        # (group, consumer) -> (session id, max_in_flight, lease_ms) of checkouts in force
+        self.checkouts: dict[tuple[str, str], tuple[int, int, int]] = {}
+        self.checked_in: tuple[str, str, int] | None = None  # by the last checkin
         self.now = T0
         self.step_no = 0
         self.parts = rng.choice([1, 2, 3])
@@ -204,6 +212,8 @@ class Run:
             (self.retention, 5 if self.max_messages else 0),
             (self.purge, 1),
             (self.restart, 1),
+            (self.checkout, 3),
+            (self.checkin, 2),
         ]
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -215,6 +225,11 @@ class Run:
     def sm(self) -> QueueStateMachine:
         return self.d.sm
 
+    def listen(self) -> None:
+        self.sm.commit_listener = lambda _logs, _groups, pushes: self.pushes.extend(pushes)
+        if self.twin is not None:
+            self.twin.sm.commit_listener = lambda _l, _g, pushes: self.twin_pushes.extend(pushes)
+
     def cmd(self, command: object) -> object:
         result = self.d.one(command)
         if self.twin is not None:
@@ -222,6 +237,10 @@ class Run:
             assert comparable(other) == comparable(result), self.fail(
                 f"replicas disagree on {type(command).__name__}"
             )
+            assert self.twin_pushes == self.pushes, self.fail(
+                f"replicas assign differently on {type(command).__name__}"
+            )
+            self.twin_pushes.clear()
         return result
 
     def view(self, group: str, p: int) -> PartitionView:
@@ -585,14 +604,93 @@ class Run:
     def restart(self) -> None:
         before = self.all_views(self.sm)
         self.d.sm = QueueStateMachine(self.store)
+        self.listen()
         assert self.all_views(self.sm) == before, self.fail("a restart changed the state")
+        checkouts = {
+            (g.name, consumer_id): (co.session_id, co.max_in_flight, co.lease_ms)
+            for g in self.sm.view.delivery.all_groups()
+            for consumer_id, co in g.checkouts.items()
+        }
+        assert checkouts == self.checkouts, self.fail("a restart changed the checkouts")
+
+    def checkout(self) -> None:
+        rng = self.rng
+        group = rng.choice(GROUPS).name
+        consumer = rng.choice(STREAM_CONSUMERS)
+        session = rng.randrange(1, 1 << 63)
+        window, lease_ms = rng.randint(1, 5), rng.choice([200, 500, 1500])
+        res = self.cmd(
+            cpb.CheckoutCmd(
+                queue="q",
+                queue_id=self.q.queue_id,
+                group=group,
+                consumer_id=consumer,
+                max_in_flight=window,
+                lease_ms=lease_ms,
+                session_id=session,
+                now_ms=self.now,
+            )
+        )
+        assert res == self.group_ids[group], self.fail(repr(res))
+        self.checkouts[(group, consumer)] = (session, window, lease_ms)
+
+    def checkin(self) -> None:
+        rng = self.rng
+        if not self.checkouts:
+            return
+        (group, consumer), (session, _, _) = rng.choice(sorted(self.checkouts.items()))
+        stale = rng.random() < 0.25
+        cmd = cpb.CheckinCmd(queue="q", queue_id=self.q.queue_id)
+        cmd.consumers.add(group=group, consumer_id=consumer, session_id=session + stale)
+        res = self.cmd(cmd)
+        assert res == (0 if stale else 1), self.fail(f"checkin gave {res}")
+        if not stale:
+            del self.checkouts[(group, consumer)]
+            self.checked_in = (group, consumer, session)
+
+    def take_pushes(self) -> None:
+        """What the step's applies assigned to checked-out consumers: only ready messages,
+        each to one consumer, never past a consumer's credit, to checkouts in force only."""
+        pushes, self.pushes = self.pushes, []
+        # An assignment walks past messages as a lease does (those past their TTL die).
+        self.take_dead_letters(lazy_ttl={group for group, _ in self.checkouts})
+        for push in pushes:
+            spec = next(s for s in GROUPS if self.group_ids[s.name] == push.group_id)
+            group, model = spec.name, self.model[spec.name]
+            co = self.checkouts.get((group, push.consumer_id))
+            if push.end:  # a checkin of this step: the stream ends after what it was sent
+                assert co is None and (group, push.consumer_id, push.session_id) == (
+                    self.checked_in
+                ), self.fail(f"{push} ends a stream not checked in")
+                continue
+            assert push.error is None, self.fail(f"a checkout without members revoked: {push}")
+            assert co is not None and co[0] == push.session_id, self.fail(f"{push} not out")
+            _, window, lease_ms = co
+            self.reached["pushed"] += len(push.deliveries)
+            for x in push.deliveries:
+                key = (x.partition, x.record.offset)
+                w = model[key]
+                what = f"{group} pushed {key} to {push.consumer_id}"
+                assert w.state == PENDING, self.fail(f"{what} while {w.state} ({w.member})")
+                assert w.due <= self.now, self.fail(f"{what} before it was due at {w.due - T0}")
+                assert x.attempt == w.attempts + 1, self.fail(f"{what}: attempt {x.attempt}")
+                assert x.deadline_ms == self.now + lease_ms, self.fail(what)
+                assert x.lease_id not in self.lease_ids, self.fail(f"lease id {x.lease_id} reused")
+                self.lease_ids.add(x.lease_id)
+                w.state, w.attempts, w.member = LEASED, x.attempt, push.consumer_id
+                w.lease_id, w.deadline = x.lease_id, x.deadline_ms
+                self.history[group].append(self.receipt(group, *key, w))
+            held = sum(
+                1 for w in model.values() if w.state == LEASED and w.member == push.consumer_id
+            )
+            assert held <= window, self.fail(f"{group}/{push.consumer_id} holds {held} > {window}")
 
     # -- what the step did --------------------------------------------------------------------
 
     def sync(self) -> None:
         """Learn what the step wrote: dead letters, new records (published or replayed), the
-        watermarks; and check the dead letters are exactly the expected ones."""
-        self.take_dead_letters(lazy_ttl=False)
+        watermarks; what was pushed to checked-out consumers; and check the dead letters are
+        exactly the expected ones."""
 
         replayed: dict[int, DeadInfo] = {}
         with self.store.read() as txn:
@@ -615,6 +713,8 @@ class Run:
             self.low[p] = lows[p]
         assert replayed == self.expect_replayed, self.fail("replayed records")
         self.expect_replayed = {}
+        self.take_pushes()
+        self.take_dead_letters(lazy_ttl=False)
 
         for spec in GROUPS:
             for (p, off), w in self.model[spec.name].items():
@@ -624,9 +724,9 @@ class Run:
                     )
                     w.state = GONE
 
-    def take_dead_letters(self, lazy_ttl: bool) -> None:
+    def take_dead_letters(self, lazy_ttl: bool | set[str]) -> None:
         """Read the new dead letters: exactly the expected ones, plus (``lazy_ttl``: a lease
-        walked past them) messages found past their TTL."""
+        walked past them; a set: of those groups only) messages found past their TTL."""
         expected = {(i.group, i.partition, i.offset): i for i in self.expect_dead}
         assert len(expected) == len(self.expect_dead), self.fail("a message died twice")
         dlq = self.sm.catalog.get("q.dlq")
@@ -646,7 +746,8 @@ class Run:
             want = expected.pop((info.group, info.partition, info.offset), None)
             if want is None:
                 w = self.model[info.group][(info.partition, info.offset)]
-                assert lazy_ttl and info.reason == "ttl", self.fail(f"unexpected {info}")
+                lazy = lazy_ttl if isinstance(lazy_ttl, bool) else info.group in lazy_ttl
+                assert lazy and info.reason == "ttl", self.fail(f"unexpected {info}")
                 assert w.state == PENDING and self.expired(info.partition, info.offset), self.fail(
                     f"{info} died of its TTL while {w.state}"
                 )
@@ -791,7 +892,7 @@ def test_the_runs_cover_every_outcome() -> None:
         run.go(300)
         seen.update(run.reached)
         reasons.update(run.reasons)
-    assert set(seen) == {PENDING, LEASED, ACKED_, DEAD, FILTERED, GONE, PURGED}, seen
+    assert set(seen) == {PENDING, LEASED, ACKED_, DEAD, FILTERED, GONE, PURGED, "pushed"}, seen
     assert set(reasons) == {"ttl", "max_attempts", "nacked", "boom"}, reasons
 
 

@@ -15,7 +15,7 @@ def test_every_queue_service_rpc_is_implemented() -> None:
     base = queue_pb2_grpc.QueueServiceServicer
     missing = [name for name in rpcs if getattr(QueueService, name) is getattr(base, name)]
     assert not missing, f"RPCs without an implementation: {missing}"
-    assert len(rpcs) == 32
+    assert len(rpcs) == 33
 
 
 def test_every_admin_service_rpc_is_implemented() -> None:

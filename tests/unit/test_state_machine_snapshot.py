@@ -243,7 +243,7 @@ def test_install_wakes_readers_of_every_log_and_group_before_and_after(
     replica = make(make_store(), "replica-only", partitions=2)
     replica_group = replica.group("r")
     calls: list[tuple[list[int], list[int]]] = []
-    replica.sm.commit_listener = lambda logs, groups: calls.append((logs, groups))
+    replica.sm.commit_listener = lambda logs, groups, _pushes: calls.append((logs, groups))
     built.sm.write_snapshot(str(tmp_path / "snap"))
     replica.sm.install_snapshot(str(tmp_path / "snap"))
     (logs, groups), *rest = calls

@@ -282,6 +282,62 @@ class TransactCmd(_message.Message):
     appends: _containers.RepeatedCompositeFieldContainer[AppendCmd]
     def __init__(self, acks: _Optional[_Iterable[_Union[AckCmd, _Mapping]]] = ..., appends: _Optional[_Iterable[_Union[AppendCmd, _Mapping]]] = ...) -> None: ...
 
+class CheckoutCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "group", "consumer_id", "max_in_flight", "lease_ms", "session_id", "member", "now_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    group: str
+    consumer_id: str
+    max_in_flight: int
+    lease_ms: int
+    session_id: int
+    member: MemberRef
+    now_ms: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease_ms: _Optional[int] = ..., session_id: _Optional[int] = ..., member: _Optional[_Union[MemberRef, _Mapping]] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class CheckinCmd(_message.Message):
+    __slots__ = ("queue", "queue_id", "consumers")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    queue_id: int
+    consumers: _containers.RepeatedCompositeFieldContainer[CheckinOf]
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[CheckinOf, _Mapping]]] = ...) -> None: ...
+
+class CheckinOf(_message.Message):
+    __slots__ = ("group", "consumer_id", "session_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    consumer_id: str
+    session_id: int
+    def __init__(self, group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., session_id: _Optional[int] = ...) -> None: ...
+
+class CheckoutState(_message.Message):
+    __slots__ = ("consumer_id", "max_in_flight", "lease_ms", "session_id", "member")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: str
+    max_in_flight: int
+    lease_ms: int
+    session_id: int
+    member: MemberRef
+    def __init__(self, consumer_id: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease_ms: _Optional[int] = ..., session_id: _Optional[int] = ..., member: _Optional[_Union[MemberRef, _Mapping]] = ...) -> None: ...
+
 class MemberRef(_message.Message):
     __slots__ = ("member_id", "generation_id")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]

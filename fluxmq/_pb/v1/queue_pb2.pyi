@@ -628,7 +628,7 @@ class GroupPartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., committed: _Optional[int] = ..., high_watermark: _Optional[int] = ..., lag: _Optional[int] = ..., in_flight: _Optional[int] = ..., scheduled: _Optional[int] = ..., dead: _Optional[int] = ..., filtered: _Optional[int] = ..., skipped_by_retention: _Optional[int] = ..., acked: _Optional[int] = ..., delivered_up_to: _Optional[int] = ...) -> None: ...
 
 class GroupDescription(_message.Message):
-    __slots__ = ("group", "partitions", "in_flight_by_consumer", "members", "group_generation", "strategy")
+    __slots__ = ("group", "partitions", "in_flight_by_consumer", "members", "group_generation", "strategy", "streaming")
     class InFlightByConsumerEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -642,13 +642,27 @@ class GroupDescription(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     GROUP_GENERATION_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    STREAMING_FIELD_NUMBER: _ClassVar[int]
     group: Group
     partitions: _containers.RepeatedCompositeFieldContainer[GroupPartition]
     in_flight_by_consumer: _containers.ScalarMap[str, int]
     members: _containers.RepeatedCompositeFieldContainer[GroupMember]
     group_generation: int
     strategy: str
-    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[GroupPartition, _Mapping]]] = ..., in_flight_by_consumer: _Optional[_Mapping[str, int]] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., group_generation: _Optional[int] = ..., strategy: _Optional[str] = ...) -> None: ...
+    streaming: _containers.RepeatedCompositeFieldContainer[StreamingConsumer]
+    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[GroupPartition, _Mapping]]] = ..., in_flight_by_consumer: _Optional[_Mapping[str, int]] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., group_generation: _Optional[int] = ..., strategy: _Optional[str] = ..., streaming: _Optional[_Iterable[_Union[StreamingConsumer, _Mapping]]] = ...) -> None: ...
+
+class StreamingConsumer(_message.Message):
+    __slots__ = ("consumer_id", "max_in_flight", "lease_ms", "member_id")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: str
+    max_in_flight: int
+    lease_ms: int
+    member_id: str
+    def __init__(self, consumer_id: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease_ms: _Optional[int] = ..., member_id: _Optional[str] = ...) -> None: ...
 
 class GroupMember(_message.Message):
     __slots__ = ("member_id", "consumer_id", "generation_id", "assigned", "revoking", "pending", "session_timeout_ms", "joined_at_ms")
@@ -821,6 +835,22 @@ class ConsumeResponse(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[LeasedMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[LeasedMessage, _Mapping]]] = ...) -> None: ...
+
+class EndConsumeRequest(_message.Message):
+    __slots__ = ("queue", "group", "consumer_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    consumer_id: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ...) -> None: ...
+
+class EndConsumeResponse(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    def __init__(self, ended: _Optional[bool] = ...) -> None: ...
 
 class AckRequest(_message.Message):
     __slots__ = ("queue", "group", "receipts", "member_id", "generation_id")

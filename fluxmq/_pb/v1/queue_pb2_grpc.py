@@ -148,6 +148,11 @@ class QueueServiceStub:
                 request_serializer=fluxmq_dot_v1_dot_queue__pb2.ConsumeRequest.SerializeToString,
                 response_deserializer=fluxmq_dot_v1_dot_queue__pb2.ConsumeResponse.FromString,
                 _registered_method=True)
+        self.EndConsume = channel.unary_unary(
+                '/fluxmq.v1.QueueService/EndConsume',
+                request_serializer=fluxmq_dot_v1_dot_queue__pb2.EndConsumeRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_queue__pb2.EndConsumeResponse.FromString,
+                _registered_method=True)
         self.Ack = channel.unary_unary(
                 '/fluxmq.v1.QueueService/Ack',
                 request_serializer=fluxmq_dot_v1_dot_queue__pb2.AckRequest.SerializeToString,
@@ -349,6 +354,16 @@ class QueueServiceServicer:
 
     def Consume(self, request, context):
         """Leases pushed as messages become ready, never more than max_in_flight unacked at once.
+        The stream checks its consumer out of the group: each message is assigned as the round
+        that stores it applies, and sent in that round.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndConsume(self, request, context):
+        """Ends a consumer's Consume stream gracefully (AMQP's basic.cancel): nothing more is
+        assigned to it; the stream sends what was assigned before and then ends with OK.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -528,6 +543,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Consume,
                     request_deserializer=fluxmq_dot_v1_dot_queue__pb2.ConsumeRequest.FromString,
                     response_serializer=fluxmq_dot_v1_dot_queue__pb2.ConsumeResponse.SerializeToString,
+            ),
+            'EndConsume': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndConsume,
+                    request_deserializer=fluxmq_dot_v1_dot_queue__pb2.EndConsumeRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_queue__pb2.EndConsumeResponse.SerializeToString,
             ),
             'Ack': grpc.unary_unary_rpc_method_handler(
                     servicer.Ack,
@@ -1178,6 +1198,33 @@ class QueueService:
             '/fluxmq.v1.QueueService/Consume',
             fluxmq_dot_v1_dot_queue__pb2.ConsumeRequest.SerializeToString,
             fluxmq_dot_v1_dot_queue__pb2.ConsumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndConsume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.QueueService/EndConsume',
+            fluxmq_dot_v1_dot_queue__pb2.EndConsumeRequest.SerializeToString,
+            fluxmq_dot_v1_dot_queue__pb2.EndConsumeResponse.FromString,
             options,
             channel_credentials,
             insecure,

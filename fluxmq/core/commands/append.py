@@ -169,7 +169,7 @@ def _store_records(
             out.offsets[i] = first + n
             out.timestamps[i] = ts
         highs[partition] = first + len(indexes)
-        ctx.last_ts[log.log_id] = ts
+        ctx.stamped(log.log_id, ts)
     return highs
 
 
@@ -209,7 +209,7 @@ def _append_batches(
         bases[b.partition] = base
         stamps[b.partition] = ts
         highs[b.partition] = base + b.count
-        ctx.last_ts[log.log_id] = ts
+        ctx.stamped(log.log_id, ts)
     partitions = list(cmd.partitions)
     offsets: list[int] = []
     timestamps: list[int] = []
@@ -238,7 +238,7 @@ def append_raw(
     log = ctx.txn.log(keys.log_id(entry.queue_id, partition))
     ts = max(now_ms, ctx.last_timestamp(log))
     offset = log.append_batch(ts, 1, prepare_records([(value, key, tuple(sorted(headers)), None)]))
-    ctx.last_ts[log.log_id] = ts
+    ctx.stamped(log.log_id, ts)
     return offset
 
 

@@ -41,6 +41,8 @@ class Op(IntEnum):
     EXPIRE_MEMBERS = 22
     RECORD_NODE_ADDRESS = 23
     INIT_PRODUCER = 24
+    CHECKOUT = 25
+    CHECKIN = 26
 
 
 _TYPES: dict[Op, type[Any]] = {
@@ -68,6 +70,8 @@ _TYPES: dict[Op, type[Any]] = {
     Op.EXPIRE_MEMBERS: cpb.ExpireMembersCmd,
     Op.RECORD_NODE_ADDRESS: cpb.RecordNodeAddressCmd,
     Op.INIT_PRODUCER: cpb.InitProducerCmd,
+    Op.CHECKOUT: cpb.CheckoutCmd,
+    Op.CHECKIN: cpb.CheckinCmd,
 }
 _OPS: dict[type[Any], Op] = {t: op for op, t in _TYPES.items()}
 

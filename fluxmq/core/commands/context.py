@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fluxmq.core import keys
 from fluxmq.core.catalog import QueueEntry
 from fluxmq.core.delivery import DeliveryState, GroupState
 from fluxmq.core.errors import queue_not_found
@@ -39,6 +40,14 @@ class ApplyContext:
     catalog: dict[str, QueueEntry] | None = None
     node_addresses: dict[str, str] | None = None
     last_ts: dict[int, int] = field(default_factory=dict)  # log id -> this batch's last stamp
+    # The queues the current command appended to (cleared after each command): where its
+    # apply may have made messages ready for checked-out consumers.
+    grown: set[int] = field(default_factory=set)
+
+    def stamped(self, log_id: int, timestamp_ms: int) -> None:
+        """Records were appended to ``log_id``, the last stamped ``timestamp_ms``."""
+        self.last_ts[log_id] = timestamp_ms
+        self.grown.add(log_id >> keys.PARTITION_BITS)
 
     def cat(self) -> Mapping[str, QueueEntry]:
         """The catalog as this batch left it so far."""

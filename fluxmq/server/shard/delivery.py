@@ -10,11 +10,16 @@ module adds waiting, time, metrics and the one-poll-per-consumer rule.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+import secrets
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 
 from fluxmq import metrics
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.catalog import QueueEntry
+from fluxmq.core.commands.checkout import checkin_cmd, prepare_checkout, prepare_end_consume
 from fluxmq.core.commands.leases import (
     LeaseAsk,
     consume_ask,
@@ -29,12 +34,28 @@ from fluxmq.core.commands.leases import (
     prepare_reset_offsets,
 )
 from fluxmq.core.commands.results import LeaseResult, SettleResult
+from fluxmq.core.delivery import Push
 from fluxmq.core.errors import FluxError, queue_not_found
 from fluxmq.core.reader import QueueReader
 from fluxmq.server.shard.proposer import Proposer
 from fluxmq.server.shard.wakeups import Wakeups, group_key, queue_key
 
 IDLE_RECHECK_S = 1.0  # a waiting poll re-checks at least this often (queue deleted, ...)
+
+
+def _new_session_id() -> int:
+    return secrets.randbits(63) or 1
+
+
+@dataclass(slots=True)
+class _Stream:
+    """A Consume stream open on this node: what the applies pushed to it, not yet sent."""
+
+    session_id: int
+    inbox: deque[Push] = field(default_factory=deque)
+    checked_out: bool = False  # its Checkout applied
+    ended: bool = False  # checked in by the replicated state (nothing to check in)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class GroupDelivery:
@@ -55,6 +76,9 @@ class GroupDelivery:
         # (queue_id, group, consumer_id) of every Lease long poll and Consume stream running:
         # one at a time per consumer, so two workers sharing an id are caught, not interleaved.
         self._active: set[tuple[int, str, str]] = set()
+        # (group id, consumer id) -> the Consume stream open here for that consumer.
+        self._streams: dict[tuple[int, str], _Stream] = {}
+        self._checkins: set[asyncio.Task[None]] = set()
 
     # -- groups -----------------------------------------------------------------------------
 
@@ -144,29 +168,97 @@ class GroupDelivery:
         await wakeups.wait(events, timeout_s)
 
     async def consume(self, req: pb.ConsumeRequest) -> AsyncIterator[LeaseResult]:
-        """Leases pushed as messages become ready, at most max_in_flight unsettled at once."""
+        """Leases pushed as messages become ready, at most max_in_flight unsettled at once.
+
+        The stream checks its consumer out of the group (one replicated command); from then
+        on the applies assign it what becomes ready (``fluxmq.core.commands.checkout``) and
+        this sends what they assigned, in the round that committed it. When the stream ends
+        its consumer is checked in (the leader's orphan pass does it if this node cannot)."""
         entry = self._reader.entry(req.queue)
         ask, window = consume_ask(self._reader.view, entry, req)
         key = self._claim(entry, ask.group, ask.consumer_id)
+        stream = _Stream(_new_session_id())
+        slot = (ask.group_id, ask.consumer_id)
+        self._streams[slot] = stream  # before the checkout: its first pushes must find it
         wakeups = self._wakeups
         try:
+            wakeups.check_open()
+            cmd = prepare_checkout(
+                self._reader.view,
+                entry,
+                ask.group,
+                ask.consumer_id,
+                ask.member,
+                window,
+                ask.lease_ms,
+                stream.session_id,
+                self._clock_ms(),
+            )
+            await self._proposer.submit(cmd, int)
+            stream.checked_out = True
             while True:
+                while stream.inbox:
+                    push = stream.inbox.popleft()
+                    if push.error is not None:
+                        raise push.error
+                    if push.end:  # checked in (EndConsume): all it was given is sent
+                        stream.ended = True
+                        return
+                    deliveries = list(push.deliveries)
+                    metrics.observe_deliveries(entry.name, deliveries)
+                    for i in range(0, len(deliveries), ask.max_messages):
+                        yield LeaseResult(ask.group_id, deliveries[i : i + ask.max_messages])
                 wakeups.check_open()  # a draining node ends its streams, even busy ones
                 self._ensure_same_queue(entry)
-                room = window - self._reader.in_flight(entry, ask.group, ask.consumer_id)
-                if room <= 0:
-                    # Full: wait for an ack, nack or expiry of this group.
-                    event = wakeups.event(group_key(ask.group_id))
-                    if window - self._reader.in_flight(entry, ask.group, ask.consumer_id) <= 0:
-                        await wakeups.wait([event], IDLE_RECHECK_S)
-                    continue
-                result = await self._lease_once(entry, ask, min(room, ask.max_messages))
-                if result is not None and result.deliveries:
-                    yield result
-                    continue
-                await self._wait_ready(entry, ask.group, IDLE_RECHECK_S, ask.member.member_id)
+                # Pushes come from this replica's applies only while it leads: a deposed
+                # leader ends the stream, and the client checks out again at the new one.
+                self._proposer.require_leader()
+                stream.event.clear()
+                await wakeups.wait([stream.event], IDLE_RECHECK_S)
         finally:
+            if self._streams.get(slot) is stream:
+                del self._streams[slot]
             self._active.discard(key)
+            if stream.checked_out and not stream.ended:
+                self._checkin_later(entry, ask.group, ask.consumer_id, stream.session_id)
+
+    async def end_consume(self, req: pb.EndConsumeRequest) -> bool:
+        """Check the consumer in: its stream (wherever it runs) sends what it was given and
+        ends. -> whether it had a stream checked out."""
+        entry = self._reader.entry(req.queue)
+        cmd = prepare_end_consume(self._reader.view, entry, req.group, req.consumer_id)
+        if cmd is None:
+            return False
+        return await self._proposer.submit(cmd, int) > 0
+
+    @property
+    def streaming(self) -> bool:
+        """Some Consume stream is open here (read from the apply side, lock-free)."""
+        return bool(self._streams)
+
+    def pushed(self, pushes: Sequence[Push]) -> None:
+        """What a commit assigned to checked-out consumers: to their streams, if open here."""
+        for push in pushes:
+            stream = self._streams.get((push.group_id, push.consumer_id))
+            if stream is not None and stream.session_id == push.session_id:
+                stream.inbox.append(push)
+                stream.event.set()
+
+    def live_sessions(self) -> set[int]:
+        """The session ids of the Consume streams open here."""
+        return {s.session_id for s in self._streams.values()}
+
+    def _checkin_later(self, entry: QueueEntry, group: str, consumer_id: str, session: int) -> None:
+        async def checkin() -> None:
+            # Best effort: when it cannot be done (not the leader, node stopping), the leader's
+            # orphan pass checks the consumer in.
+            with contextlib.suppress(Exception):
+                await self._proposer.propose(checkin_cmd(entry, [(group, consumer_id, session)]))
+
+        if self._proposer.is_leader and not self._wakeups.draining:
+            task = asyncio.get_running_loop().create_task(checkin(), name="checkin")
+            self._checkins.add(task)
+            task.add_done_callback(self._checkins.discard)
 
     # -- settle -----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fluxmq.core import membership as msh
+from fluxmq.core.delivery import Push
 from fluxmq.core.reader import QueueReader
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.server.shard.dead_letters import DeadLetters
@@ -37,7 +38,8 @@ class ShardRuntime:
     """Owns a shard's parts; the shard (Raft or local) and its state machine come in built.
 
     The state machine's apply side reports each commit through ``commit_listener`` (from its
-    own thread); the runtime posts that to the event loop as wake-ups through the shard, which
+    own thread); the runtime posts that to the event loop as wake-ups, and what the apply
+    assigned to checked-out consumers to their Consume streams, through the shard, which
     hands it over with the round's answers (one wake-up of the loop per round): the one channel
     from the apply side to the loop besides the published view."""
 
@@ -73,6 +75,7 @@ class ShardRuntime:
             self.dead_letters,
             clock_ms,
             retention_interval_ms=retention_interval_ms,
+            live_sessions=self.delivery.live_sessions,
         )
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -81,10 +84,12 @@ class ShardRuntime:
         return self.shard.shard_id
 
     async def start(self) -> None:
-        def on_commit(log_ids: list[int], group_ids: list[int]) -> None:
+        def on_commit(log_ids: list[int], group_ids: list[int], pushes: list[Push]) -> None:
             # Most rounds, above all on followers, have nobody waiting: no call to the loop.
             if self.wakeups.waiting:
                 self.shard.post_to_loop(self.wakeups.committed, log_ids, group_ids)
+            if pushes and self.delivery.streaming:
+                self.shard.post_to_loop(self.delivery.pushed, pushes)
 
         self.state.commit_listener = on_commit
         await self.shard.start()

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from fluxmq import metrics
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq.core import membership as msh
+from fluxmq.core.commands.checkout import checkin_cmd
 from fluxmq.core.commands.results import ExpireResult, RetentionResult
 from fluxmq.core.commands.retention import retention_due
 from fluxmq.core.reader import QueueReader
@@ -43,6 +44,7 @@ class LeaderTimers:
         clock_ms: Callable[[], int],
         *,
         retention_interval_ms: int,
+        live_sessions: Callable[[], set[int]] = set,
     ) -> None:
         self._proposer = proposer
         self._state = state
@@ -51,6 +53,7 @@ class LeaderTimers:
         self._dead_letters = dead_letters
         self._clock_ms = clock_ms
         self._retention_interval_ms = retention_interval_ms
+        self._live_sessions = live_sessions  # of the Consume streams open on this node
         self._was_leader = False
         # Kept across restarts of a routine: a streak of failures is reported once.
         self._retention_failures = TimerFailures("retention pass", log)
@@ -93,6 +96,10 @@ class LeaderTimers:
         deadline = view.delivery.next_deadline_ms()
         due = deadline is not None and deadline <= now_ms
         if not due:
+            # Messages made ready by no command (a retry or a delay came due, offsets reset)
+            # reach checked-out consumers through this command's apply.
+            due = self._reader.checkouts_ready(now_ms)
+        if not due:
             policies = {e.queue_id: e.policy for e in view.catalog.values()}
             if any(p.message_ttl_ms for p in policies.values()):
                 with self._state.store.read() as txn:
@@ -103,6 +110,32 @@ class LeaderTimers:
         if result.expired_leases:
             metrics.EXPIRED_LEASES.inc(result.expired_leases)
         return result
+
+    async def maybe_checkin_orphans(self) -> int:
+        """Leader only: check in the consumers whose Consume stream is not open here (it was
+        on a former leader, or on this node before a restart): applies would go on assigning
+        them messages nobody sends. -> how many were proposed."""
+        if not self._proposer.is_leader:
+            return 0
+        view = self._state.view
+        live = self._live_sessions()
+        ends: dict[int, list[tuple[str, str, int]]] = {}
+        for g in view.delivery.all_groups():
+            for consumer_id, co in g.checkouts.items():
+                if co.session_id not in live:
+                    ends.setdefault(g.queue_id, []).append((g.name, consumer_id, co.session_id))
+        if not ends:
+            return 0
+        catalog = {e.queue_id: e for e in view.catalog.values()}
+        proposed = 0
+        for queue_id, of_queue in sorted(ends.items()):
+            entry = catalog.get(queue_id)
+            if entry is None:
+                continue
+            await self._proposer.propose(checkin_cmd(entry, of_queue))
+            proposed += len(of_queue)
+        log.info("checked in %d consumer(s) whose Consume stream is gone", proposed)
+        return proposed
 
     async def maybe_expire_members(self) -> int:
         """Propose ExpireMembers for the sessions that lapsed (leader only)."""
@@ -165,6 +198,7 @@ class LeaderTimers:
             await _pass(failures, self._expire_both)
 
     async def _expire_both(self) -> None:
+        await self.maybe_checkin_orphans()
         await self.maybe_expire()
         await self.maybe_expire_members()
 
