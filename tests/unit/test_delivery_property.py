@@ -26,7 +26,7 @@ from fluxmq.core.commands.results import (
     RetentionResult,
     SettleResult,
 )
-from fluxmq.core.delivery import PartitionView, Push
+from fluxmq.core.delivery import Delivery, PartitionView, Push
 from fluxmq.core.errors import FluxError
 from fluxmq.core.queue_config import normalize_new
 from fluxmq.core.reader import QueueReader
@@ -364,24 +364,12 @@ class Run:
         delayed_head: set[int] = set()
         for x in got:
             key = (x.partition, x.record.offset)
-            w = model[key]
-            what = f"{group} leased {key} to {member}"
-            assert w.state == PENDING, self.fail(f"{what} while {w.state} ({w.member})")
-            assert w.due <= self.now, self.fail(f"{what} before it was due at {w.due - T0}")
-            assert not self.expired(*key), self.fail(f"{what} past its TTL")
-            assert x.attempt == w.attempts + 1, self.fail(f"{what}: attempt {x.attempt}")
-            assert x.deadline_ms == self.now + lease_ms, self.fail(what)
-            assert x.record.value == self.msgs[key].value, self.fail(what)
-            assert x.lease_id not in self.lease_ids, self.fail(f"lease id {x.lease_id} reused")
-            self.lease_ids.add(x.lease_id)
-            ready_order.setdefault(x.partition, []).append((w.due, x.record.offset))
+            due = self.grant(group, x, member, lease_ms, "leased")
+            ready_order.setdefault(x.partition, []).append((due, x.record.offset))
             if x.record.offset >= nexts[x.partition] and "fluxmq-deliver-at" in (
                 self.msgs[key].headers
             ):
                 delayed_head.add(x.partition)
-            w.state, w.attempts, w.member = LEASED, x.attempt, member
-            w.lease_id, w.deadline = x.lease_id, x.deadline_ms
-            self.history[group].append(self.receipt(group, *key, w))
             batches.setdefault(x.partition, []).append(x.record.offset)
         if spec.mode == pb.DELIVERY_MODE_ORDERED:
             for p, offs in batches.items():
@@ -405,6 +393,25 @@ class Run:
             if len(got) < n:
                 due = [k for k, w in model.items() if w.state == PENDING and w.due <= self.now]
                 assert not due, self.fail(f"{group} got {len(got)} < {n} with {due[:5]} due")
+
+    def grant(self, group: str, x: Delivery, member: str, lease_ms: int, how: str) -> int:
+        """``x`` was leased (``how``: by a Lease, or pushed to a checkout) to ``member``: it
+        must have been ready, and it is now held. -> when it was due."""
+        key = (x.partition, x.record.offset)
+        w = self.model[group][key]
+        what = f"{group} {how} {key} to {member}"
+        assert w.state == PENDING, self.fail(f"{what} while {w.state} ({w.member})")
+        assert w.due <= self.now, self.fail(f"{what} before it was due at {w.due - T0}")
+        assert not self.expired(*key), self.fail(f"{what} past its TTL")
+        assert x.attempt == w.attempts + 1, self.fail(f"{what}: attempt {x.attempt}")
+        assert x.deadline_ms == self.now + lease_ms, self.fail(what)
+        assert x.record.value == self.msgs[key].value, self.fail(what)
+        assert x.lease_id not in self.lease_ids, self.fail(f"lease id {x.lease_id} reused")
+        self.lease_ids.add(x.lease_id)
+        w.state, w.attempts, w.member = LEASED, x.attempt, member
+        w.lease_id, w.deadline = x.lease_id, x.deadline_ms
+        self.history[group].append(self.receipt(group, *key, w))
+        return w.due
 
     def ack(self) -> None:
         group = self.rng.choice(GROUPS).name
@@ -668,18 +675,7 @@ class Run:
             _, window, lease_ms = co
             self.reached["pushed"] += len(push.deliveries)
             for x in push.deliveries:
-                key = (x.partition, x.record.offset)
-                w = model[key]
-                what = f"{group} pushed {key} to {push.consumer_id}"
-                assert w.state == PENDING, self.fail(f"{what} while {w.state} ({w.member})")
-                assert w.due <= self.now, self.fail(f"{what} before it was due at {w.due - T0}")
-                assert x.attempt == w.attempts + 1, self.fail(f"{what}: attempt {x.attempt}")
-                assert x.deadline_ms == self.now + lease_ms, self.fail(what)
-                assert x.lease_id not in self.lease_ids, self.fail(f"lease id {x.lease_id} reused")
-                self.lease_ids.add(x.lease_id)
-                w.state, w.attempts, w.member = LEASED, x.attempt, push.consumer_id
-                w.lease_id, w.deadline = x.lease_id, x.deadline_ms
-                self.history[group].append(self.receipt(group, *key, w))
+                self.grant(group, x, push.consumer_id, lease_ms, "pushed")
             held = sum(
                 1 for w in model.values() if w.state == LEASED and w.member == push.consumer_id
             )

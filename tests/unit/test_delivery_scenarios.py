@@ -235,13 +235,7 @@ class Scenario:
                 queue=pos[0], queue_id=q.queue_id, group=pos[1], receipts=receipts, now_ms=self.now
             )
         )
-        if not isinstance(res, SettleResult):
-            return self.result(res)
-        names = {v: k for k, v in pb.ReceiptStatus.items()}
-        return "acked " + " ".join(
-            f"{r.partition}/{r.offset}:{names[s].removeprefix('RECEIPT_STATUS_')}"
-            for r, s in zip(receipts, res.statuses, strict=True)
-        )
+        return self.settled("acked", receipts, res)
 
     def do_nack(self, pos: list[str], kw: dict[str, int]) -> str:
         q, receipts = self._settle(pos)
@@ -255,10 +249,13 @@ class Scenario:
                 retry_at_ms=self.now + kw.get("retry_ms", 0) if "retry_ms" in kw else 0,
             )
         )
+        return self.settled("nacked", receipts, res)
+
+    def settled(self, what: str, receipts: list[pb.Receipt], res: object) -> str:
         if not isinstance(res, SettleResult):
             return self.result(res)
         names = {v: k for k, v in pb.ReceiptStatus.items()}
-        return "nacked " + " ".join(
+        return f"{what} " + " ".join(
             f"{r.partition}/{r.offset}:{names[s].removeprefix('RECEIPT_STATUS_')}"
             for r, s in zip(receipts, res.statuses, strict=True)
         )
