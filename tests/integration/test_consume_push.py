@@ -63,6 +63,14 @@ class Stream:
         self._thread.join(5)
 
 
+def queue_with_group(channel: grpc.Channel, name: str) -> Stub:
+    """A stub of ``channel``, with a new work queue ``name`` and its group ``g``."""
+    stub = queue_pb2_grpc.QueueServiceStub(channel)
+    work_queue(stub, name)
+    group(stub, name)
+    return stub
+
+
 def applied_index(channel: grpc.Channel) -> int:
     status = admin_pb2_grpc.AdminServiceStub(channel).GetClusterStatus(
         apb.GetClusterStatusRequest()
@@ -79,9 +87,7 @@ def checked_out(stub: Stub, queue_name: str, consumer: str) -> bool:
 
 def test_a_message_published_to_an_idle_stream_costs_no_round_of_its_own(node: Node) -> None:
     with node.channel() as ch:
-        stub = queue_pb2_grpc.QueueServiceStub(ch)
-        work_queue(stub, "push")
-        group(stub, "push")
+        stub = queue_with_group(ch, "push")
         stream = Stream(stub, "push", "c1")
         try:
             time.sleep(0.5)  # the checkout (one command) applies; then the node is idle
@@ -101,9 +107,7 @@ def test_a_message_published_to_an_idle_stream_costs_no_round_of_its_own(node: N
 
 def test_a_stream_takes_no_more_than_its_window_until_it_acks(node: Node) -> None:
     with node.channel() as ch:
-        stub = queue_pb2_grpc.QueueServiceStub(ch)
-        work_queue(stub, "window")
-        group(stub, "window")
+        stub = queue_with_group(ch, "window")
         stream = Stream(stub, "window", "c1", window=2)
         try:
             publish(stub, "window", b"a", b"b", b"c")
@@ -119,9 +123,7 @@ def test_a_stream_takes_no_more_than_its_window_until_it_acks(node: Node) -> Non
 
 def test_a_stream_that_ended_takes_no_more_messages(node: Node) -> None:
     with node.channel() as ch:
-        stub = queue_pb2_grpc.QueueServiceStub(ch)
-        work_queue(stub, "ended")
-        group(stub, "ended")
+        stub = queue_with_group(ch, "ended")
         stream = Stream(stub, "ended", "c1")
         publish(stub, "ended", b"first")
         assert stream.take().record.value == b"first"
@@ -140,9 +142,7 @@ def test_a_stream_that_ended_takes_no_more_messages(node: Node) -> None:
 
 def test_a_restarted_node_checks_in_the_streams_it_no_longer_serves(node: Node) -> None:
     with node.channel() as ch:
-        stub = queue_pb2_grpc.QueueServiceStub(ch)
-        work_queue(stub, "orphan")
-        group(stub, "orphan")
+        stub = queue_with_group(ch, "orphan")
         stream = Stream(stub, "orphan", "c1")
         publish(stub, "orphan", b"first")
         assert stream.take().record.value == b"first"
@@ -162,9 +162,7 @@ def test_a_restarted_node_checks_in_the_streams_it_no_longer_serves(node: Node) 
 
 def test_end_consume_ends_the_stream_after_what_it_was_given(node: Node) -> None:
     with node.channel() as ch:
-        stub = queue_pb2_grpc.QueueServiceStub(ch)
-        work_queue(stub, "ending")
-        group(stub, "ending")
+        stub = queue_with_group(ch, "ending")
         stream = Stream(stub, "ending", "c1", window=10)
         try:
             publish(stub, "ending", b"a", b"b", b"c")
