@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.audit.layout import StoreRef
-from fluxmq.core import keys
+from fluxmq.core import keys, limits
 from fluxmq.core.delivery import LEASED, SCHEDULED
 from fluxmq.core.queue_config import policy_of
 from storage import record_batch
@@ -530,7 +530,22 @@ def read_groups(store: StoreRef, view: InspectView, names: list[str]) -> Iterato
         g = pb.Group.FromString(value)
         metas[int(g.group_id)] = (queue_id, g)
     slots: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for key, value in view.scan(keys.SLOT):
+    for key, value in view.scan(keys.SLOT_RUN):
+        if len(key) != len(keys.slot_run_key(0, 0, 0)) or len(value) < keys.SLOT_RUN_VALUE.size:
+            continue  # too short to read: its slots are missing from the counts (totals rule)
+        group_id, partition, last = keys.split_slot_key(key)
+        kind, _attempt, _due_ms, _lease_id, first = keys.SLOT_RUN_VALUE.unpack_from(value)
+        pending_run = slots.setdefault((group_id, partition), [])
+        if 0 <= last - first < limits.PENDING_PER_PARTITION_MAX:
+            pending_run.extend((offset, kind) for offset in range(first, last + 1))
+        else:
+            # No run is longer than a partition's pending window: this row is damaged. Its
+            # ends are kept (they show in slot_min/slot_max), and the counts then disagree
+            # with the partition row, which the totals rule reports.
+            pending_run.extend([(first, kind), (last, kind)])
+    for key, value in view.scan(keys.SLOT):  # a store written before slot runs
+        if len(key) != len(keys.slot_key(0, 0, 0)) or len(value) < keys.SLOT_VALUE.size:
+            continue
         group_id, partition, offset = keys.split_slot_key(key)
         kind = keys.SLOT_VALUE.unpack_from(value)[0]
         slots.setdefault((group_id, partition), []).append((offset, kind))

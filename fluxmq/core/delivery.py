@@ -15,6 +15,12 @@ store in the same transaction; the in-memory indexes (heaps of due times and dea
 per member) are rebuilt from the stored rows on start, so a replica that restarts ends up with
 exactly the same state. The owner (QueueStateMachine) reloads this state if a transaction aborts.
 
+Slots are stored as *runs*: the maximal stretches of consecutive offsets whose slots are alike
+(same kind, attempt, due time and member, lease ids counting up by one), one row each. A lease of
+100 in-order records is one row, and acking them one row deleted; a row is rewritten only where a
+command changed a slot or its neighbour. Runs are a function of the slots alone, so replicas that
+applied the same commands store the same rows (their digests agree).
+
 Delivery order in ``shared`` mode is by *ready time*: a never-delivered message is ready at its
 publish time (or its delivery delay), a retry at its due time, an expired lease at its deadline.
 So an expired lease goes behind the messages already waiting, as in Querator and SQS. In
@@ -82,6 +88,10 @@ class PartState:
     ready: list[tuple[int, int]] = field(default_factory=list)  # heap (due_ms, offset), lazy
     leased: int = 0
     scheduled: int = 0
+    # The runs as stored (written at flush): last offset -> first offset, and offset -> the
+    # last offset of its run, to find the rows a changed slot belongs to.
+    runs: dict[int, int] = field(default_factory=dict)
+    run_of: dict[int, int] = field(default_factory=dict)
 
     def pack(self) -> bytes:
         return keys.PARTITION_VALUE.pack(
@@ -257,6 +267,9 @@ class DeliveryState:
         self.groups: dict[int, dict[str, GroupState]] = {}  # queue_id -> name -> group
         self._by_id: dict[int, GroupState] = {}
         self._dirty: set[tuple[int, int]] = set()  # (group_id, partition) with a changed row
+        # (group_id, partition) -> offsets whose slot changed since the last flush
+        self._slots_dirty: dict[tuple[int, int], set[int]] = {}
+        self.legacy_slot_keys: list[bytes] = []  # per-offset rows of an older store (keys.SLOT)
         self.dead_letters: list[DeadLetter] = []  # to be written by the state machine
         self.touched: set[int] = set()  # group ids changed since the owner last looked
         # Of those, the groups whose membership was saved: the others' published membership
@@ -292,16 +305,38 @@ class DeliveryState:
             state._by_id[group_id].parts[partition] = PartState(
                 committed, nxt, acked, dead, filtered, skipped, purged, base
             )
+        for key, value in txn.scan(keys.SLOT_RUN):
+            group_id, partition, last = keys.split_slot_key(key)
+            kind, attempt, due_ms, lease_id, first = keys.SLOT_RUN_VALUE.unpack_from(value)
+            member = value[keys.SLOT_RUN_VALUE.size :].decode()
+            g = state._by_id[group_id]
+            part = g.parts[partition]
+            assert kind in (LEASED, SCHEDULED), (group_id, partition, last, kind)
+            assert part.committed <= first <= last < part.next, (group_id, partition, first, last)
+            step = 1 if kind == LEASED else 0
+            part.runs[last] = first
+            for i in range(last - first + 1):
+                offset = first + i
+                assert offset not in part.slots, (group_id, partition, offset)
+                slot = Slot(kind, attempt, due_ms, lease_id + step * i, member)
+                part.slots[offset] = slot
+                part.run_of[offset] = last
+                state._index(g, partition, part, offset, slot)
         for key, value in txn.scan(keys.SLOT):
+            # A store written before runs: its slots become runs at the owner's next flush
+            # (QueueStateMachine rewrites them when it opens the store).
             group_id, partition, offset = keys.split_slot_key(key)
             kind, attempt, due_ms, lease_id = keys.SLOT_VALUE.unpack_from(value)
             member = value[keys.SLOT_VALUE.size :].decode()
             g = state._by_id[group_id]
             part = g.parts[partition]
             assert part.committed <= offset < part.next, (group_id, partition, offset)
+            assert offset not in part.slots, (group_id, partition, offset)
             slot = Slot(kind, attempt, due_ms, lease_id, member)
             part.slots[offset] = slot
             state._index(g, partition, part, offset, slot)
+            state.legacy_slot_keys.append(key)
+            state._slots_dirty.setdefault((group_id, partition), set()).add(offset)
         for key, value in txn.scan(keys.CHECKOUT):
             group_id = keys.U64.unpack_from(key, len(keys.CHECKOUT))[0]
             co = Checkout.from_proto(cpb.CheckoutState.FromString(value))
@@ -331,7 +366,15 @@ class DeliveryState:
     # -- persistence helpers -----------------------------------------------------------------
 
     def flush(self, txn: WriteTxn) -> None:
-        """Write the partition rows changed by the current command."""
+        """Write the rows changed since the last flush: slot runs, then partition rows."""
+        for key in self.legacy_slot_keys:
+            txn.delete(key)
+        self.legacy_slot_keys.clear()
+        for (group_id, partition), offsets in sorted(self._slots_dirty.items()):
+            g = self._by_id.get(group_id)
+            if g is not None:
+                self._write_runs(txn, group_id, partition, g.parts[partition], offsets)
+        self._slots_dirty.clear()
         for group_id, partition in self._dirty:
             g = self._by_id.get(group_id)
             if g is None:
@@ -341,11 +384,57 @@ class DeliveryState:
             txn.put(keys.group_partition_key(group_id, partition), part.pack())
         self._dirty.clear()
 
-    def _put_slot(self, txn: WriteTxn, g: GroupState, p: int, offset: int, s: Slot) -> None:
-        txn.put(
-            keys.slot_key(g.group_id, p, offset),
-            keys.SLOT_VALUE.pack(s.kind, s.attempt, s.due_ms, s.lease_id) + s.member.encode(),
-        )
+    @staticmethod
+    def _write_runs(
+        txn: WriteTxn, group_id: int, p: int, part: PartState, changed: set[int]
+    ) -> None:
+        """Rewrite the runs that hold a changed offset or border one (a change may split a run
+        or join two). Runs elsewhere stay as stored: the border between two unchanged slots is
+        unchanged, so every new run lies within the rows replaced."""
+        slots, runs, run_of = part.slots, part.runs, part.run_of
+        old: dict[int, int] = {}  # last -> first, of the stored runs replaced
+        for o in changed:
+            for x in (o - 1, o, o + 1):
+                last = run_of.get(x)
+                if last is not None and last not in old:
+                    old[last] = runs[last]
+        points = set(changed)
+        for last, first in old.items():
+            points.update(range(first, last + 1))
+            del runs[last]
+            for x in range(first, last + 1):
+                del run_of[x]
+        new: dict[int, int] = {}
+        for x in sorted(points):
+            if x not in slots or x in run_of:
+                continue
+            first = last = x
+            while first - 1 in slots and _alike(slots[first - 1], slots[first]):
+                first -= 1
+            while last + 1 in slots and _alike(slots[last], slots[last + 1]):
+                last += 1
+            runs[last] = first
+            for y in range(first, last + 1):
+                assert y not in run_of, (group_id, p, y)  # a run reached one not replaced
+                run_of[y] = last
+            new[last] = first
+        for last in old.keys() - new.keys():
+            txn.delete(keys.slot_run_key(group_id, p, last))
+        for last, first in new.items():
+            if old.get(last) == first and not any(first <= c <= last for c in changed):
+                continue  # the same offsets, none of them changed: the row is as stored
+            s = slots[first]
+            assert s.kind in (LEASED, SCHEDULED), (group_id, p, first, s)
+            assert part.committed <= first <= last < part.next, (group_id, p, first, last)
+            txn.put(
+                keys.slot_run_key(group_id, p, last),
+                keys.SLOT_RUN_VALUE.pack(s.kind, s.attempt, s.due_ms, s.lease_id, first)
+                + s.member.encode(),
+            )
+
+    def _slot_changed(self, g: GroupState, p: int, offset: int) -> None:
+        """The slot of ``offset`` was set, changed or removed: its run is rewritten at flush."""
+        self._slots_dirty.setdefault((g.group_id, p), set()).add(offset)
 
     def _touch(self, g: GroupState, p: int) -> None:
         self._dirty.add((g.group_id, p))
@@ -457,7 +546,7 @@ class DeliveryState:
                 if slot.kind == LEASED and slot.member == member and slot.due_ms > now_ms:
                     slot.due_ms = now_ms
                     heapq.heappush(g.expiry, (now_ms, p, offset, slot.lease_id))
-                    self._put_slot(txn, g, p, offset, slot)
+                    self._slot_changed(g, p, offset)
                     count += 1
         if count:
             self._mark(g.group_id)
@@ -467,10 +556,10 @@ class DeliveryState:
         txn.delete(keys.group_key(g.queue_id, g.name))
         if g.membership is not None:
             txn.delete(keys.membership_key(g.group_id))
-        doomed = [k for k, _ in txn.scan(keys.slot_prefix(g.group_id))]
-        for k in doomed:
-            txn.delete(k)
-        for p in g.parts:
+        for p, part in g.parts.items():
+            for last in part.runs:
+                txn.delete(keys.slot_run_key(g.group_id, p, last))
+            self._slots_dirty.pop((g.group_id, p), None)
             txn.delete(keys.group_partition_key(g.group_id, p))
         for consumer_id in g.checkouts:
             txn.delete(keys.checkout_key(g.group_id, consumer_id))
@@ -553,7 +642,7 @@ class DeliveryState:
         part.leased += 1
         heapq.heappush(g.expiry, (slot.due_ms, p, offset, slot.lease_id))
         g.in_flight_by_member[member] = g.in_flight_by_member.get(member, 0) + 1
-        self._put_slot(txn, g, p, offset, slot)
+        self._slot_changed(g, p, offset)
         self._touch(g, p)
 
     @property
@@ -584,7 +673,7 @@ class DeliveryState:
         """``offset`` (in [committed, next)) is done for this group."""
         self._release(g, part, slot)
         del part.slots[offset]
-        txn.delete(keys.slot_key(g.group_id, p, offset))
+        self._slot_changed(g, p, offset)
         if offset == part.committed:
             self._advance(part)
         self._touch(g, p)
@@ -640,7 +729,7 @@ class DeliveryState:
             part.skipped += 1
             self._release(g, part, s)
             del part.slots[offset]
-            txn.delete(keys.slot_key(g.group_id, p, offset))
+            self._slot_changed(g, p, offset)
         part.committed = min(part.slots, default=part.next)
         self._touch(g, p)
 
@@ -737,7 +826,7 @@ class DeliveryState:
         part.scheduled += 1
         heapq.heappush(part.ready, (due, offset))
         _prune_ready(part)
-        self._put_slot(txn, g, p, offset, slot)
+        self._slot_changed(g, p, offset)
         self._touch(g, p)
 
     def extend(
@@ -757,7 +846,7 @@ class DeliveryState:
             assert slot is not None
             slot.due_ms = now_ms + lease_ms
             heapq.heappush(g.expiry, (slot.due_ms, r.partition, r.offset, slot.lease_id))
-            self._put_slot(txn, g, r.partition, r.offset, slot)
+            self._slot_changed(g, r.partition, r.offset)
             self._mark(g.group_id)
             out.append((EXTENDED, slot.due_ms))
         return out
@@ -848,7 +937,7 @@ class DeliveryState:
         part.base += offset - part.next + len(part.slots)
         for o, s in list(part.slots.items()):
             self._release(g, part, s)
-            txn.delete(keys.slot_key(g.group_id, p, o))
+            self._slot_changed(g, p, o)
         part.slots.clear()
         part.ready.clear()
         part.committed = part.next = offset
@@ -947,10 +1036,10 @@ class DeliveryState:
         """The record at the frontier waits, as a never-delivered scheduled slot, until ``due``."""
         offset = part.next
         part.next += 1
-        slot = part.slots[offset] = Slot(SCHEDULED, 0, due)
+        part.slots[offset] = Slot(SCHEDULED, 0, due)
         part.scheduled += 1
         heapq.heappush(part.ready, (due, offset))
-        self._put_slot(txn, g, p, offset, slot)
+        self._slot_changed(g, p, offset)
         self._touch(g, p)
 
     # -- reads ------------------------------------------------------------------------------
@@ -978,6 +1067,18 @@ class DeliveryState:
 
     def iter_groups(self) -> Iterator[GroupState]:
         return iter(list(self._by_id.values()))
+
+
+def _alike(a: Slot, b: Slot) -> bool:
+    """Whether ``b``, the slot of the offset after ``a``'s, is stored in the same run."""
+    step = 1 if a.kind == LEASED else 0
+    return (
+        a.kind == b.kind
+        and a.attempt == b.attempt
+        and a.due_ms == b.due_ms
+        and a.member == b.member
+        and b.lease_id == a.lease_id + step
+    )
 
 
 def _prune_ready(part: PartState) -> None:

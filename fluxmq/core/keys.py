@@ -18,7 +18,14 @@ NEXT_GROUP_ID = b"M/next_group_id"  # u64
 NEXT_LEASE_ID = b"M/next_lease_id"  # u64
 GROUP = b"C/"  # + queue_id u64 + group name -> fluxmq.v1.Group
 GROUP_PARTITION = b"P/"  # + group_id u64 + partition u32 -> PARTITION_VALUE
-SLOT = b"S/"  # + group_id u64 + partition u32 + offset u64 -> SLOT_VALUE + member (utf-8)
+# Pending deliveries as runs (delivery.py): consecutive offsets of one group partition that are
+# alike (same kind, attempt, due time and member; lease ids counting up by one when leased) are
+# one row, keyed by the run's last offset: + group_id u64 + partition u32 + last offset u64 ->
+# SLOT_RUN_VALUE + member (utf-8). Leasing and acking 100 in-order records costs one row.
+SLOT_RUN = b"U/"
+# Rows of stores written before runs: one per offset, + group_id u64 + partition u32 + offset u64
+# -> SLOT_VALUE + member. Read on open and rewritten as runs (delivery.DeliveryState.load).
+SLOT = b"S/"
 DEAD_GONE = b"L/"  # + dlq queue_id u64 + offset u64 -> b"": dead letters replayed or purged
 # + dlq queue_id u64 + origin name length u8 + origin name + offset u64 -> b"": the live dead
 # letters of each origin queue (several queues may share one DLQ), removed on replay and purge
@@ -45,6 +52,8 @@ DEDUP_VALUE = struct.Struct(">IQq")
 # base (signed; see delivery.PartState.base)
 PARTITION_VALUE = struct.Struct(">QQQQQQQq")
 SLOT_VALUE = struct.Struct(">BIqQ")  # kind, attempt, due_ms (deadline or ready time), lease_id
+# kind, attempt, due_ms, lease id of the first offset (0 when not leased), first offset
+SLOT_RUN_VALUE = struct.Struct(">BIqQQ")
 U32 = struct.Struct(">I")
 PARTITION_BITS = 20  # log_id = queue_id << 20 | partition; partitions are < 1024
 
@@ -110,13 +119,21 @@ def slot_key(group_id: int, partition: int, offset: int) -> bytes:
 
 
 def split_slot_key(key: bytes) -> tuple[int, int, int]:
-    """-> (group_id, partition, offset)"""
+    """-> (group_id, partition, offset) of a SLOT or SLOT_RUN key (the same shape)."""
     n = len(SLOT)
     return (
         U64.unpack_from(key, n)[0],
         U32.unpack_from(key, n + 8)[0],
         U64.unpack_from(key, n + 12)[0],
     )
+
+
+def slot_run_prefix(group_id: int) -> bytes:
+    return SLOT_RUN + U64.pack(group_id)
+
+
+def slot_run_key(group_id: int, partition: int, last_offset: int) -> bytes:
+    return SLOT_RUN + U64.pack(group_id) + U32.pack(partition) + U64.pack(last_offset)
 
 
 def checkout_prefix(group_id: int) -> bytes:

@@ -151,6 +151,11 @@ class QueueStateMachine:
             }
             raw = txn.get(keys.APPLIED)
             delivery = DeliveryState.load(txn)
+        if delivery.legacy_slot_keys:
+            # A store from before slot runs: rewrite its slots as runs now. The runs are a
+            # function of the state, so every replica that opens its copy writes the same rows.
+            with self._store.write() as wtxn:
+                delivery.flush(wtxn)
         self._catalog = catalog
         self._node_addresses = node_addresses
         self._applied = keys.U64.unpack(raw)[0] if raw else 0
@@ -218,6 +223,9 @@ class QueueStateMachine:
                         continue
                     results.append(self._apply_one(batch, entry.payload))
                     applied = entry.index
+                # Delivery rows once per batch: commands of one batch that touch the same run
+                # (acks of one lease, say) rewrite its row once. Nothing reads them before.
+                self.delivery.flush(txn)
                 if applied != self._applied:
                     txn.put(keys.APPLIED, keys.U64.pack(applied))
         except BaseException:
@@ -277,7 +285,6 @@ class QueueStateMachine:
             checkout.assign_checked_out(ctx, op, cmd)
             return result
         finally:
-            self.delivery.flush(ctx.txn)
             self.delivery.changed.clear()
             ctx.grown.clear()
 
