@@ -10,6 +10,8 @@ the same workloads (``bench.peers.workloads``) through its adapter (``bench.peer
 - ``end_to_end``: publish -> delivered latency at ``--e2e-rate`` msg/s (the same offered load
   for every broker);
 - ``fanout``: one queue, three groups, at ``--e2e-rate`` msg/s.
+- ``fanout_offsets``: a stream read by three groups that keep only their position (no ack per
+  message), at ``--e2e-rate`` msg/s; brokers whose adapter has no ``read`` skip it.
 
 Durability is the same promise everywhere (see each adapter's ``durability``): a publish returns
 when the broker has it fsync'd (on a majority for 3 nodes). Outputs in ``--out``
@@ -36,7 +38,7 @@ from typing import Any
 
 from bench.fluxmq_driver import RunResult
 from bench.peers import workloads
-from bench.peers.api import Adapter, Cluster
+from bench.peers.api import Adapter, Cluster, OffsetReader
 from bench.results_md import write_section
 
 HERE = Path(__file__).resolve().parent
@@ -180,6 +182,20 @@ async def run_workloads(
                 duration_s=args.duration,
             )
         )
+        if isinstance(adapter, OffsetReader):
+            q = _queue("fanout-offsets")
+            await adapter.create_stream(q, ["g1", "g2", "g3"])
+            on_result(
+                await workloads.fanout_offsets(
+                    adapter,
+                    adapter,
+                    q,
+                    ["g1", "g2", "g3"],
+                    size=args.size,
+                    rate=args.e2e_rate,
+                    duration_s=args.duration,
+                )
+            )
     finally:
         await adapter.close()
 
@@ -402,7 +418,7 @@ def plots(rows: list[dict[str, Any]], out: Path, stamp: str) -> list[str]:
     fig.savefig(out / names[0], dpi=100)
     plt.close(fig)
 
-    lat = [r for r in rows if r["workload"] in ("end_to_end", "fanout")]
+    lat = [r for r in rows if r["workload"] in ("end_to_end", "fanout", "fanout_offsets")]
     fig, ax = plt.subplots(figsize=(max(8.0, len(lat) * 0.8), 5))
     width = 0.27
     xs = range(len(lat))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,24 @@ class Adapter(Protocol):
 
     def server_pids(self) -> list[int]:
         """The broker's processes (for their CPU time in the results)."""
+        ...
+
+
+@runtime_checkable
+class OffsetReader(Protocol):
+    """What an adapter adds to take part in ``fanout_offsets``: groups that read a stream and
+    keep only their position (Kafka's consumer groups, JetStream's AckNone consumers), with no
+    acknowledgement per message. Adapters without it skip that workload."""
+
+    async def create_stream(self, queue: str, groups: Sequence[str]) -> None:
+        """A durable, replicated (``nodes``-way) stream and one reading group per name in
+        ``groups``: every group reads every message from the start, its position kept by the
+        broker or committed in the background; no message is acknowledged on its own."""
+        ...
+
+    async def read(self, queue: str, group: str, max_messages: int, wait_ms: int) -> list[bytes]:
+        """The next up to ``max_messages`` payloads for ``group``, waiting up to ``wait_ms``
+        for the first one; [] when none came."""
         ...
 
 

@@ -9,11 +9,13 @@ sent in a producer session), as the peers' adapters use their official clients;
 ``fluxmq-raw`` sends pre-built Publish requests on raw gRPC stubs (no keys). Both receive on
 raw stubs as RabbitMQ's adapter does: one long-lived Consume stream per (queue, group) with a
 credit of ``PREFETCH`` (RabbitMQ's prefetch), feeding a buffer that ``receive`` takes from;
-acks are Ack calls."""
+acks are Ack calls. ``fanout_offsets`` reads a stream queue with the SDK's ``client.reader``
+(one per (queue, group); Fetch long polls woken at commit, offsets committed every second)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -36,6 +38,7 @@ DURABILITY = (
 
 PREFETCH = 500  # a Consume stream's max_in_flight: RabbitMQ's adapter's prefetch
 STREAM_BATCH_MAX = 100
+READ_WAIT_MS = 1000  # a reader's Fetch long poll (a commit wakes it sooner)
 
 
 class _Stream:
@@ -64,6 +67,25 @@ class _Stream:
         self.task.cancel()
 
 
+class _Reading:
+    """One ``client.reader`` of a (stream, group), read into a buffer by a task."""
+
+    def __init__(self, client: AsyncClient, queue: str, group: str) -> None:
+        self.buffer: asyncio.Queue[bytes] = asyncio.Queue()
+        self.reader = client.reader(queue, group, wait_ms=READ_WAIT_MS)
+        self.task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        async for rec in self.reader:
+            self.buffer.put_nowait(rec.value)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await self.reader.close()
+
+
 class FluxAdapter:
     durability = DURABILITY
 
@@ -77,6 +99,8 @@ class FluxAdapter:
         self._channel: grpc.aio.Channel | None = None
         self._stub: queue_pb2_grpc.QueueServiceStub | None = None
         self._streams: dict[tuple[str, str], _Stream] = {}
+        self._readings: dict[tuple[str, str], _Reading] = {}
+        self._reading_client: AsyncClient | None = None
 
     async def connect(self) -> None:
         self._channel = grpc.aio.insecure_channel(self.address)
@@ -89,6 +113,12 @@ class FluxAdapter:
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
+        for reading in self._readings.values():
+            await reading.close()
+        self._readings.clear()
+        if self._reading_client is not None and self._reading_client is not self._client:
+            await self._reading_client.close()
+        self._reading_client = None
         if self._client is not None:
             await self._client.close()
         if self._channel is not None:
@@ -104,6 +134,35 @@ class FluxAdapter:
         await self.stub.CreateQueue(pb.CreateQueueRequest(config=config), timeout=10)
         for group in groups:
             await self.stub.CreateGroup(pb.CreateGroupRequest(queue=queue, group=group), timeout=10)
+
+    async def create_stream(self, queue: str, groups: Sequence[str]) -> None:
+        config = pb.QueueConfig(name=queue, partitions=1, type=pb.QUEUE_TYPE_STREAM)
+        await self.stub.CreateQueue(pb.CreateQueueRequest(config=config), timeout=10)
+        for group in groups:
+            await self.stub.CreateGroup(pb.CreateGroupRequest(queue=queue, group=group), timeout=10)
+
+    async def read(self, queue: str, group: str, max_messages: int, wait_ms: int) -> list[bytes]:
+        reading = self._readings.get((queue, group))
+        if reading is None:
+            if self._reading_client is None:
+                # The SDK's reader either way: it is how a user reads a stream (Fetch long
+                # polls woken at commit, offsets committed in the background).
+                self._reading_client = self._client or AsyncClient(self.address)
+                if self._reading_client is not self._client:
+                    await self._reading_client.connect()
+            reading = self._readings[(queue, group)] = _Reading(self._reading_client, queue, group)
+        buf = reading.buffer
+        if buf.empty():
+            try:
+                first = await asyncio.wait_for(buf.get(), timeout=max(wait_ms, 0) / 1000)
+            except TimeoutError:
+                return []
+        else:
+            first = buf.get_nowait()
+        out = [first]
+        while len(out) < max_messages and not buf.empty():
+            out.append(buf.get_nowait())
+        return out
 
     async def publish(self, queue: str, payloads: Sequence[bytes]) -> None:
         if self._client is not None:

@@ -542,7 +542,17 @@ class NatsAdapter:
                 return n
         return None
 
-    async def create_queue(self, queue: str, groups: Sequence[str]) -> None:
+    async def create_stream(self, queue: str, groups: Sequence[str]) -> None:
+        """As ``create_queue`` with AckNone consumers: the consumer's leader keeps its position
+        (delivered sequence, replicated) and nothing is acknowledged per message."""
+        await self.create_queue(queue, groups, ack_policy=AckPolicy.NONE)
+
+    async def read(self, queue: str, group: str, max_messages: int, wait_ms: int) -> list[bytes]:
+        return [d.payload for d in await self.receive(queue, group, max_messages, wait_ms)]
+
+    async def create_queue(
+        self, queue: str, groups: Sequence[str], ack_policy: AckPolicy = AckPolicy.EXPLICIT
+    ) -> None:
         stream = stream_name(queue)
         stream_config = StreamConfig(
             name=stream,
@@ -558,9 +568,9 @@ class NatsAdapter:
             consumer_config = ConsumerConfig(
                 name=consumer,
                 durable_name=consumer,
-                ack_policy=AckPolicy.EXPLICIT,
+                ack_policy=ack_policy,
                 deliver_policy=DeliverPolicy.ALL,
-                max_ack_pending=MAX_ACK_PENDING,
+                max_ack_pending=MAX_ACK_PENDING if ack_policy != AckPolicy.NONE else None,
             )
             await self._create(
                 f"consumer {stream}/{consumer}",

@@ -8,6 +8,9 @@
   ``consumers`` of one group receive and ack; latency = delivered - sent, per message.
 - ``fanout``: one queue, three groups; publishers paced to ``rate`` while every group consumes;
   throughput counts deliveries (3 per message), latency as in end_to_end.
+- ``fanout_offsets``: the same on a stream read by three groups that keep only their position
+  (no ack per message; ``api.OffsetReader``): FluxMQ's ``client.reader``, JetStream AckNone
+  consumers. Adapters without ``read`` skip it.
 
 All loops are bounded by time and by count. Client CPU (this process) and broker CPU (the
 adapter's server processes) are recorded beside every number: on a 2-core machine the client
@@ -23,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 from bench.fluxmq_driver import RunResult, paced, tree_cpu_seconds
-from bench.peers.api import Adapter, Delivered
+from bench.peers.api import Adapter, Delivered, OffsetReader
 
 _STAMP = struct.Struct(">Q")
 RECEIVE_WAIT_MS = 200
@@ -155,7 +158,9 @@ async def _paced_with_consumers(
     publishers: int,
     consumers_per_group: int,
     batch: int,
+    reader: OffsetReader | None = None,
 ) -> RunResult:
+    """``reader``: groups read with ``reader.read`` (no ack) instead of receive + ack."""
     latencies: list[float] = []
     published = 0
     delivered = 0
@@ -166,19 +171,31 @@ async def _paced_with_consumers(
         await adapter.publish(queue, [payload(size)])
         published += 1
 
+    async def take(group: str) -> list[bytes]:
+        """What ``group`` got next, settled (acked) before it counts."""
+        got: list[Delivered] = await adapter.receive(queue, group, batch, RECEIVE_WAIT_MS)
+        now = time.perf_counter_ns()
+        latencies.extend((now - sent_at_ns(m.payload)) / 1e6 for m in got)
+        await adapter.ack(queue, group, got)
+        return [m.payload for m in got]
+
+    async def read(group: str) -> list[bytes]:
+        assert reader is not None
+        got = await reader.read(queue, group, batch, RECEIVE_WAIT_MS)
+        now = time.perf_counter_ns()
+        latencies.extend((now - sent_at_ns(m)) / 1e6 for m in got)
+        return got
+
+    receive = take if reader is None else read
+
     async def consumer(group: str) -> None:
         nonlocal delivered
         deadline = time.perf_counter() + duration_s + DRAIN_GRACE_S
-        mine = 0
         while time.perf_counter() < deadline:
             if done_publishing and delivered >= published * len(groups):
                 return
-            got: list[Delivered] = await adapter.receive(queue, group, batch, RECEIVE_WAIT_MS)
-            now = time.perf_counter_ns()
-            latencies.extend((now - sent_at_ns(m.payload)) / 1e6 for m in got)
-            await adapter.ack(queue, group, got)
+            got = await receive(group)  # awaited first: ``delivered`` is shared by the tasks
             delivered += len(got)
-            mine += len(got)
 
     meter = _Meter(adapter)
     start = time.perf_counter()
@@ -244,4 +261,29 @@ async def fanout(
         publishers=E2E_PUBLISHERS,
         consumers_per_group=1,
         batch=100,
+    )
+
+
+async def fanout_offsets(
+    adapter: Adapter,
+    reader: OffsetReader,
+    queue: str,
+    groups: Sequence[str],
+    *,
+    size: int,
+    rate: float,
+    duration_s: float,
+) -> RunResult:
+    return await _paced_with_consumers(
+        adapter,
+        queue,
+        groups,
+        name="fanout_offsets",
+        size=size,
+        rate=rate,
+        duration_s=duration_s,
+        publishers=E2E_PUBLISHERS,
+        consumers_per_group=1,
+        batch=100,
+        reader=reader,
     )

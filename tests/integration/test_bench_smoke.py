@@ -53,12 +53,13 @@ def test_comparison_harness_runs_fluxmq_through_every_workload(tmp_path: Path) -
         assert [lbl for n, lbl in labels if n == nodes] == [
             "publish b=1 c=1", "publish b=1 c=2", "publish b=100 c=1", "publish b=100 c=2",
             "consume b=100 c=4", "end_to_end @100/s", "fanout @100/s",
+            "fanout_offsets @100/s",
         ]  # fmt: skip
     for r in rows:
         assert r["messages"] > 0 and r["server_cpu_s"] > 0, r
     consume = [r for r in rows if r["workload"] == "consume"]
     assert all(r["drained"] and r["messages"] == 300 for r in consume)
-    paced = [r for r in rows if r["workload"] in ("end_to_end", "fanout")]
+    paced = [r for r in rows if r["workload"] in ("end_to_end", "fanout", "fanout_offsets")]
     assert all(r["complete"] for r in paced), paced  # every message delivered to every group
     assert all(r["delivered"] == r["published"] * r["groups"] for r in paced)
     for png in tmp_path.glob("compare-*.png"):
