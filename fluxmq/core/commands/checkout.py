@@ -171,11 +171,21 @@ def _assign_group(ctx: ApplyContext, entry: QueueEntry, g: GroupState, now_ms: i
             eligible.append((co, only, credit))
     if not eligible:
         return False
+    # Walk only the partitions where something may be ready: after an ack on a drained queue
+    # (the common case) no consumer walks at all. Leaving the others out changes nothing, a
+    # walk over them would lease nothing and its retention catch-up would find nothing to do.
+    ready = _ready_bounds(ctx, entry, g)
+    if not ready:
+        return False
+    walk = set(ready)
+    eligible = [
+        (co, walk if only is None else only & walk, credit) for co, only, credit in eligible
+    ]
     # Shared: a fair share each first, then what is left. Ordered: a partition goes to one
     # consumer at a time anyway, so each takes whole partitions (a share would cut them short).
     rounds: tuple[int | None, ...] = (None,)
     if not g.ordered:
-        rounds = (max(1, -(-_ready_bound(ctx, entry, g) // len(eligible))), None)
+        rounds = (max(1, -(-sum(ready.values()) // len(eligible))), None)
     assigned = False
     for n, limit in enumerate(rounds):
         if n and not assigned:
@@ -194,12 +204,15 @@ def _assign_group(ctx: ApplyContext, entry: QueueEntry, g: GroupState, now_ms: i
     return assigned
 
 
-def _ready_bound(ctx: ApplyContext, entry: QueueEntry, g: GroupState) -> int:
-    """At most how many messages of ``g`` could be ready (never delivered, or scheduled)."""
-    total = 0
+def _ready_bounds(ctx: ApplyContext, entry: QueueEntry, g: GroupState) -> dict[int, int]:
+    """Partition -> at most how many messages of ``g`` could be ready there (never delivered,
+    or scheduled), for the partitions where that is more than none."""
+    out = {}
     for p in range(entry.policy.partitions):
         high = ctx.txn.log(keys.log_id(entry.queue_id, p)).watermarks().high
         part = g.parts.get(p)
-        total += high - (part.next if part is not None else 0)
-        total += part.scheduled if part is not None else 0
-    return total
+        bound = high - (part.next if part is not None else 0)
+        bound += part.scheduled if part is not None else 0
+        if bound > 0:
+            out[p] = bound
+    return out
