@@ -154,10 +154,10 @@ class GroupState:
     in_flight_by_member: dict[str, int] = field(default_factory=dict)
     membership: Membership | None = None  # None until somebody joins
     checkouts: dict[str, Checkout] = field(default_factory=dict)  # consumer id -> checkout
+    group_id: int = field(init=False)  # meta's, read on every grant and ack: kept as a plain int
 
-    @property
-    def group_id(self) -> int:
-        return int(self.meta.group_id)
+    def __post_init__(self) -> None:
+        self.group_id = int(self.meta.group_id)
 
     @property
     def name(self) -> str:
@@ -392,19 +392,67 @@ class DeliveryState:
         or join two). Runs elsewhere stay as stored: the border between two unchanged slots is
         unchanged, so every new run lies within the rows replaced."""
         slots, runs, run_of = part.slots, part.runs, part.run_of
+        put: dict[int, int] = {}  # last -> first: rows to write
+        gone: set[int] = set()  # last offsets of rows to delete (unless written again)
+        present = []
+        # Offsets that are done (acked, dead...) only cut their run: what is left of it on
+        # either side is still maximal. Acks in order cut runs at their front: O(1) each.
+        for o in sorted(changed):
+            if o in slots:
+                present.append(o)
+                continue
+            last = run_of.pop(o, None)
+            if last is None:
+                continue
+            first = runs.pop(last)
+            gone.add(last)
+            put.pop(last, None)
+            if first < o:
+                runs[o - 1] = put[o - 1] = first
+                for x in range(first, o):
+                    run_of[x] = o - 1
+            if o < last:
+                runs[last] = put[last] = o + 1
+        if present:
+            DeliveryState._rejoin_runs(part, present, put, gone)
+        for last in gone - put.keys():
+            txn.delete(keys.slot_run_key(group_id, p, last))
+        for last, first in put.items():
+            s = slots[first]
+            assert runs.get(last) == first, (group_id, p, first, last)
+            assert s.kind in (LEASED, SCHEDULED), (group_id, p, first, s)
+            assert part.committed <= first <= last < part.next, (group_id, p, first, last)
+            txn.put(
+                keys.slot_run_key(group_id, p, last),
+                keys.SLOT_RUN_VALUE.pack(s.kind, s.attempt, s.due_ms, s.lease_id, first)
+                + s.member.encode(),
+            )
+
+    @staticmethod
+    def _rejoin_runs(
+        part: PartState, changed: list[int], put: dict[int, int], gone: set[int]
+    ) -> None:
+        """Replace the stored runs holding or bordering ``changed`` (offsets with a slot that
+        was set or changed) by the maximal runs of the slots there; record the rows in ``put``
+        and ``gone``."""
+        slots, runs, run_of = part.slots, part.runs, part.run_of
         old: dict[int, int] = {}  # last -> first, of the stored runs replaced
         for o in changed:
             for x in (o - 1, o, o + 1):
                 last = run_of.get(x)
                 if last is not None and last not in old:
                     old[last] = runs[last]
+        # Rows as stored on disk (not already cut in this flush): one that comes out the same
+        # is left alone.
+        as_stored = {last: first for last, first in old.items() if last not in gone}
         points = set(changed)
         for last, first in old.items():
             points.update(range(first, last + 1))
             del runs[last]
             for x in range(first, last + 1):
                 del run_of[x]
-        new: dict[int, int] = {}
+            gone.add(last)
+            put.pop(last, None)
         for x in sorted(points):
             if x not in slots or x in run_of:
                 continue
@@ -415,26 +463,20 @@ class DeliveryState:
                 last += 1
             runs[last] = first
             for y in range(first, last + 1):
-                assert y not in run_of, (group_id, p, y)  # a run reached one not replaced
+                assert y not in run_of, y  # a run reached one not replaced
                 run_of[y] = last
-            new[last] = first
-        for last in old.keys() - new.keys():
-            txn.delete(keys.slot_run_key(group_id, p, last))
-        for last, first in new.items():
-            if old.get(last) == first and not any(first <= c <= last for c in changed):
-                continue  # the same offsets, none of them changed: the row is as stored
-            s = slots[first]
-            assert s.kind in (LEASED, SCHEDULED), (group_id, p, first, s)
-            assert part.committed <= first <= last < part.next, (group_id, p, first, last)
-            txn.put(
-                keys.slot_run_key(group_id, p, last),
-                keys.SLOT_RUN_VALUE.pack(s.kind, s.attempt, s.due_ms, s.lease_id, first)
-                + s.member.encode(),
-            )
+            if as_stored.get(last) == first and not any(first <= c <= last for c in changed):
+                gone.discard(last)  # the same offsets, none of them changed: the row stays
+            else:
+                put[last] = first
 
     def _slot_changed(self, g: GroupState, p: int, offset: int) -> None:
         """The slot of ``offset`` was set, changed or removed: its run is rewritten at flush."""
-        self._slots_dirty.setdefault((g.group_id, p), set()).add(offset)
+        key = (g.group_id, p)
+        dirty = self._slots_dirty.get(key)
+        if dirty is None:
+            dirty = self._slots_dirty[key] = set()
+        dirty.add(offset)
 
     def _touch(self, g: GroupState, p: int) -> None:
         self._dirty.add((g.group_id, p))

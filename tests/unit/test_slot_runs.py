@@ -208,3 +208,12 @@ def test_a_store_with_per_offset_slot_rows_is_rewritten_as_runs_on_open(tmp_path
     again.apply_batch([E(index, commands.encode(cpb.ExpireLeasesCmd(now_ms=T0 + 10**9)))])
     assert all(kind == 2 for _p, _f, _l, kind in run_rows(again))
     again.store.close()
+
+
+def test_the_delivery_rows_bench_counts_one_row_per_in_order_lease_of_100() -> None:
+    from bench.delivery_rows import measure
+
+    batched = measure(per_message_ack=False, rounds=2)
+    assert (batched["rows_put_per_100"], batched["rows_deleted_per_100"]) == (1, 1)
+    one_by_one = measure(per_message_ack=True, rounds=1)  # each ack rewrites the run's row
+    assert (one_by_one["rows_put_per_100"], one_by_one["rows_deleted_per_100"]) == (100, 1)
