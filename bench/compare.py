@@ -170,30 +170,28 @@ async def run_workloads(
                 adapter, q, "g", size=args.size, rate=args.e2e_rate, duration_s=args.duration
             )
         )
-        q = _queue("fanout")
-        await adapter.create_queue(q, ["g1", "g2", "g3"])
-        on_result(
-            await workloads.fanout(
-                adapter,
-                q,
-                ["g1", "g2", "g3"],
-                size=args.size,
-                rate=args.e2e_rate,
-                duration_s=args.duration,
-            )
-        )
+        groups = ["g1", "g2", "g3"]
+        # Acking groups of a queue; then, where the adapter can, groups reading a stream by
+        # offsets (no ack per message).
+        readers: list[OffsetReader | None] = [None]
         if isinstance(adapter, OffsetReader):
-            q = _queue("fanout-offsets")
-            await adapter.create_stream(q, ["g1", "g2", "g3"])
+            readers.append(adapter)
+        for reader in readers:
+            if reader is None:
+                q = _queue("fanout")
+                await adapter.create_queue(q, groups)
+            else:
+                q = _queue("fanout-offsets")
+                await reader.create_stream(q, groups)
             on_result(
-                await workloads.fanout_offsets(
-                    adapter,
+                await workloads.fanout(
                     adapter,
                     q,
-                    ["g1", "g2", "g3"],
+                    groups,
                     size=args.size,
                     rate=args.e2e_rate,
                     duration_s=args.duration,
+                    reader=reader,
                 )
             )
     finally:

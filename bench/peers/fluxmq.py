@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -39,6 +40,24 @@ DURABILITY = (
 PREFETCH = 500  # a Consume stream's max_in_flight: RabbitMQ's adapter's prefetch
 STREAM_BATCH_MAX = 100
 READ_WAIT_MS = 1000  # a reader's Fetch long poll (a commit wakes it sooner)
+
+
+T = TypeVar("T")
+
+
+async def _take(buf: asyncio.Queue[T], max_messages: int, wait_ms: int) -> list[T]:
+    """Up to ``max_messages`` of ``buf``, waiting up to ``wait_ms`` for the first."""
+    if buf.empty():
+        try:
+            first = await asyncio.wait_for(buf.get(), timeout=max(wait_ms, 0) / 1000)
+        except TimeoutError:
+            return []
+    else:
+        first = buf.get_nowait()
+    out = [first]
+    while len(out) < max_messages and not buf.empty():
+        out.append(buf.get_nowait())
+    return out
 
 
 class _Stream:
@@ -151,18 +170,7 @@ class FluxAdapter:
                 if self._reading_client is not self._client:
                     await self._reading_client.connect()
             reading = self._readings[(queue, group)] = _Reading(self._reading_client, queue, group)
-        buf = reading.buffer
-        if buf.empty():
-            try:
-                first = await asyncio.wait_for(buf.get(), timeout=max(wait_ms, 0) / 1000)
-            except TimeoutError:
-                return []
-        else:
-            first = buf.get_nowait()
-        out = [first]
-        while len(out) < max_messages and not buf.empty():
-            out.append(buf.get_nowait())
-        return out
+        return await _take(reading.buffer, max_messages, wait_ms)
 
     async def publish(self, queue: str, payloads: Sequence[bytes]) -> None:
         if self._client is not None:
@@ -180,17 +188,7 @@ class FluxAdapter:
         stream = self._streams.get((queue, group))
         if stream is None:
             stream = self._streams[(queue, group)] = _Stream(self.stub, queue, group)
-        buf = stream.buffer
-        if buf.empty():
-            try:
-                first = await asyncio.wait_for(buf.get(), timeout=max(wait_ms, 0) / 1000)
-            except TimeoutError:
-                return []
-        else:
-            first = buf.get_nowait()
-        out = [first]
-        while len(out) < max_messages and not buf.empty():
-            out.append(buf.get_nowait())
+        out = await _take(stream.buffer, max_messages, wait_ms)
         return [Delivered(m.record.value, m.receipt) for m in out]
 
     async def ack(self, queue: str, group: str, messages: Sequence[Delivered]) -> None:

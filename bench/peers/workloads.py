@@ -249,36 +249,14 @@ async def fanout(
     size: int,
     rate: float,
     duration_s: float,
+    reader: OffsetReader | None = None,
 ) -> RunResult:
+    """``reader``: the groups read by offsets (``fanout_offsets``) instead of receive + ack."""
     return await _paced_with_consumers(
         adapter,
         queue,
         groups,
-        name="fanout",
-        size=size,
-        rate=rate,
-        duration_s=duration_s,
-        publishers=E2E_PUBLISHERS,
-        consumers_per_group=1,
-        batch=100,
-    )
-
-
-async def fanout_offsets(
-    adapter: Adapter,
-    reader: OffsetReader,
-    queue: str,
-    groups: Sequence[str],
-    *,
-    size: int,
-    rate: float,
-    duration_s: float,
-) -> RunResult:
-    return await _paced_with_consumers(
-        adapter,
-        queue,
-        groups,
-        name="fanout_offsets",
+        name="fanout" if reader is None else "fanout_offsets",
         size=size,
         rate=rate,
         duration_s=duration_s,
