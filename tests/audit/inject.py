@@ -256,3 +256,17 @@ def watermarks(data_dir: Path, queue: str, partition: int) -> tuple[int, int]:
 
 def high(data_dir: Path, queue: str, partition: int) -> int:
     return watermarks(data_dir, queue, partition)[1]
+
+
+def truncate_slot_run(data_dir: Path, queue: str, group: str) -> int:
+    """Cut the value of one of ``group``'s stored delivery runs (keys.SLOT_RUN) short, so that it
+    cannot be read; -> the run's partition."""
+    qid = queue_id(data_dir, queue)
+    with _env(data_dir) as (txn, _batches, kv):
+        gid = int(pb.Group.FromString(txn.get(keys.group_key(qid, group), db=kv)).group_id)
+        prefix = keys.slot_run_prefix(gid)
+        with txn.cursor(db=kv) as cursor:
+            assert cursor.set_range(prefix) and cursor.key().startswith(prefix), (queue, group)
+            key, value = cursor.key(), cursor.value()
+        txn.put(key, value[: keys.SLOT_RUN_VALUE.size - 3], db=kv)
+    return keys.split_slot_key(key)[1]

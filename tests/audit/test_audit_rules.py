@@ -210,6 +210,17 @@ def test_a_count_without_offsets_behind_it_fails_totals(
     assert found == {("totals", d.name, ORDERS, p, None)}
 
 
+def test_an_unreadable_delivery_run_fails_totals_and_the_audit_goes_on(
+    single_copy: Copier, tmp_path: Path
+) -> None:
+    """A group's pending deliveries are stored as runs; one that cannot be read loses its
+    offsets from the counts, which the partition row's totals then contradict."""
+    (d,) = single_copy("run")
+    p = inject.truncate_slot_run(d, ORDERS, "billing")
+    _summary, found = run(tmp_path / "report", data_dirs=[str(d)])
+    assert found == {("totals", d.name, ORDERS, p, None)}
+
+
 def test_a_key_stored_out_of_time_order_fails_key_order(
     single_copy: Copier, tmp_path: Path
 ) -> None:
