@@ -289,6 +289,10 @@ class Workload:
                 return
             node = nodes[turn % len(nodes)]
             turn += 1
+            # A stream's leases last no longer than the stream: when it ends because its client
+            # went away (here: its deadline), the broker gives them back at once.
+            ends_ms = _now_ms() + int(STREAM_S * 1000)
+            received: list[tuple[int, int, int]] = []  # (partition, offset, received_ms)
             stream = self.cluster.queue(node).Consume(
                 pb.ConsumeRequest(
                     queue=QUEUE, group=GROUP, consumer_id=consumer,
@@ -299,11 +303,15 @@ class Workload:
             try:
                 for response in stream:
                     receipts = [m.receipt for m in response.messages]
-                    ack_leased(self.cluster, node, consumer, self.history, receipts)
+                    at = _now_ms()
+                    received += [(r.partition, r.offset, at) for r in receipts]
+                    ack_leased(self.cluster, node, consumer, self.history, receipts, ends_ms, at)
                     if self.stop.is_set():
                         stream.cancel()
+                        end_leases(self.history, consumer, received, _now_ms())
                         return
             except grpc.RpcError:  # deadline, failover, node down: open it again
+                end_leases(self.history, consumer, received, _now_ms())
                 time.sleep(0.05)
 
 
@@ -325,21 +333,36 @@ def lease_once(
     return ack_leased(cluster, node, consumer, history, [m.receipt for m in leased.messages])
 
 
+def end_leases(
+    history: History, consumer: str, received: list[tuple[int, int, int]], ended_ms: int
+) -> None:
+    """A Consume stream ended: the leases it brought that no ack settled end with it (the
+    broker releases them when it sees the client gone)."""
+    with history.lock:
+        for partition, offset, at in received:
+            lease = history.leases[(consumer, partition, offset, at)]
+            if lease[1] is None:
+                lease[1] = ended_ms
+
+
 def ack_leased(
     cluster: ChaosCluster,
     node: ChaosNode,
     consumer: str,
     history: History,
     receipts: list[pb.Receipt],
+    until_ms: int | None = None,
+    received_ms: int | None = None,
 ) -> int:
-    """Record what ``consumer`` was just given and ack it through ``node``; -> how many."""
-    received = _now_ms()
+    """Record what ``consumer`` was just given (at ``received_ms``, now if None; valid to its
+    lease deadline, or ``until_ms`` if sooner) and ack it through ``node``; -> how many."""
+    received = _now_ms() if received_ms is None else received_ms
     with history.lock:
         for r in receipts:
-            history.leases[(consumer, r.partition, r.offset, received)] = [
-                r.lease_deadline_ms,
-                None,
-            ]
+            deadline = r.lease_deadline_ms
+            if until_ms is not None:
+                deadline = min(deadline, until_ms)
+            history.leases[(consumer, r.partition, r.offset, received)] = [deadline, None]
     if not receipts:
         return 0
     try:

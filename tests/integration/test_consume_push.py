@@ -140,6 +140,47 @@ def test_a_stream_that_ended_takes_no_more_messages(node: Node) -> None:
         assert list(desc.streaming) == []
 
 
+def test_a_stream_whose_client_went_away_gives_its_unacked_messages_back_at_once(
+    node: Node,
+) -> None:
+    """As AMQP requeues a closed channel's unacked messages: a cancelled stream's leases end
+    when its end applies, not when they would have run out (the queue's lease is 30 s)."""
+    with node.channel() as ch:
+        stub = queue_with_group(ch, "gone")
+        first = Stream(stub, "gone", "c1")
+        publish(stub, "gone", b"a", b"b")
+        held = sorted(first.take().record.value for _ in range(2))
+        assert held == [b"a", b"b"]
+        first.close()  # cancelled, nothing acked
+        second = Stream(stub, "gone", "c2")
+        try:
+            again = sorted(second.take(timeout_s=10).record.value for _ in range(2))
+            assert again == held
+        finally:
+            second.close()
+        redelivered = lease(stub, "gone", consumer="c3")
+        assert redelivered == []  # c2 holds them now: nothing is leased twice
+
+
+def test_end_consume_keeps_what_the_stream_was_given_leased(node: Node) -> None:
+    """A graceful end (EndConsume) is not a client gone: what it was given stays its own."""
+    with node.channel() as ch:
+        stub = queue_with_group(ch, "kept")
+        stream = Stream(stub, "kept", "c1")
+        try:
+            publish(stub, "kept", b"a")
+            m = stream.take()
+            assert stub.EndConsume(
+                pb.EndConsumeRequest(queue="kept", group="g", consumer_id="c1")
+            ).ended
+            stream._thread.join(5)
+            assert lease(stub, "kept", consumer="c2") == []  # still c1's
+            ack = stub.Ack(pb.AckRequest(queue="kept", group="g", receipts=[m.receipt]))
+            assert list(ack.statuses) == [pb.RECEIPT_STATUS_ACKED]
+        finally:
+            stream.close()
+
+
 def test_a_restarted_node_checks_in_the_streams_it_no_longer_serves(node: Node) -> None:
     with node.channel() as ch:
         stub = queue_with_group(ch, "orphan")

@@ -3,6 +3,8 @@ their member is no longer current, and their rows going with their group."""
 
 from __future__ import annotations
 
+import pytest
+
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import keys, limits
@@ -90,3 +92,42 @@ def test_a_checkin_of_a_group_or_queue_gone_ends_nothing_and_is_not_refused(
     assert grp.one(cmd) == 0
     cmd.queue_id += 1  # another incarnation of the queue
     assert grp.one(cmd) == 0
+
+
+def _checkin(grp: Grp, consumer: str, session: int, release: bool, now: int) -> object:
+    cmd = cpb.CheckinCmd(queue=grp.queue, queue_id=grp.q.queue_id, now_ms=now)
+    cmd.consumers.add(group=grp.group, consumer_id=consumer, session_id=session, release=release)
+    return grp.one(cmd)
+
+
+def _leased(grp: Grp) -> dict[int, tuple[str, int, int, int]]:
+    return grp.sm.delivery.view(grp.g(), 0).leased
+
+
+@pytest.mark.parametrize("release", [False, True])
+def test_a_released_checkin_gives_the_consumers_messages_back_and_a_plain_one_keeps_them(
+    store: Store, release: bool
+) -> None:
+    grp = Grp(store, partitions=1, mode=pb.DELIVERY_MODE_SHARED)
+    checkout(grp, "c1", 5)
+    grp.publish(0, b"a", b"b")
+    assert {m for m, *_ in _leased(grp).values()} == {"c1"}
+    now = T0 + 100
+    assert _checkin(grp, "c1", 5, release, now) == 1
+    grp.expire_leases(now)
+    if release:  # ready again now, the delivery counted (lease expired at the checkin)
+        assert _leased(grp) == {}
+        scheduled = grp.sm.delivery.view(grp.g(), 0).scheduled
+        assert scheduled == {0: (now, 1), 1: (now, 1)}
+    else:  # c1's until acked, nacked or its lease (1 s here) runs out
+        assert {m for m, *_ in _leased(grp).values()} == {"c1"}
+
+
+def test_a_release_of_an_older_session_changes_nothing(store: Store) -> None:
+    grp = Grp(store, partitions=1, mode=pb.DELIVERY_MODE_SHARED)
+    checkout(grp, "c1", 5)
+    grp.publish(0, b"a")
+    checkout(grp, "c1", 6)  # the consumer's new stream
+    before = grp.digest()
+    assert _checkin(grp, "c1", 5, True, T0 + 100) == 0
+    assert grp.digest() == before and len(_leased(grp)) == 1

@@ -647,13 +647,20 @@ class Run:
             return
         (group, consumer), (session, _, _) = rng.choice(sorted(self.checkouts.items()))
         stale = rng.random() < 0.25
-        cmd = cpb.CheckinCmd(queue="q", queue_id=self.q.queue_id)
-        cmd.consumers.add(group=group, consumer_id=consumer, session_id=session + stale)
+        release = rng.random() < 0.5  # the stream's client went away
+        cmd = cpb.CheckinCmd(queue="q", queue_id=self.q.queue_id, now_ms=self.now)
+        cmd.consumers.add(
+            group=group, consumer_id=consumer, session_id=session + stale, release=release
+        )
         res = self.cmd(cmd)
         assert res == (0 if stale else 1), self.fail(f"checkin gave {res}")
         if not stale:
             del self.checkouts[(group, consumer)]
             self.checked_in = (group, consumer, session)
+            if release:  # its leases end now: the next expiry pass makes them ready
+                for w in self.model[group].values():
+                    if w.state == LEASED and w.member == consumer and w.deadline > self.now:
+                        w.deadline = self.now
 
     def take_pushes(self) -> None:
         """What the step's applies assigned to checked-out consumers: only ready messages,

@@ -305,24 +305,28 @@ class CheckoutCmd(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease_ms: _Optional[int] = ..., session_id: _Optional[int] = ..., member: _Optional[_Union[MemberRef, _Mapping]] = ..., now_ms: _Optional[int] = ...) -> None: ...
 
 class CheckinCmd(_message.Message):
-    __slots__ = ("queue", "queue_id", "consumers")
+    __slots__ = ("queue", "queue_id", "consumers", "now_ms")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     queue_id: int
     consumers: _containers.RepeatedCompositeFieldContainer[CheckinOf]
-    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[CheckinOf, _Mapping]]] = ...) -> None: ...
+    now_ms: int
+    def __init__(self, queue: _Optional[str] = ..., queue_id: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[CheckinOf, _Mapping]]] = ..., now_ms: _Optional[int] = ...) -> None: ...
 
 class CheckinOf(_message.Message):
-    __slots__ = ("group", "consumer_id", "session_id")
+    __slots__ = ("group", "consumer_id", "session_id", "release")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     group: str
     consumer_id: str
     session_id: int
-    def __init__(self, group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., session_id: _Optional[int] = ...) -> None: ...
+    release: bool
+    def __init__(self, group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., session_id: _Optional[int] = ..., release: _Optional[bool] = ...) -> None: ...
 
 class CheckoutState(_message.Message):
     __slots__ = ("consumer_id", "max_in_flight", "lease_ms", "session_id", "member")

@@ -8,7 +8,9 @@ expiry, a member change), ``assign_checked_out`` leases ready messages to the ch
 consumers with credit, in the same transaction, from the command and the state only: every
 replica assigns the same messages to the same consumers with the same lease ids and deadlines.
 The leader then sends them on the streams (``Push``) in the round that committed them, instead
-of a second round of its own (a Lease) after a wake-up.
+of a second round of its own (a Lease) after a wake-up. A ``CheckinCmd`` ends a checkout; with
+``release`` (the stream's client went away) the consumer's leases also end at the command's
+time, so the next expiry pass hands its unsettled messages to the others.
 
 Worked example (shared mode): group ``g`` has consumers ``a`` (max_in_flight 2, holds 1) and
 ``b`` (max_in_flight 10, holds 0); an append of 5 records applies. Both have credit (1 and 10);
@@ -83,11 +85,21 @@ def prepare_end_consume(
     return checkin_cmd(entry, [(group, co.consumer_id, co.session_id)])
 
 
-def checkin_cmd(entry: QueueEntry, ends: Iterable[tuple[str, str, int]]) -> cpb.CheckinCmd:
-    """``ends``: (group, consumer id, session id) of streams of ``entry`` that ended."""
-    cmd = cpb.CheckinCmd(queue=entry.name, queue_id=entry.queue_id)
+def checkin_cmd(
+    entry: QueueEntry,
+    ends: Iterable[tuple[str, str, int]],
+    *,
+    release: bool = False,
+    now_ms: int = 0,
+) -> cpb.CheckinCmd:
+    """``ends``: (group, consumer id, session id) of streams of ``entry`` that ended.
+    ``release``: their clients went away; the consumers' leases end at ``now_ms``."""
+    assert not release or now_ms > 0, now_ms
+    cmd = cpb.CheckinCmd(queue=entry.name, queue_id=entry.queue_id, now_ms=now_ms)
     for group, consumer_id, session_id in ends:
-        cmd.consumers.add(group=group, consumer_id=consumer_id, session_id=session_id)
+        cmd.consumers.add(
+            group=group, consumer_id=consumer_id, session_id=session_id, release=release
+        )
     return cmd
 
 
@@ -108,6 +120,11 @@ def apply_checkin(ctx: ApplyContext, cmd: cpb.CheckinCmd) -> int:
             ended += 1
             # A stream still open (EndConsume) sends what it was given, then ends.
             ctx.delivery.pushes.append(Push(g.group_id, c.consumer_id, c.session_id, end=True))
+            if c.release and cmd.now_ms > 0:
+                # Its client is gone: what it held goes back to the group now (the next expiry
+                # pass makes it ready, behind what waits, with the attempt counted), not when
+                # the leases would have run out.
+                ctx.delivery.expire_member_leases(ctx.txn, g, c.consumer_id, cmd.now_ms)
     return ended
 
 

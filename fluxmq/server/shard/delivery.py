@@ -181,6 +181,7 @@ class GroupDelivery:
         slot = (ask.group_id, ask.consumer_id)
         self._streams[slot] = stream  # before the checkout: its first pushes must find it
         wakeups = self._wakeups
+        client_gone = False
         try:
             wakeups.check_open()
             cmd = prepare_checkout(
@@ -215,12 +216,19 @@ class GroupDelivery:
                 self._proposer.require_leader()
                 stream.event.clear()
                 await wakeups.wait([stream.event], IDLE_RECHECK_S)
+        except (asyncio.CancelledError, GeneratorExit):
+            # gRPC cancels the handler when the client cancels, its deadline passes or its
+            # connection drops: nobody will settle what this stream sent.
+            client_gone = True
+            raise
         finally:
             if self._streams.get(slot) is stream:
                 del self._streams[slot]
             self._active.discard(key)
             if stream.checked_out and not stream.ended:
-                self._checkin_later(entry, ask.group, ask.consumer_id, stream.session_id)
+                self._checkin_later(
+                    entry, ask.group, ask.consumer_id, stream.session_id, release=client_gone
+                )
 
     async def end_consume(self, req: pb.EndConsumeRequest) -> bool:
         """Check the consumer in: its stream (wherever it runs) sends what it was given and
@@ -248,12 +256,21 @@ class GroupDelivery:
         """The session ids of the Consume streams open here."""
         return {s.session_id for s in self._streams.values()}
 
-    def _checkin_later(self, entry: QueueEntry, group: str, consumer_id: str, session: int) -> None:
+    def _checkin_later(
+        self, entry: QueueEntry, group: str, consumer_id: str, session: int, *, release: bool
+    ) -> None:
+        """``release``: the client went away, its leases end now (RabbitMQ requeues a closed
+        channel's unacked messages). Not on a node that drains or no longer leads: its
+        clients go on elsewhere and still settle what they hold."""
+        cmd = checkin_cmd(
+            entry, [(group, consumer_id, session)], release=release, now_ms=self._clock_ms()
+        )
+
         async def checkin() -> None:
             # Best effort: when it cannot be done (not the leader, node stopping), the leader's
-            # orphan pass checks the consumer in.
+            # orphan pass checks the consumer in (without releasing).
             with contextlib.suppress(Exception):
-                await self._proposer.propose(checkin_cmd(entry, [(group, consumer_id, session)]))
+                await self._proposer.propose(cmd)
 
         if self._proposer.is_leader and not self._wakeups.draining:
             task = asyncio.get_running_loop().create_task(checkin(), name="checkin")
