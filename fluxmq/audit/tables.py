@@ -30,8 +30,9 @@
     that applied the same log; null for a store that never recorded one).
 ``groups``: one row per (consumer group, partition)
     the stored row (committed, next, acked, dead, filtered, skipped, purged, base), the pending
-    slots (leased, scheduled, their lowest and highest offset, how many lie outside
-    [committed, next)), and the partition's watermarks read in the same transaction.
+    slots, expanded from their stored runs (leased, scheduled, their lowest and highest offset,
+    how many lie outside [committed, next)), and the partition's watermarks read in the same
+    transaction.
 
 Logs of deleted queues waiting to be dropped (the ``T/`` rows) are left out: they are being
 removed in chunks and belong to no queue.
