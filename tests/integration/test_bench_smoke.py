@@ -56,7 +56,9 @@ def test_comparison_harness_runs_fluxmq_through_every_workload(tmp_path: Path) -
             "fanout_offsets @100/s",
         ]  # fmt: skip
     for r in rows:
-        assert r["messages"] > 0 and r["server_cpu_s"] > 0, r
+        assert r["messages"] > 0 and r["server_cpu_s"] >= 0, r
+    # CPU is read in 10 ms clock ticks per process: a 0.2 s run may show none, all runs not.
+    assert sum(r["server_cpu_s"] for r in rows) > 0
     consume = [r for r in rows if r["workload"] == "consume"]
     assert all(r["drained"] and r["messages"] == 300 for r in consume)
     paced = [r for r in rows if r["workload"] in ("end_to_end", "fanout", "fanout_offsets")]
