@@ -523,6 +523,9 @@ def read_logs(store: StoreRef, view: InspectView, names: list[str]) -> Iterator[
     yield from _batches(LOGS, names, rows)
 
 
+_SLOT_KEY_BYTES = len(keys.slot_run_key(0, 0, 0))  # SLOT and SLOT_RUN keys have one shape
+
+
 def read_groups(store: StoreRef, view: InspectView, names: list[str]) -> Iterator[pa.RecordBatch]:
     queues = catalog(view)
     metas: dict[int, tuple[int, pb.Group]] = {}
@@ -532,7 +535,7 @@ def read_groups(store: StoreRef, view: InspectView, names: list[str]) -> Iterato
         metas[int(g.group_id)] = (queue_id, g)
     slots: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for key, value in view.scan(keys.SLOT_RUN):
-        if len(key) != len(keys.slot_run_key(0, 0, 0)) or len(value) < keys.SLOT_RUN_VALUE.size:
+        if len(key) != _SLOT_KEY_BYTES or len(value) < keys.SLOT_RUN_VALUE.size:
             continue  # too short to read: its slots are missing from the counts (totals rule)
         group_id, partition, last = keys.split_slot_key(key)
         kind, _attempt, _due_ms, _lease_id, first = keys.SLOT_RUN_VALUE.unpack_from(value)
@@ -545,7 +548,7 @@ def read_groups(store: StoreRef, view: InspectView, names: list[str]) -> Iterato
             # with the partition row, which the totals rule reports.
             pending_run.extend([(first, kind), (last, kind)])
     for key, value in view.scan(keys.SLOT):  # a store written before slot runs
-        if len(key) != len(keys.slot_key(0, 0, 0)) or len(value) < keys.SLOT_VALUE.size:
+        if len(key) != _SLOT_KEY_BYTES or len(value) < keys.SLOT_VALUE.size:
             continue
         group_id, partition, offset = keys.split_slot_key(key)
         kind = keys.SLOT_VALUE.unpack_from(value)[0]

@@ -31,6 +31,7 @@ partition.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -432,8 +433,8 @@ class DeliveryState:
     def _rejoin_runs(
         part: PartState, changed: list[int], put: dict[int, int], gone: set[int]
     ) -> None:
-        """Replace the stored runs holding or bordering ``changed`` (offsets with a slot that
-        was set or changed) by the maximal runs of the slots there; record the rows in ``put``
+        """Replace the stored runs holding or bordering ``changed`` (sorted offsets with a slot
+        that was set or changed) by the maximal runs of the slots there; record the rows in ``put``
         and ``gone``."""
         slots, runs, run_of = part.slots, part.runs, part.run_of
         old: dict[int, int] = {}  # last -> first, of the stored runs replaced
@@ -465,7 +466,8 @@ class DeliveryState:
             for y in range(first, last + 1):
                 assert y not in run_of, y  # a run reached one not replaced
                 run_of[y] = last
-            if as_stored.get(last) == first and not any(first <= c <= last for c in changed):
+            at = bisect.bisect_left(changed, first)  # ``changed`` is sorted
+            if as_stored.get(last) == first and not (at < len(changed) and changed[at] <= last):
                 gone.discard(last)  # the same offsets, none of them changed: the row stays
             else:
                 put[last] = first

@@ -110,10 +110,6 @@ def group_partition_key(group_id: int, partition: int) -> bytes:
     return GROUP_PARTITION + U64.pack(group_id) + U32.pack(partition)
 
 
-def slot_prefix(group_id: int) -> bytes:
-    return SLOT + U64.pack(group_id)
-
-
 def slot_key(group_id: int, partition: int, offset: int) -> bytes:
     return SLOT + U64.pack(group_id) + U32.pack(partition) + U64.pack(offset)
 

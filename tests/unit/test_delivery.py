@@ -1040,7 +1040,9 @@ def test_delete_group_removes_every_row_of_it(store: Store) -> None:
     assert q.d.one(cpb.DeleteGroupCmd(queue="q", queue_id=q.q.queue_id, group="doomed")) is None
     with store.read() as txn:
         assert txn.get(keys.group_key(q.q.queue_id, "doomed")) is None
-        assert list(txn.scan(keys.slot_prefix(g.group_id))) == []
+        assert list(txn.scan(keys.slot_run_prefix(g.group_id))) == []
+        kept = q.sm.delivery.get(q.q.queue_id, "q", "kept").group_id
+        assert list(txn.scan(keys.slot_run_prefix(kept)))  # the other group's runs stay
         assert list(txn.scan(keys.GROUP_PARTITION + keys.U64.pack(g.group_id))) == []
         assert len(list(txn.scan(keys.GROUP))) == 1
     refused(q.lease_cmd("doomed"), "GROUP_NOT_FOUND")

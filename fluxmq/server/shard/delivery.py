@@ -262,20 +262,21 @@ class GroupDelivery:
         """``release``: the client went away, its leases end now (RabbitMQ requeues a closed
         channel's unacked messages). Not on a node that drains or no longer leads: its
         clients go on elsewhere and still settle what they hold."""
+        if not self._proposer.is_leader or self._wakeups.draining:
+            return  # the leader's orphan pass checks the consumer in (without releasing)
         cmd = checkin_cmd(
             entry, [(group, consumer_id, session)], release=release, now_ms=self._clock_ms()
         )
 
         async def checkin() -> None:
-            # Best effort: when it cannot be done (not the leader, node stopping), the leader's
-            # orphan pass checks the consumer in (without releasing).
+            # Best effort: when it cannot be done (leadership lost meanwhile, node stopping),
+            # the leader's orphan pass checks the consumer in.
             with contextlib.suppress(Exception):
                 await self._proposer.propose(cmd)
 
-        if self._proposer.is_leader and not self._wakeups.draining:
-            task = asyncio.get_running_loop().create_task(checkin(), name="checkin")
-            self._checkins.add(task)
-            task.add_done_callback(self._checkins.discard)
+        task = asyncio.get_running_loop().create_task(checkin(), name="checkin")
+        self._checkins.add(task)
+        task.add_done_callback(self._checkins.discard)
 
     # -- settle -----------------------------------------------------------------------------
 
