@@ -522,6 +522,11 @@ class ShardCollector(Collector):  # type: ignore[misc]
             "Replicas connected and caught up (this one included), as this replica sees them.",
         )
         replicas = family("fluxmq_shard_replicas", "Members of the shard.")
+        probation = family(
+            "fluxmq_shard_on_probation",
+            "1 while this replica, started without its Raft state (a lost disk or a new "
+            "replica), neither votes nor campaigns until it holds what the leader committed.",
+        )
         for st in self._shards():
             key = [st.shard_id]
             is_leader.add_metric(key, 1 if st.role == "leader" else 0)
@@ -533,7 +538,19 @@ class ShardCollector(Collector):  # type: ignore[misc]
             in_flight.add_metric(key, st.pending_proposals)
             in_sync.add_metric(key, st.in_sync)
             replicas.add_metric(key, len(st.members))
-        return [is_leader, has_leader, term, commit, applied, lag, in_flight, in_sync, replicas]
+            probation.add_metric(key, 1 if st.on_probation else 0)
+        return [
+            is_leader,
+            has_leader,
+            term,
+            commit,
+            applied,
+            lag,
+            in_flight,
+            in_sync,
+            replicas,
+            probation,
+        ]
 
 
 class NodeCollector(Collector):  # type: ignore[misc]

@@ -54,6 +54,15 @@ pysyncobj upgrade that moves them fails loudly instead of silently losing data.
    ``fx_commit_notice_s`` away: a new entry in the meantime carries the index (the next round
    of a steady load), else that append does. Only followers' apply waits; what is committed
    and when the leader answers do not change.
+10. A replica that lost its disk is not a voter until it is whole again (raft/probation.py has
+   the rule and why). A replica started ``probation=True`` drops request-vote and timeout-now
+   messages, never campaigns (its election deadline is pushed on every tick), and asks the
+   other members (``fx_probe``, on every new connection and every ``PROBE_INTERVAL_S``)
+   whether they hold any entry; every member answers probes.
+   It leaves probation when a leader's append-entries proves it holds the leader's commit
+   index (of the leader's term) and its journal has that on disk, or when a majority holds
+   nothing and no member holds anything; then it records the leader as its vote in the
+   current term, flushes, and calls ``on_whole``.
 """
 
 from __future__ import annotations
@@ -74,6 +83,7 @@ from pysyncobj.version import VERSION
 
 from raft import snapshot_file
 from raft.journal_core import JournalCore
+from raft.probation import PROBE_REPLY_TYPE, PROBE_TYPE, Probation, holds_nothing
 from raft.wire_guard import WireLimits, wire_frame_bytes_max
 from raft.wire_transport import WireTls, WireTransport
 
@@ -83,6 +93,7 @@ PYSYNCOBJ_VERSION = "0.3.17"
 # How soon a follower campaigns once its leader's connection closed (hook 5): random in the
 # window, so that two followers rarely split the vote.
 FAST_ELECTION_WINDOW_S = (0.05, 0.25)
+PROBATION_LOG_INTERVAL_S = 10.0  # how often a replica on probation says what it waits for
 _CONSTRUCT_LOCK = threading.Lock()
 
 __all__ = [
@@ -112,11 +123,14 @@ def check_assumptions() -> list[str]:
     for name in (
         "_SyncObj__onMessageReceived",
         "_SyncObj__onNodeDisconnected",
+        "_SyncObj__onNodeConnected",
         "_SyncObj__loadDumpFile",
         "_SyncObj__updateClusterConfiguration",
         "_SyncObj__onSetCodeVersion",
         "_SyncObj__applyLogEntries",
         "_SyncObj__sendAppendEntries",
+        "_SyncObj__setCurrentTerm",
+        "_onTick",
         "_applyCommand",
         "_checkCommandsToApply",
         "doTick",
@@ -189,7 +203,11 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         wire_limits: WireLimits | None = None,
         transport_class: type | None = None,
         wire_tls: WireTls | None = None,
+        probation: bool = False,
+        on_whole: Callable[[], None] | None = None,
     ) -> None:
+        """``probation``: this replica started without Raft state it should have (hook 10);
+        ``on_whole`` is called once it has left probation, on disk."""
         if conf.password is not None:
             raise ValueError("raft peers authenticate through raft/wire.py: leave password unset")
         self._fx_journal = journal
@@ -209,6 +227,11 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         self.fx_on_message: Callable[[Any, Any], None] | None = None
         self._fx_apply_frame = apply
         self._fx_load_snapshot = load_snapshot
+        # Hook 10: None when this replica never was on probation (or was built before it).
+        self.fx_probation: Probation | None = None
+        self._fx_on_whole = on_whole
+        self._fx_probation_logged_s = 0.0
+        self._fx_probation_left = False  # _fx_left_probation ran
         with _CONSTRUCT_LOCK:
             saved = _so.createJournal, _so.createPoller
             _so.createJournal = lambda _path: journal
@@ -224,6 +247,8 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
                 _so.createJournal, _so.createPoller = saved
         journal.commit_bound = self._fx_bound_commit  # hook 7
         self._fx_silence_pipe_notifier(poller)  # hook 8
+        if probation:
+            self._fx_start_probation()
 
     # -- hook 8: no self-wake per command ------------------------------------------------------
 
@@ -306,6 +331,9 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             due = float(getattr(self, "_SyncObj__newAppendEntriesTime"))  # noqa: B009
         else:
             due = float(getattr(self, "_SyncObj__raftElectionDeadline"))  # noqa: B009
+        if self.on_probation:
+            assert self.fx_probation is not None
+            due = min(due, self.fx_probation.next_probe_s)
         return max(0.0, due - now_s)
 
     @property
@@ -336,11 +364,111 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
         if soon < deadline:
             self._SyncObj__raftElectionDeadline = soon
 
+    # -- hook 10: a replica that lost its disk is not a voter until it is whole again ----------
+
+    @property
+    def on_probation(self) -> bool:
+        return self.fx_probation is not None and not self.fx_probation.whole
+
+    def _fx_start_probation(self) -> None:
+        others = frozenset(str(n.id) for n in self._SyncObj__otherNodes)
+        self.fx_probation = Probation(others)
+        log.warning(
+            "raft %s: started without its Raft state: on probation (no vote, no campaign) "
+            "until it holds what the leader committed%s",
+            self.selfNode.id,
+            "" if others else " (no other member: leaves at once)",
+        )
+        if not others:
+            self.fx_probation.whole = True
+            self.fx_probation.reason = "the only member"
+            self._fx_left_probation()
+
+    def _fx_probation_message(self, node: Any, message: dict[str, Any]) -> bool:
+        """Handle what hook 10 owns (-> True: the stock handler must not see ``message``)."""
+        kind = message.get("type")
+        if kind == PROBE_TYPE:
+            reply = {"type": PROBE_REPLY_TYPE, "holds_nothing": self._fx_holds_nothing()}
+            self._SyncObj__transport.send(node, reply)
+            return True
+        if kind == PROBE_REPLY_TYPE:
+            if self.on_probation:
+                assert self.fx_probation is not None
+                self.fx_probation.on_probe_reply(str(node.id), message.get("holds_nothing") is True)
+                self._fx_maybe_whole()
+            return True
+        # No vote, no campaign while on probation: see raft/probation.py.
+        return kind in ("request_vote", "timeout_now") and self.on_probation
+
+    def _SyncObj__onNodeConnected(self, node: Any) -> None:
+        SyncObj._SyncObj__onNodeConnected(self, node)
+        if self.on_probation:  # ask at once, not at the next probe round
+            self._SyncObj__transport.send(node, {"type": PROBE_TYPE})
+
+    def _fx_holds_nothing(self) -> bool:
+        journal = self._fx_journal
+        return len(journal) == 0 or holds_nothing(int(journal.last_index))
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        if self.on_probation:
+            self._fx_probation_tick()
+        super()._onTick(timeToWait)
+
+    def _fx_probation_tick(self) -> None:
+        probation = self.fx_probation
+        assert probation is not None
+        now_s = float(_so.monotonicTime())
+        # Never campaign: the deadline stays ahead of the clock while on probation.
+        self._SyncObj__raftElectionDeadline = now_s + float(self.conf.raftMaxTimeout)
+        ask = probation.probe_due(now_s)
+        for node in list(self._SyncObj__otherNodes):
+            if str(node.id) in ask:
+                self._SyncObj__transport.send(node, {"type": PROBE_TYPE})
+        if now_s - self._fx_probation_logged_s >= PROBATION_LOG_INTERVAL_S:
+            self._fx_probation_logged_s = now_s
+            log.info(
+                "raft %s: on probation: %s",
+                self.selfNode.id,
+                "waiting for a leader to refill it"
+                if probation.has_history()
+                else "waiting for a leader, or for a majority to say it holds nothing "
+                f"(not heard: {', '.join(probation.waiting_for())})",
+            )
+        self._fx_maybe_whole()
+
+    def _fx_maybe_whole(self) -> None:
+        probation = self.fx_probation
+        if probation is None or self._fx_probation_left:
+            return
+        if not probation.whole:
+            probation.on_durable(int(self._fx_journal.durable_index))
+        if probation.whole:
+            self._fx_left_probation()
+
+    def _fx_left_probation(self) -> None:
+        assert self.fx_probation is not None and self.fx_probation.whole
+        self._fx_probation_left = True
+        leader = self._SyncObj__raftLeader
+        if leader is not None and self._SyncObj__votedForNodeId is None:
+            # What this replica may have promised before its disk was lost includes a vote in
+            # this term: take the leader's side of it, so no second vote is given in it.
+            self._SyncObj__setCurrentTerm(self.raftCurrentTerm, leader.id)
+        self._fx_journal.flush()
+        log.warning(
+            "raft %s: left probation (%s): votes and campaigns again",
+            self.selfNode.id,
+            self.fx_probation.reason,
+        )
+        if self._fx_on_whole is not None:
+            self._fx_on_whole()
+
     # -- hook 3: append-entries without a term conflict --------------------------------------
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if self.fx_on_message is not None:
             self.fx_on_message(node, message)
+        if isinstance(message, dict) and self._fx_probation_message(node, message):
+            return
         hide: int | None = None
         if (
             isinstance(message, dict)
@@ -361,6 +489,13 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             self._fx_installing = False
             if hide is not None:
                 self._fx_journal.hide_after(None)
+        if self.on_probation and _is_leader_append(message, self.raftCurrentTerm):
+            assert self.fx_probation is not None
+            commit = int(message["commit_index"])
+            self.fx_probation.on_leader_append(
+                commit, int(self.raftCommitIndex), self._fx_term_at(commit), int(message["term"])
+            )
+            self._fx_maybe_whole()
 
     def _fx_is_snapshot_chunk(self, message: Any) -> bool:
         return (
@@ -455,6 +590,17 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             # The reply and the commit index that follow cover the snapshot, not entries kept
             # after it (unproven until an append-entries matches them).
             journal.hide_after(info.index)
+
+
+def _is_leader_append(message: Any, current_term: int) -> bool:
+    """A leader's regular append-entries of the current term (not a snapshot chunk)."""
+    return (
+        isinstance(message, dict)
+        and message.get("type") == "append_entries"
+        and "prevLogIdx" in message
+        and "transmission" not in message
+        and message.get("term") == current_term
+    )
 
 
 def fail_reason_name(code: int) -> str:

@@ -51,6 +51,9 @@ class ShardStatus:
     # leader, followers within ``in_sync_lag_entries`` of the commit index; on a follower, the
     # peers it is connected to.
     in_sync: int = 1
+    # This replica started without the Raft state it should have had (its disk was lost or it
+    # is new) and is not a voter until it holds what the leader committed (raft/probation.py).
+    on_probation: bool = False
 
 
 @dataclass(frozen=True, slots=True)

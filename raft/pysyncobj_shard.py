@@ -70,6 +70,33 @@ INLINE_APPLY_COST_S_MAX = 0.001
 APPLY_COST_WEIGHT = 8  # the moving average of apply cost weighs the newest 1/8
 
 
+PROBATION_FILE = "probation"  # present while the replica is not a voter (raft/probation.py)
+_RAFT_STATE_NAMES = ("wal", "journal", "snapshot", "wal.migrating")
+
+
+def enter_probation(root: str) -> bool:
+    """Whether the replica whose Raft directory is ``root`` starts on probation. A replica
+    without any Raft state (a new one, or one whose disk was lost: it cannot tell which) is put
+    on probation, on disk before its journal exists, so that a restart before it is whole again
+    keeps it there."""
+    marker = os.path.join(root, PROBATION_FILE)
+    if os.path.exists(marker):
+        return True
+    if any(os.path.exists(os.path.join(root, name)) for name in _RAFT_STATE_NAMES):
+        return False
+    with open(marker, "wb") as f:
+        os.fsync(f.fileno())
+    snapshot_file.fsync_dir(root)
+    return True
+
+
+def leave_probation(root: str) -> None:
+    """The replica whose Raft directory is ``root`` is whole again (its journal is flushed)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(root, PROBATION_FILE))
+    snapshot_file.fsync_dir(root)
+
+
 class ShardStartError(ShardError):
     """The shard cannot start (address in use, bad peer list, missing secret)."""
 
@@ -472,6 +499,7 @@ class PySyncObjShard:
         check_address_free(cfg.bind)
         root = os.path.join(cfg.data_dir, "raft", cfg.shard_id)
         os.makedirs(root, exist_ok=True)
+        probation = enter_probation(root)
         journal = open_shard_journal(root, segment_bytes=cfg.journal_segment_bytes)
         dump = os.path.join(root, "snapshot")
         journal.before_trim = functools.partial(snapshot_file.fsync_dir, root)
@@ -519,6 +547,8 @@ class PySyncObjShard:
                 wire_secret=cfg.secret,
                 wire_limits=cfg.wire_limits,
                 wire_tls=cfg.tls,
+                probation=probation,
+                on_whole=functools.partial(leave_probation, root),
             )
         except Exception as e:
             journal.close()
@@ -878,6 +908,7 @@ class PySyncObjShard:
             leader=None if leader is None else leader.id,
             pending_proposals=len(self._incoming) + sum(len(f) for f in self._frames.values()),
             in_sync=in_sync,
+            on_probation=so.on_probation,
         )
         if leader is not None:
             self._leaderless_since = now

@@ -466,7 +466,7 @@ def _print(
                 [
                     s.shard_id,
                     v.status.node_id if v.status else "?",
-                    i.role,
+                    f"{i.role} (probation)" if i.on_probation else i.role,
                     i.leader or "-",
                     i.term,
                     i.commit_index,

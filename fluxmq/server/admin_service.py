@@ -81,6 +81,7 @@ def _shard_info(status: ShardStatus, digest: str, queues: list[str]) -> pb.Shard
         digest=digest,
         queues=queues,
         in_sync_replicas=status.in_sync,
+        on_probation=status.on_probation,
     )
 
 

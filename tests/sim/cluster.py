@@ -47,6 +47,10 @@ class SimSettings:
     partition_p: float = 0.01
     heal_p: float = 0.03
     reset_p: float = 0.02  # a connection breaks and is made again
+    # Hook 10 (raft/probation.py): a replica started without Raft state is on probation, as
+    # raft/ starts every new replica and every one whose disk was lost. Off: the negative
+    # control, where a wiped replica votes at once.
+    probation: bool = True
 
 
 @dataclass
@@ -89,6 +93,8 @@ class Cluster:
         self.checker = SafetyChecker(seed, settings.members)
         self.replicas: dict[str, Replica] = {}
         self.crashed: dict[str, ObservedJournal] = {}
+        # Replicas whose "disk" holds the probation mark (raft/pysyncobj_shard.PROBATION_FILE).
+        self.probation_marks: set[str] = set()
         self.trace: collections.deque[str] = collections.deque(maxlen=TRACE_LINES)
         self.history = hashlib.sha256()
         self.step_no = 0
@@ -102,6 +108,8 @@ class Cluster:
     def start(self) -> None:
         for node in self.ids:
             self.crashed[node] = ObservedJournal()
+            if self.settings.probation:
+                self.probation_marks.add(node)  # new replicas: no Raft state yet
         for node in self.ids:
             self.restart(node)
 
@@ -118,6 +126,8 @@ class Cluster:
             self.transport_class,
             stock_append=self.settings.stock_append,
             snapshots=self.settings.snapshots,
+            probation=node in self.probation_marks,
+            on_whole=lambda: self._left_probation(node),
         )
         r.transport.flush_before_send = self.settings.flush_before_send
         self.replicas[node] = r
@@ -133,6 +143,21 @@ class Cluster:
         self.crashes += 1
         lost = r.journal.last_index - after.last_index
         self._event(f"crash {node} (log {r.journal.last_index}, {lost:+d} not flushed)")
+
+    def wipe(self, node: str) -> None:
+        """``node`` crashes and loses its disk: journal, term, vote and snapshot. It restarts
+        (``restart``) with nothing, on probation unless the settings turn hook 10 off."""
+        self.crash(node)
+        self.crashed[node] = ObservedJournal()
+        root = os.path.join(self.root, node.replace(":", "_"))
+        shutil.rmtree(root, ignore_errors=True)
+        if self.settings.probation:
+            self.probation_marks.add(node)
+        self._event(f"wipe {node}: its disk is lost")
+
+    def _left_probation(self, node: str) -> None:
+        self.probation_marks.discard(node)
+        self._event(f"{node} left probation")
 
     # -- one step ---------------------------------------------------------------------------
 

@@ -95,6 +95,8 @@ class _StockAppendSyncObj(HardenedSyncObj):
     catches what hook 3 prevents."""
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict) and self._fx_probation_message(node, message):
+            return  # hook 10 stays: new replicas start on probation and leave it by probes
         SyncObj._SyncObj__onMessageReceived(self, node, message)
 
 
@@ -150,7 +152,11 @@ class Replica:
         *,
         stock_append: bool = False,
         snapshots: bool = True,
+        probation: bool = False,
+        on_whole: Callable[[], None] | None = None,
     ) -> None:
+        """``probation``: the replica starts on probation (hook 10), as raft/ starts one whose
+        Raft state did not exist; ``on_whole`` is called when it leaves."""
         self.id = node_id
         self.journal = journal
         self.checker = checker
@@ -165,6 +171,9 @@ class Replica:
         extra: dict[str, Any] = {"transport_class": transport_class}
         if "wire_secret" in inspect.signature(HardenedSyncObj.__init__).parameters:
             extra["wire_secret"] = "sim-secret"  # unused: the simulated transport has no wire
+        if probation:
+            extra["probation"] = True
+            extra["on_whole"] = on_whole
         self.so = cls(
             node_id,
             [p for p in peers if p != node_id],

@@ -208,7 +208,7 @@ class NodeEntry(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., started_ms: _Optional[int] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
-    __slots__ = ("shard_id", "role", "term", "commit_index", "applied_index", "members", "leader", "pending_proposals", "digest", "queues", "in_sync_replicas")
+    __slots__ = ("shard_id", "role", "term", "commit_index", "applied_index", "members", "leader", "pending_proposals", "digest", "queues", "in_sync_replicas", "on_probation")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +220,7 @@ class ShardInfo(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     IN_SYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ON_PROBATION_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     role: str
     term: int
@@ -231,7 +232,8 @@ class ShardInfo(_message.Message):
     digest: str
     queues: _containers.RepeatedScalarFieldContainer[str]
     in_sync_replicas: int
-    def __init__(self, shard_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., pending_proposals: _Optional[int] = ..., digest: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., in_sync_replicas: _Optional[int] = ...) -> None: ...
+    on_probation: bool
+    def __init__(self, shard_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., pending_proposals: _Optional[int] = ..., digest: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., in_sync_replicas: _Optional[int] = ..., on_probation: _Optional[bool] = ...) -> None: ...
 
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("shard_id", "target")
