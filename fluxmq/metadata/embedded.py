@@ -46,6 +46,7 @@ from fluxmq.metadata.metadata import (
     MetadataUnavailable,
     MetadataWatch,
     NodeInfo,
+    PortTaken,
     NodeNotRegistered,
     NotFound,
     Placement,
@@ -101,6 +102,7 @@ _PREFIXES = {
     "setting": b"settings/",
     "api_key": b"keys/",
     "api_key_usage": b"keys_used/",  # not a watched kind: touches make no events
+    "raft_port": b"raft_ports/",  # <node>/<port> -> the group holding it; not watched
 }
 
 
@@ -480,6 +482,17 @@ class EmbeddedMetadataStore:
 
     # --- groups -------------------------------------------------------------------------------
 
+    @staticmethod
+    def _claim_ports(txn: _Txn, group_id: str, claims: list[tuple[str, int]]) -> None:
+        """Claims each (node, port) for ``group_id`` (PortTaken: another group holds one; the
+        caller's write transaction is then aborted, so nothing is written)."""
+        for node_id, port in claims:
+            key = _key("raft_port", f"{node_id}/{port}")
+            owner = txn.get(key)
+            if owner is not None:
+                raise PortTaken(node_id, port, bytes(owner).decode("utf-8", "replace"))
+            txn.put(key, group_id.encode())
+
     async def create_shard(self, group: ShardRecord) -> None:
         if not isinstance(group, ShardRecord):
             raise ValueError(f"group must be a ShardRecord, got {type(group).__name__}")
@@ -489,6 +502,7 @@ class EmbeddedMetadataStore:
                 raise AlreadyExists(f"group {group.group_id!r} already exists")
             if self._count(txn, "group") >= SHARDS_MAX:
                 raise LimitExceeded(f"at most {SHARDS_MAX} groups")
+            self._claim_ports(txn, group.group_id, sorted(group.raft_ports.items()))
             self._put(txn, key, encode_shard(group), self._next_revision(txn))
         self._publish(MetadataEvent("group", group.group_id))
 
@@ -506,10 +520,26 @@ class EmbeddedMetadataStore:
                     f"group {group.group_id!r} is at revision {entry.mod_revision}, "
                     f"not {expect_revision}"
                 )
+            old = set(decode_shard(entry.record, group.group_id).raft_ports.items())
+            new = set(group.raft_ports.items())
+            self._claim_ports(txn, group.group_id, sorted(new - old))
+            for node_id, port in sorted(old - new):
+                txn.delete(_key("raft_port", f"{node_id}/{port}"))
             revision = self._next_revision(txn)
             self._put(txn, key, encode_shard(group), revision)
         self._publish(MetadataEvent("group", group.group_id))
         return revision
+
+    async def list_raft_ports(self) -> dict[str, dict[int, str]]:
+        out: dict[str, dict[int, str]] = {}
+        prefix = _PREFIXES["raft_port"]
+        with self._read() as txn:
+            for key, raw in txn.scan(prefix, _prefix_end(prefix)):
+                node_id, _, port = key[len(prefix) :].decode().rpartition("/")
+                if not node_id or not port.isdigit():
+                    raise MetadataCorrupt(f"embedded metadata: a raft port claim {key!r}")
+                out.setdefault(node_id, {})[int(port)] = bytes(raw).decode("utf-8", "replace")
+        return out
 
     async def get_shard(self, group_id: str) -> Versioned[ShardRecord] | None:
         check_shard_id(group_id)

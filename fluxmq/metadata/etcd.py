@@ -2,15 +2,19 @@
 
 Layout under the prefix (default ``/fluxmq/``): ``nodes/<id>`` (leased), ``groups/<id>``,
 ``placements/<queue>``, ``leaders/<group>``, ``settings/<key>``, ``keys/<key_id>`` (API keys),
-``key_slots/<environment>/<role>`` (the ids of that pair's active keys) and
-``keys_used/<key_id>`` (last-used times); values are the JSON records of
-``fluxmq.metadata.metadata``. Only the first six are watched: slots and usage make no events.
+``key_slots/<environment>/<role>`` (the ids of that pair's active keys),
+``keys_used/<key_id>`` (last-used times) and ``raft_ports/<node>/<port>`` (the group that claimed
+a node's Raft port); values are the JSON records of ``fluxmq.metadata.metadata``. Only the first
+six are watched: slots, usage and port claims make no events.
 
 - Nodes: ``register_node`` grants an etcd lease of ``ceil(ttl_ms / 1000)`` seconds (etcd may raise
   it to its own minimum, 1.5 x election timeout) and attaches the key to it; ``refresh_node`` is a
   lease keepalive. A node that stops refreshing disappears when etcd expires the lease.
 - Creations are transactions guarded by ``create_revision == 0``; ``update_shard`` by
-  ``mod_revision == expect_revision``; so two nodes never both win.
+  ``mod_revision == expect_revision``; so two nodes never both win. A group's record and the
+  claims of the Raft ports it names are written in one transaction guarded by each claim's
+  ``create_revision == 0`` too: two nodes provisioning groups at once never give one port of a
+  node to two groups.
 - API keys: the rotation limit is a property of the slot record, not of a count of keys. Creating
   a key is one transaction guarded by ``create_revision(key) == 0`` and the slot's
   ``mod_revision`` as read (``create_revision == 0`` while it does not exist yet) that writes the
@@ -79,6 +83,7 @@ from fluxmq.metadata.metadata import (
     NodeNotRegistered,
     NotFound,
     Placement,
+    PortTaken,
     RevisionConflict,
     ShardRecord,
     Versioned,
@@ -143,6 +148,7 @@ _DIRS: dict[EventKind, str] = {
 }
 _SLOTS_DIR = "key_slots/"
 _USAGE_DIR = "keys_used/"
+_PORTS_DIR = "raft_ports/"  # raft_ports/<node id>/<port> -> the group holding it
 _KIND_BY_DIR = {directory: kind for kind, directory in _DIRS.items()}
 assert set(_DIRS) == set(EVENT_KINDS)
 
@@ -609,16 +615,42 @@ class EtcdMetadataStore:
 
     # --- groups -------------------------------------------------------------------------------
 
+    def _port_key(self, node_id: str, port: int) -> bytes:
+        return f"{self._prefix}{_PORTS_DIR}{node_id}/{port}".encode()
+
+    async def _port_taken(self, claims: list[tuple[str, int]]) -> PortTaken | None:
+        """The first of ``claims`` another group holds (None: all free)."""
+        kvs = await self._get_many([self._port_key(n, p) for n, p in claims])
+        for (node_id, port), kv in zip(claims, kvs, strict=True):
+            if kv is not None:
+                return PortTaken(node_id, port, bytes(kv.value).decode("utf-8", "replace"))
+        return None
+
     async def create_shard(self, group: ShardRecord) -> None:
         if not isinstance(group, ShardRecord):
             raise ValueError(f"group must be a ShardRecord, got {type(group).__name__}")
         key = self._key("group", group.group_id)
+        claims = sorted(group.raft_ports.items())
+        tx = self.client.transactions
+        owner = group.group_id.encode()
 
         async def create() -> None:
             if await self._count("group") >= SHARDS_MAX:
                 raise LimitExceeded(f"at most {SHARDS_MAX} groups")
-            if not await self._create(key, encode_shard(group)):
+            ports = [self._port_key(n, p) for n, p in claims]
+            succeeded, _ = await self.client.transaction(
+                compare=[tx.create(key) == 0, *(tx.create(k) == 0 for k in ports)],
+                success=[tx.put(key, encode_shard(group)), *(tx.put(k, owner) for k in ports)],
+                failure=[],
+            )
+            if succeeded:
+                return
+            if await self.client.get(key) is not None:
                 raise AlreadyExists(f"group {group.group_id!r} already exists")
+            taken = await self._port_taken(claims)
+            if taken is not None:
+                raise taken
+            raise RevisionConflict(f"group {group.group_id!r}: a port claim moved; try again")
 
         await self._call("create_shard", create)
 
@@ -628,25 +660,62 @@ class EtcdMetadataStore:
         check_revision(expect_revision)
         key = self._key("group", group.group_id)
         tx = self.client.transactions
+        owner = group.group_id.encode()
 
         async def update() -> int:
+            kv = await self.client.get(key)
+            if kv is None:
+                raise NotFound(f"group {group.group_id!r} does not exist")
+            if int(kv.mod_revision) != expect_revision:
+                raise RevisionConflict(
+                    f"group {group.group_id!r} is at revision {int(kv.mod_revision)}, "
+                    f"not {expect_revision}"
+                )
+            old = set(decode_shard(bytes(kv.value), group.group_id).raft_ports.items())
+            new = set(group.raft_ports.items())
+            claims = sorted(new - old)
+            released = sorted(old - new)
+            claimed = [self._port_key(n, p) for n, p in claims]
             succeeded, responses = await self.client.transaction(
-                compare=[tx.mod(key) == expect_revision],
-                success=[tx.put(key, encode_shard(group)), tx.get(key)],
+                compare=[tx.mod(key) == expect_revision, *(tx.create(k) == 0 for k in claimed)],
+                success=[
+                    tx.put(key, encode_shard(group)),
+                    *(tx.put(k, owner) for k in claimed),
+                    *(tx.delete(self._port_key(n, p)) for n, p in released),
+                    tx.get(key),
+                ],
                 failure=[tx.get(key)],
             )
             if succeeded:
-                # The get after the put, in the same transaction, reports the put's revision.
-                (_, kv), *_ = responses[1]
-                return int(kv.mod_revision)
+                # The get after the puts, in the same transaction, reports their revision.
+                (_, got), *_ = responses[-1]
+                return int(got.mod_revision)
             if not responses[0]:
                 raise NotFound(f"group {group.group_id!r} does not exist")
             current = int(responses[0][0][1].mod_revision)
-            raise RevisionConflict(
-                f"group {group.group_id!r} is at revision {current}, not {expect_revision}"
-            )
+            if current != expect_revision:
+                raise RevisionConflict(
+                    f"group {group.group_id!r} is at revision {current}, not {expect_revision}"
+                )
+            taken = await self._port_taken(claims)
+            if taken is not None:
+                raise taken
+            raise RevisionConflict(f"group {group.group_id!r}: a port claim moved; try again")
 
         return await self._call("update_shard", update)
+
+    async def list_raft_ports(self) -> dict[str, dict[int, str]]:
+        async def list_all() -> dict[str, dict[int, str]]:
+            directory = f"{self._prefix}{_PORTS_DIR}".encode()
+            out: dict[str, dict[int, str]] = {}
+            for name, kv in await self._scan_dir(directory):
+                node_id, _, port = name.rpartition("/")
+                if not node_id or not port.isdigit():
+                    raise MetadataCorrupt(f"etcd: a raft port claim {name!r} is not node/port")
+                out.setdefault(node_id, {})[int(port)] = bytes(kv.value).decode("utf-8", "replace")
+            return out
+
+        return await self._call("list_raft_ports", list_all)
 
     async def get_shard(self, group_id: str) -> Versioned[ShardRecord] | None:
         check_shard_id(group_id)

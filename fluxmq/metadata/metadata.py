@@ -93,6 +93,19 @@ class AlreadyExists(MetadataError):
     reason = "ALREADY_EXISTS"
 
 
+class PortTaken(AlreadyExists):
+    """A Raft port a shard record names is claimed by another shard on that node: read the
+    claims again (``list_raft_ports``) and pick another."""
+
+    reason = "RAFT_PORT_TAKEN"
+
+    def __init__(self, node_id: str, port: int, owner: str) -> None:
+        super().__init__(f"raft port {port} of node {node_id!r} is taken by group {owner!r}")
+        self.node_id = node_id
+        self.port = port
+        self.owner = owner
+
+
 class RevisionConflict(MetadataError):
     """A compare-and-set lost: re-read, re-apply the change, retry."""
 
@@ -805,12 +818,20 @@ class MetadataStore(Protocol):
         ...
 
     async def create_shard(self, group: ShardRecord) -> None:
-        """AlreadyExists if the id is taken; LimitExceeded past SHARDS_MAX."""
+        """Records a new group and claims its Raft ports (each (node, port) of
+        ``raft_ports``) in one atomic step: AlreadyExists if the id is taken, PortTaken if
+        another group holds one of the ports; LimitExceeded past SHARDS_MAX."""
         ...
 
     async def update_shard(self, group: ShardRecord, expect_revision: int) -> int:
         """Compare-and-set: RevisionConflict unless the stored revision is ``expect_revision``,
-        NotFound if the group does not exist. Returns the new revision."""
+        NotFound if the group does not exist. Ports the new record names and the old one did
+        not are claimed (PortTaken if another group holds one), ports only the old one named
+        are released, in the same atomic step. Returns the new revision."""
+        ...
+
+    async def list_raft_ports(self) -> dict[str, dict[int, str]]:
+        """Every claimed Raft port: node id -> port -> the group holding it."""
         ...
 
     async def get_shard(self, group_id: str) -> Versioned[ShardRecord] | None: ...

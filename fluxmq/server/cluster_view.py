@@ -26,6 +26,7 @@ from fluxmq.metadata import (
     NodeInfo,
     NodeNotRegistered,
     Placement,
+    PortTaken,
     ShardRecord,
 )
 from raft import Shard
@@ -44,6 +45,25 @@ AUTO_PROVISION_SETTING = "auto_provision_groups"
 GROUPS_PER_SIZE_SETTING = "groups_per_size"
 
 HostShard = Callable[[ShardRecord, dict[str, NodeInfo]], Awaitable[bool]]
+
+
+def free_raft_ports(nodes: list[NodeInfo], used: dict[str, set[int]]) -> dict[str, int]:
+    """For each node, its lowest Raft port above its base that ``used`` does not list (the
+    base itself is the node's home shard's).
+
+    >>> n1 = NodeInfo("n1", "h:7070", "h", 7100, 0)
+    >>> n2 = NodeInfo("n2", "h:7080", "h", 7200, 0)
+    >>> free_raft_ports([n1, n2], {"n1": {7100, 7101, 7103}})
+    {'n1': 7102, 'n2': 7201}
+    """
+    ports = {}
+    for n in nodes:
+        taken = used.get(n.node_id, set())
+        port = n.raft_port_base + 1
+        while port in taken:
+            port += 1
+        ports[n.node_id] = port
+    return ports
 
 
 def metadata_unavailable(what: str, err: MetadataError) -> FluxError:
@@ -546,22 +566,17 @@ class ClusterView:
                 retriable=True,
             )
         hosting = {n.node_id: 0 for n in live}
-        used_ports: dict[str, set[int]] = {n.node_id: set() for n in live}
         for g in self.shard_records.values():
             for m in g.members:
                 if m in hosting:
                     hosting[m] += 1
-                    used_ports[m].add(g.raft_ports[m])
         members = sorted(live, key=lambda n: (hosting[n.node_id], n.node_id))[:size]
-        ports = {}
-        for n in members:
-            port = n.raft_port_base + 1
-            while port in used_ports[n.node_id]:
-                port += 1
-            ports[n.node_id] = port
         numbers = [int(g[1:]) for g in self.shard_records if g[:1] == "g" and g[1:].isdigit()]
         number = max(numbers, default=0) + 1
         for _ in range(GROUP_CREATE_ATTEMPTS):
+            # Ports come from the claims in the store, which the create below makes atomically
+            # with the record: a node provisioning at the same time cannot take the same one.
+            ports = free_raft_ports(members, await self._used_raft_ports())
             group = ShardRecord(
                 group_id=f"g{number}",
                 members=tuple(sorted(n.node_id for n in members)),
@@ -571,6 +586,9 @@ class ClusterView:
             )
             try:
                 await self.store.create_shard(group)
+            except PortTaken as taken:
+                log.info("provisioning %s: %s; choosing again", group.group_id, taken)
+                continue
             except AlreadyExists:
                 number += 1
                 continue
@@ -580,6 +598,17 @@ class ClusterView:
         raise FluxError(
             "GROUP_UNAVAILABLE", "could not provision a replication group", retriable=True
         )
+
+    async def _used_raft_ports(self) -> dict[str, set[int]]:
+        """Every node's Raft ports in use: claimed in the store, or named by a group record
+        (records written before ports were claimed have no claims)."""
+        used: dict[str, set[int]] = {}
+        for node_id, ports in (await self.store.list_raft_ports()).items():
+            used.setdefault(node_id, set()).update(ports)
+        for g in self.shard_records.values():
+            for m, port in g.raft_ports.items():
+                used.setdefault(m, set()).add(port)
+        return used
 
     async def place_dead_letter_queue(self, dlq: str, group_id: str) -> None:
         """A DLQ is created on demand by its origin's group, so it is placed there too."""

@@ -32,6 +32,7 @@ from fluxmq.metadata import (
     NodeNotRegistered,
     NotFound,
     Placement,
+    PortTaken,
     RevisionConflict,
     ShardRecord,
 )
@@ -113,9 +114,11 @@ def node(node_id: str, port: int = 7100, **labels: str) -> NodeInfo:
     return NodeInfo(node_id, f"{node_id}:7070", "127.0.0.1", port, 1_000, dict(labels))
 
 
-def group(group_id: str, *members: str, factor: int | None = None) -> ShardRecord:
+def group(
+    group_id: str, *members: str, factor: int | None = None, port_base: int = 7100
+) -> ShardRecord:
     members = members or ("n1",)
-    ports = {m: 7100 + i for i, m in enumerate(members)}
+    ports = {m: port_base + i for i, m in enumerate(members)}
     return ShardRecord(group_id, tuple(members), ports, factor or len(members), 5_000)
 
 
@@ -298,12 +301,66 @@ async def test_group_update_with_a_stale_revision_gets_revision_conflict(h: Harn
 
 
 async def test_list_groups_returns_every_group_by_id_with_its_revision(h: Harness) -> None:
-    for group_id in ("g2", "g1", "g3"):
-        await h.store.create_shard(group(group_id, "n1", "n2"))
+    for base, group_id in enumerate(("g2", "g1", "g3")):
+        await h.store.create_shard(group(group_id, "n1", "n2", port_base=7200 + 10 * base))
     listed = await h.store.list_shards()
     assert [v.value.group_id for v in listed] == ["g1", "g2", "g3"]
     for versioned in listed:
         assert versioned == await h.store.get_shard(versioned.value.group_id)
+
+
+async def test_concurrent_groups_claiming_one_raft_port_have_exactly_one_winner(
+    h: Harness,
+) -> None:
+    # Each wants port 7300 on n1, and a port of its own on n2.
+    attempts = [
+        ShardRecord(f"g{i}", ("n1", "n2"), {"n1": 7300, "n2": 7400 + i}, 2, 0) for i in range(8)
+    ]
+    results = await asyncio.gather(
+        *(h.store.create_shard(g) for g in attempts), return_exceptions=True
+    )
+    winners = [g for g, r in zip(attempts, results, strict=True) if r is None]
+    assert len(winners) == 1, results
+    losers = [r for r in results if r is not None]
+    assert all(isinstance(r, PortTaken) for r in losers), results
+    assert all((r.node_id, r.port, r.owner) == ("n1", 7300, winners[0].group_id) for r in losers)
+    assert [v.value for v in await h.store.list_shards()] == winners
+    # A loser left nothing behind: not its record, not its claim on n2.
+    assert await h.store.list_raft_ports() == {
+        "n1": {7300: winners[0].group_id},
+        "n2": {winners[0].raft_ports["n2"]: winners[0].group_id},
+    }
+
+
+async def test_growing_a_group_claims_its_new_ports_and_shrinking_releases_them(
+    h: Harness,
+) -> None:
+    await h.store.create_shard(group("g1", "n1", "n2", "n3"))
+    first = await h.store.get_shard("g1")
+    assert first is not None
+    grown = group("g1", "n1", "n2", "n3", "n4", factor=3)  # n4 on 7103
+    revision = await h.store.update_shard(grown, first.revision)
+    assert (await h.store.list_raft_ports())["n4"] == {7103: "g1"}
+    with pytest.raises(PortTaken) as taken:
+        await h.store.create_shard(ShardRecord("g2", ("n4",), {"n4": 7103}, 1, 0))
+    assert taken.value.owner == "g1" and taken.value.reason == "RAFT_PORT_TAKEN"
+    assert await h.store.get_shard("g2") is None
+    # The replacement of n1 by n5: n1's claim goes, n5's comes, in the same step.
+    replaced = ShardRecord(
+        "g1", ("n2", "n3", "n4", "n5"), {"n2": 7101, "n3": 7102, "n4": 7103, "n5": 7100}, 3, 0
+    )
+    await h.store.update_shard(replaced, revision)
+    ports = await h.store.list_raft_ports()
+    assert "n1" not in ports and ports["n5"] == {7100: "g1"}
+    await h.store.create_shard(ShardRecord("g2", ("n1",), {"n1": 7100}, 1, 0))  # free again
+    # A grow that would take a port another group holds changes nothing.
+    now = await h.store.get_shard("g1")
+    assert now is not None
+    clash = ShardRecord("g1", (*replaced.members, "n1"), {**replaced.raft_ports, "n1": 7100}, 3, 0)
+    with pytest.raises(PortTaken):
+        await h.store.update_shard(clash, now.revision)
+    after = await h.store.get_shard("g1")
+    assert after == now
 
 
 # --- leaders and settings -------------------------------------------------------------------------
