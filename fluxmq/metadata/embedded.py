@@ -62,6 +62,7 @@ from fluxmq.metadata.metadata import (
     check_queue_name,
     check_revision,
     check_revoked_ms,
+    check_role,
     check_setting_key,
     check_setting_value,
     check_shard_id,
@@ -103,6 +104,7 @@ _PREFIXES = {
     "api_key": b"keys/",
     "api_key_usage": b"keys_used/",  # not a watched kind: touches make no events
     "raft_port": b"raft_ports/",  # <node>/<port> -> the group holding it; not watched
+    "role": b"roles/",  # <role> -> the node holding it, with a lease; not watched
 }
 
 
@@ -529,6 +531,30 @@ class EmbeddedMetadataStore:
             self._put(txn, key, encode_shard(group), revision)
         self._publish(MetadataEvent("group", group.group_id))
         return revision
+
+    async def campaign(self, role: str, node_id: str, ttl_ms: int) -> str:
+        check_role(role)
+        check_node_id(node_id)
+        check_ttl_ms(ttl_ms)
+        now_ms = self._clock_ms()
+        key = _key("role", role)
+        with self._write() as txn:
+            entry = self._entry(txn, key)
+            if entry is not None and self._live(entry, now_ms):
+                holder = entry.record.decode("utf-8", "replace")
+                if holder != node_id:
+                    return holder
+            self._put(txn, key, node_id.encode(), 1, now_ms + ttl_ms, ttl_ms)
+        return node_id
+
+    async def resign(self, role: str, node_id: str) -> None:
+        check_role(role)
+        check_node_id(node_id)
+        key = _key("role", role)
+        with self._write() as txn:
+            entry = self._entry(txn, key)
+            if entry is not None and entry.record.decode("utf-8", "replace") == node_id:
+                txn.delete(key)
 
     async def list_raft_ports(self) -> dict[str, dict[int, str]]:
         out: dict[str, dict[int, str]] = {}

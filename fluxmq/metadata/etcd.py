@@ -3,9 +3,9 @@
 Layout under the prefix (default ``/fluxmq/``): ``nodes/<id>`` (leased), ``groups/<id>``,
 ``placements/<queue>``, ``leaders/<group>``, ``settings/<key>``, ``keys/<key_id>`` (API keys),
 ``key_slots/<environment>/<role>`` (the ids of that pair's active keys),
-``keys_used/<key_id>`` (last-used times) and ``raft_ports/<node>/<port>`` (the group that claimed
-a node's Raft port); values are the JSON records of ``fluxmq.metadata.metadata``. Only the first
-six are watched: slots, usage and port claims make no events.
+``keys_used/<key_id>`` (last-used times), ``raft_ports/<node>/<port>`` (the group that claimed
+a node's Raft port) and ``roles/<role>`` (the node holding a cluster role, a leased key); values are the JSON records of ``fluxmq.metadata.metadata``. Only the first
+six are watched: slots, usage, port claims and roles make no events.
 
 - Nodes: ``register_node`` grants an etcd lease of ``ceil(ttl_ms / 1000)`` seconds (etcd may raise
   it to its own minimum, 1.5 x election timeout) and attaches the key to it; ``refresh_node`` is a
@@ -97,6 +97,7 @@ from fluxmq.metadata.metadata import (
     check_queue_name,
     check_revision,
     check_revoked_ms,
+    check_role,
     check_setting_key,
     check_setting_value,
     check_shard_id,
@@ -149,6 +150,7 @@ _DIRS: dict[EventKind, str] = {
 _SLOTS_DIR = "key_slots/"
 _USAGE_DIR = "keys_used/"
 _PORTS_DIR = "raft_ports/"  # raft_ports/<node id>/<port> -> the group holding it
+_ROLES_DIR = "roles/"  # roles/<role> -> the node holding it (a leased key)
 _KIND_BY_DIR = {directory: kind for kind, directory in _DIRS.items()}
 assert set(_DIRS) == set(EVENT_KINDS)
 
@@ -403,6 +405,8 @@ class EtcdMetadataStore:
             },
         )
         self._leases: dict[str, int] = {}  # node id -> lease id, for refresh without a read
+        # (role, node id) -> the lease of the role key this store took for that node
+        self._role_leases: dict[tuple[str, str], int] = {}
         self._watches: set[_EtcdWatch] = set()
         self._closed = False
 
@@ -703,6 +707,53 @@ class EtcdMetadataStore:
             raise RevisionConflict(f"group {group.group_id!r}: a port claim moved; try again")
 
         return await self._call("update_shard", update)
+
+    async def campaign(self, role: str, node_id: str, ttl_ms: int) -> str:
+        check_role(role)
+        check_node_id(node_id)
+        ttl_s = math.ceil(check_ttl_ms(ttl_ms) / 1000)
+        key = f"{self._prefix}{_ROLES_DIR}{role}".encode()
+        tx = self.client.transactions
+
+        async def campaign() -> str:
+            held = self._role_leases.get((role, node_id))
+            if held is not None:
+                reply = await self.client.refresh_lease(held)
+                if reply is not None and reply.TTL > 0:
+                    kv = await self.client.get(key)
+                    if kv is not None and int(kv.lease) == held:
+                        return node_id
+                self._role_leases.pop((role, node_id), None)
+            kv = await self.client.get(key)
+            if kv is not None:
+                return bytes(kv.value).decode("utf-8", "replace")
+            lease = await self.client.lease(ttl_s)
+            succeeded, responses = await self.client.transaction(
+                compare=[tx.create(key) == 0],
+                success=[tx.put(key, node_id.encode(), lease=lease.id)],
+                failure=[tx.get(key)],
+            )
+            if succeeded:
+                self._role_leases[(role, node_id)] = lease.id
+                return node_id
+            with contextlib.suppress(aetcd.ClientError):
+                await self.client.revoke_lease(lease.id)
+            found = responses[0]
+            return bytes(found[0][0]).decode("utf-8", "replace") if found else ""
+
+        return await self._call("campaign", campaign)
+
+    async def resign(self, role: str, node_id: str) -> None:
+        check_role(role)
+        check_node_id(node_id)
+
+        async def resign() -> None:
+            held = self._role_leases.pop((role, node_id), None)
+            if held is not None:
+                with contextlib.suppress(aetcd.ClientError):
+                    await self.client.revoke_lease(held)  # deletes the key with it
+
+        await self._call("resign", resign)
 
     async def list_raft_ports(self) -> dict[str, dict[int, str]]:
         async def list_all() -> dict[str, dict[int, str]]:

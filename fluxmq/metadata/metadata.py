@@ -307,6 +307,13 @@ def sort_api_keys(records: list[KeyRecord]) -> list[KeyRecord]:
     return sorted(records, key=lambda r: (r.created_ms, r.key_id))
 
 
+ROLE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def check_role(value: object) -> str:
+    return _check_pattern("role", value, ROLE_RE, "1-64 of a-z 0-9 _, starting with a letter")
+
+
 def check_ttl_ms(value: object) -> int:
     return check_int("ttl_ms", value, NODE_TTL_MS_MIN, NODE_TTL_MS_MAX)
 
@@ -832,6 +839,16 @@ class MetadataStore(Protocol):
 
     async def list_raft_ports(self) -> dict[str, dict[int, str]]:
         """Every claimed Raft port: node id -> port -> the group holding it."""
+        ...
+
+    async def campaign(self, role: str, node_id: str, ttl_ms: int) -> str:
+        """Holds ``role`` (e.g. the placement controller) for ``node_id``: takes it when nobody
+        holds it, keeps it alive for another ``ttl_ms`` when this node already does. A holder
+        that stops campaigning loses the role when its ``ttl_ms`` lapse. -> the holder."""
+        ...
+
+    async def resign(self, role: str, node_id: str) -> None:
+        """Gives ``role`` up at once if ``node_id`` holds it."""
         ...
 
     async def get_shard(self, group_id: str) -> Versioned[ShardRecord] | None: ...

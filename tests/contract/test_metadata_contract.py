@@ -363,6 +363,36 @@ async def test_growing_a_group_claims_its_new_ports_and_shrinking_releases_them(
     assert after == now
 
 
+# --- roles (the placement controller) -------------------------------------------------------------
+
+
+async def test_one_node_holds_a_role_and_another_takes_it_only_after_the_ttl(h: Harness) -> None:
+    holders = await asyncio.gather(
+        *(h.store.campaign("controller", f"n{i}", TTL_MS) for i in range(6))
+    )
+    assert len(set(holders)) == 1, holders
+    holder = holders[0]
+    other = "n0" if holder != "n0" else "n1"
+    assert await h.store.campaign("controller", holder, TTL_MS) == holder  # kept alive
+    assert await h.store.campaign("controller", other, TTL_MS) == holder
+    assert await h.store.campaign("auditor", other, TTL_MS) == other  # roles are independent
+
+    async def taken_over() -> bool:
+        return await h.store.campaign("controller", other, TTL_MS) == other
+
+    await h.let_pass(TTL_MS + 100)
+    await eventually(taken_over, ETCD_EXPIRY_WAIT_S, "the role to pass on after the TTL")
+    await h.store.resign("controller", holder)  # not the holder any more: changes nothing
+    assert await h.store.campaign("controller", holder, TTL_MS) == other
+    await h.store.resign("controller", other)
+    assert await h.store.campaign("controller", holder, TTL_MS) == holder  # free at once
+
+
+async def test_a_role_name_that_is_not_a_name_is_refused(h: Harness) -> None:
+    with pytest.raises(ValueError, match="role"):
+        await h.store.campaign("Controller/x", "n1", TTL_MS)
+
+
 # --- leaders and settings -------------------------------------------------------------------------
 
 
