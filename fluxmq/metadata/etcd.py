@@ -2,10 +2,11 @@
 
 Layout under the prefix (default ``/fluxmq/``): ``nodes/<id>`` (leased), ``groups/<id>``,
 ``placements/<queue>``, ``leaders/<group>``, ``settings/<key>``, ``keys/<key_id>`` (API keys),
-``key_slots/<environment>/<role>`` (the ids of that pair's active keys),
-``keys_used/<key_id>`` (last-used times), ``raft_ports/<node>/<port>`` (the group that claimed
-a node's Raft port) and ``roles/<role>`` (the node holding a cluster role, a leased key); values are the JSON records of ``fluxmq.metadata.metadata``. Only the first
-six are watched: slots, usage, port claims and roles make no events.
+``key_slots/<environment>/<role>`` (the ids of that pair's active keys), ``keys_used/<key_id>``
+(last-used times), ``raft_ports/<node>/<port>`` (the group that claimed a node's Raft port) and
+``roles/<role>`` (the node holding a cluster role, a leased key); values are the JSON records of
+``fluxmq.metadata.metadata``. Only the first six are watched: slots, usage, port claims and roles
+make no events.
 
 - Nodes: ``register_node`` grants an etcd lease of ``ceil(ttl_ms / 1000)`` seconds (etcd may raise
   it to its own minimum, 1.5 x election timeout) and attaches the key to it; ``refresh_node`` is a
