@@ -77,6 +77,9 @@ class NodeConfig:
     node_id: str = ""  # default: "node-" + the raft port
     advertise: str = ""  # gRPC host:port other nodes and clients use; default: listen
     node_ttl_ms: int = 5_000  # a node that stops refreshing disappears after this long
+    # The placement controller replaces a group's member missing this long (0: never).
+    node_dead_after_ms: int = 300_000
+    placement_moves_max: int = 2  # groups one pass of the controller changes, at most
     # Default of the cluster setting auto_provision_groups (etcd's value wins when set).
     auto_provision_groups: bool = False
     # Default of the cluster setting groups_per_size (etcd's value wins when set).
@@ -210,6 +213,11 @@ HELP = {
     "(default: listen)",
     "node_ttl_ms": "cluster mode: a node whose registration is not refreshed for this long is "
     "considered gone",
+    "node_dead_after_ms": "cluster mode, with etcd: the placement controller replaces a "
+    "replication group's member that has been missing from the directory this long, by a live "
+    "node (0: never; 10000..86400000)",
+    "placement_moves_max": "cluster mode, with etcd: replication groups one pass of the "
+    "placement controller moves at most (1..64), so that a rebalance never swamps the cluster",
     "auto_provision_groups": "cluster mode: CreateQueue makes a new replication group when none "
     "has the queue's factor (the etcd setting auto_provision_groups overrides it)",
     "groups_per_size": "cluster mode, with auto_provision_groups: CreateQueue makes new "
@@ -597,6 +605,10 @@ def validate(config: NodeConfig) -> None:
             _host_port(config.advertise, "advertise")
         if not 1_000 <= config.node_ttl_ms <= 300_000:
             raise ConfigError("node_ttl_ms: must be 1000..300000")
+        if config.node_dead_after_ms and not 10_000 <= config.node_dead_after_ms <= 86_400_000:
+            raise ConfigError("node_dead_after_ms: 0 (never) or 10000..86400000")
+        if not 1 <= config.placement_moves_max <= 64:
+            raise ConfigError("placement_moves_max: must be 1..64")
     elif config.peers:
         raise ConfigError("peers: needs raft_listen (cluster mode)")
     elif config.raft_bind:

@@ -57,6 +57,7 @@ from fluxmq.server.node_stats import dead_letter_rows as _dead_letter_rows
 from fluxmq.server.node_stats import group_rows as _group_rows
 from fluxmq.server.node_stats import hosted_queues as _hosted_queues
 from fluxmq.server.node_stats import partition_rows as _partition_rows
+from fluxmq.server.placement.controller import PlacementSettings
 from fluxmq.server.router import Router
 from fluxmq.server.shard.host import OpenedShard, ShardHost, ShardSpec
 from fluxmq.server.shard.runtime import ShardRuntime, wall_clock_ms
@@ -334,6 +335,13 @@ def build_cluster_view(
         auto_provision_groups=cfg.auto_provision_groups,
         groups_per_size=cfg.groups_per_size,
         owns=owns,
+        placement=(
+            PlacementSettings(
+                node_dead_after_ms=cfg.node_dead_after_ms, moves_max=cfg.placement_moves_max
+            )
+            if cfg.node_dead_after_ms
+            else None
+        ),
     )
 
 
@@ -839,6 +847,7 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
     )
     if directory is not None:
         directory.host_shard = host.host
+        directory.unhost_shard = host.unhost
     # In the router before it starts: what the node checks at start (auth) sees its queues.
     home = None
     if state is not None and shard is not None:

@@ -260,6 +260,26 @@ SNAPSHOT_BYTES = Gauge(
 )
 
 
+PLACEMENT_CONTROLLER = Gauge(
+    "fluxmq_placement_controller",
+    "1 while this node holds the placement controller role (one node of the cluster at a time).",
+    registry=REGISTRY,
+)
+UNDER_REPLICATED_GROUPS = Gauge(
+    "fluxmq_under_replicated_groups",
+    "Replication groups with a member that is not live, as the placement controller last saw "
+    "them (0 on nodes that are not the controller).",
+    registry=REGISTRY,
+)
+PLACEMENT_MOVES = Counter(
+    "fluxmq_placement_moves",
+    "Replicas the placement controller moved, by reason (dead_node: a member missing longer "
+    "than node_dead_after_ms).",
+    ["reason"],
+    registry=REGISTRY,
+)
+
+
 def observe_raft_stage(stage: str, seconds: float) -> None:
     RAFT_STAGE.labels(stage).observe(seconds)
 

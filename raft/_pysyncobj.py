@@ -373,9 +373,11 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
     def _fx_start_probation(self) -> None:
         others = frozenset(str(n.id) for n in self._SyncObj__otherNodes)
         self.fx_probation = Probation(others)
-        log.warning(
-            "raft %s: started without its Raft state: on probation (no vote, no campaign) "
-            "until it holds what the leader committed%s",
+        # The first "waiting" line after a full interval: a new shard leaves at once.
+        self._fx_probation_logged_s = float(_so.monotonicTime())
+        log.info(
+            "raft %s: started without its Raft state (a new replica, or a lost disk): on "
+            "probation (no vote, no campaign) until it holds what the leader committed%s",
             self.selfNode.id,
             "" if others else " (no other member: leaves at once)",
         )
@@ -454,7 +456,8 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             # this term: take the leader's side of it, so no second vote is given in it.
             self._SyncObj__setCurrentTerm(self.raftCurrentTerm, leader.id)
         self._fx_journal.flush()
-        log.warning(
+        log.log(
+            logging.INFO if self.fx_probation.whole_at_index is None else logging.WARNING,
             "raft %s: left probation (%s): votes and campaigns again",
             self.selfNode.id,
             self.fx_probation.reason,

@@ -54,6 +54,10 @@ class ShardStatus:
     # This replica started without the Raft state it should have had (its disk was lost or it
     # is new) and is not a voter until it holds what the leader committed (raft/probation.py).
     on_probation: bool = False
+    # Members this replica is connected to, and (on the leader) the members within
+    # ``in_sync_lag_entries`` of the commit index, this replica included in both.
+    connected: tuple[str, ...] = ()
+    in_sync_members: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -890,14 +890,18 @@ class PySyncObjShard:
         role = "leader" if so._isLeader() else "follower" if leader is not None else "candidate"
         others = so.otherNodes
         members = (self._cfg.self_address, *sorted(n.id for n in others))
+        connected = [n for n in others if so.isNodeConnected(n)]
+        in_sync_members: tuple[str, ...] = ()
         if role == "leader":
             floor = so.raftCommitIndex - self._cfg.in_sync_lag_entries
             match = so.match_index
-            in_sync = 1 + sum(
-                1 for n in others if so.isNodeConnected(n) and match.get(n.id, 0) >= floor
+            in_sync_members = (
+                self._cfg.self_address,
+                *sorted(n.id for n in connected if match.get(n.id, 0) >= floor),
             )
+            in_sync = len(in_sync_members)
         else:
-            in_sync = 1 + sum(1 for n in others if so.isNodeConnected(n))
+            in_sync = 1 + len(connected)
         self._status = ShardStatus(
             shard_id=self._cfg.shard_id,
             role=role,
@@ -909,6 +913,8 @@ class PySyncObjShard:
             pending_proposals=len(self._incoming) + sum(len(f) for f in self._frames.values()),
             in_sync=in_sync,
             on_probation=so.on_probation,
+            connected=(self._cfg.self_address, *sorted(n.id for n in connected)),
+            in_sync_members=in_sync_members,
         )
         if leader is not None:
             self._leaderless_since = now

@@ -29,6 +29,11 @@ from fluxmq.metadata import (
     PortTaken,
     ShardRecord,
 )
+from fluxmq.server.placement.controller import (
+    MembershipConverger,
+    PlacementController,
+    PlacementSettings,
+)
 from raft import Shard
 
 log = logging.getLogger(__name__)
@@ -41,10 +46,14 @@ SHARDS_PER_NODE_MAX = 16  # replication groups one node hosts (each is a Raft sh
 PLACEMENT_CACHE_MAX = 100_000
 PLACEMENT_PAGE = 1000
 GROUP_CREATE_ATTEMPTS = 8
+# A placed group whose record dropped this node is stopped after hearing from no leader this
+# long (the leader stops replicating to a member once it removed it).
+UNHOST_LEADERLESS_MS = 10_000
 AUTO_PROVISION_SETTING = "auto_provision_groups"
 GROUPS_PER_SIZE_SETTING = "groups_per_size"
 
 HostShard = Callable[[ShardRecord, dict[str, NodeInfo]], Awaitable[bool]]
+UnhostShard = Callable[[str], Awaitable[bool]]
 
 
 def free_raft_ports(nodes: list[NodeInfo], used: dict[str, set[int]]) -> dict[str, int]:
@@ -126,9 +135,11 @@ class ClusterView:
         auto_provision_groups: bool = False,
         groups_per_size: int = 1,
         owns: Callable[[str], bool] = lambda group_id: True,
+        placement: PlacementSettings | None = None,
     ) -> None:
         """``shard``: the home shard, in the process that registers the node (None: another
-        of its shard processes, which hosts only the placed groups ``owns`` gives it)."""
+        of its shard processes, which hosts only the placed groups ``owns`` gives it).
+        ``placement``: the placement controller's settings (None: groups are never moved)."""
         self.store = store
         self.node = node
         self._shard_id = shard_id
@@ -153,8 +164,30 @@ class ClusterView:
         self._placements: dict[str, str] = {}  # queue -> group, as read or written
         self.hosted: set[str] = {shard_id}  # groups this node runs a shard of
         self._hosting = asyncio.Lock()
-        # Set by the composition root: starts this node's replica of a group (-> started).
+        # Set by the composition root: starts this node's replica of a group (-> started),
+        # and stops one placement moved away (-> it was running).
         self.host_shard: HostShard | None = None
+        self.unhost_shard: UnhostShard | None = None
+        # Placed group -> since when its record no longer lists this node and it has no leader.
+        self._unlisted_since_ms: dict[str, int] = {}
+        self._placement = placement
+        unmanaged = lambda: frozenset({self._shard_id})  # noqa: E731 - the static home group
+        self.controller = (
+            PlacementController(store, node.node_id, placement, clock_ms, unmanaged)
+            if placement is not None and self.registers
+            else None
+        )
+        self.converger = (
+            MembershipConverger(
+                lambda: dict(self._shards),
+                lambda: self.shard_records,
+                lambda: self.nodes,
+                placement,
+                unmanaged,
+            )
+            if placement is not None
+            else None
+        )
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -165,6 +198,10 @@ class ClusterView:
         routines = [("directory", self.directory_routine), ("leader_record", self.leader_routine)]
         if self.registers:
             routines.append(("register", self.register_routine))
+        if self.controller is not None:
+            routines.append(("placement_controller", self.controller.controller_routine))
+        if self.converger is not None:
+            routines.append(("membership", self.converger.membership_routine))
         for name, routine in routines:
             self._tasks.append(asyncio.create_task(_supervised(name, routine), name=name))
 
@@ -282,6 +319,7 @@ class ClusterView:
         if self._shard_id not in groups and self.registers:
             await self.maybe_record_home_shard()
         async with self._hosting:  # two passes at once would open a group's store twice
+            await self._maybe_unhost(groups)
             for gid, group in sorted(groups.items()):
                 if gid in self.hosted or self.node.node_id not in group.members:
                     continue
@@ -291,6 +329,35 @@ class ClusterView:
                     continue
                 if await self.host_shard(group, dict(self.nodes)):
                     self.hosted.add(gid)
+
+    async def _maybe_unhost(self, groups: dict[str, ShardRecord]) -> None:
+        """Stop the placed groups whose record no longer lists this node once this replica has
+        heard from no leader for UNHOST_LEADERLESS_MS: the leader stops replicating to a member
+        it removed (pysyncobj does not tell the member), while a member still counted hears
+        from it. Before that, the leader may still need this replica."""
+        if self.unhost_shard is None:
+            return
+        me, now_ms = self.node.node_id, self._clock_ms()
+        for gid in sorted(self.hosted - {self._shard_id}):
+            group = groups.get(gid)
+            shard = self._shards.get(gid)
+            if group is None or me in group.members or shard is None:
+                self._unlisted_since_ms.pop(gid, None)
+                continue
+            if shard.leader is not None:
+                self._unlisted_since_ms.pop(gid, None)
+                continue
+            since = self._unlisted_since_ms.setdefault(gid, now_ms)
+            if now_ms - since < UNHOST_LEADERLESS_MS:
+                continue
+            if await self.unhost_shard(gid):
+                self.hosted.discard(gid)
+                self._unlisted_since_ms.pop(gid, None)
+
+    def remove_shard(self, group_id: str) -> None:
+        """A shard stopped on this node: its leader is no longer published."""
+        self._shards.pop(group_id, None)
+        self._published_terms.pop(group_id, None)
 
     async def maybe_record_home_shard(self) -> None:
         """The static group this node started with goes into the metadata once every member

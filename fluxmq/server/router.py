@@ -188,6 +188,10 @@ class Router:
         if self._draining.is_set():  # started during the shutdown: it drains as the others
             runtime.drain()
 
+    def remove_shard(self, shard_id: str) -> ShardRuntime | None:
+        """A shard this node stops hosting (its group moved away): no more requests reach it."""
+        return self.shards.pop(shard_id, None)
+
     def local(self, queue: str) -> ShardRuntime | None:
         """The hosted shard whose state has ``queue`` (replicas serve reads themselves)."""
         for runtime in self.shards.values():

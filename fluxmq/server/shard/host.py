@@ -180,6 +180,33 @@ class ShardHost:
         )
         return True
 
+    async def unhost(self, shard_id: str) -> bool:
+        """Placement moved ``shard_id``'s replica off this node (its record no longer lists
+        the node, and its Raft membership dropped it): stop it and set its data aside, named
+        by the time, so that a restart neither serves it nor loses it (-> it was running)."""
+        for i, (runtime, close) in enumerate(self.running):
+            if runtime.shard_id == shard_id:
+                break
+        else:
+            return False
+        del self.running[i]
+        self._router.remove_shard(shard_id)
+        if self._directory is not None:
+            self._directory.remove_shard(shard_id)
+        await runtime.close()
+        close()
+        directory = self._dir(shard_id)
+        if os.path.isdir(directory):
+            aside = f"{directory}.removed-{self._clock_ms()}"
+            os.replace(directory, aside)
+            log.warning(
+                "replication group %s moved off this node: stopped; its data is kept in %s "
+                "(delete it once the group is whole elsewhere)",
+                shard_id,
+                aside,
+            )
+        return True
+
     async def close(self) -> None:
         """Stop every shard, the last started first."""
         for runtime, close in reversed(self.running):

@@ -1,0 +1,217 @@
+"""The placement controller and the leaders' membership convergence.
+
+- ``PlacementController`` runs on one node at a time (the holder of the ``placement_controller``
+  role in the metadata store, a leased key). Each pass reads nodes and groups from the store
+  and writes the records ``policy.plan_replacements`` returns: a member missing longer than
+  ``node_dead_after_ms`` is replaced by a live node, on a Raft port claimed in the same write.
+  It remembers since when a member is missing only while it holds the role (a new holder starts
+  counting again: it never replaces sooner than the setting says).
+- ``MembershipConverger`` runs in every process that hosts shards: for each shard it leads, it
+  makes the Raft membership match the group's record, one change at a time
+  (``policy.membership_step``): the dead member out first, then the new one in; the new replica,
+  started by its node from the record, joins on probation and is refilled by the leader.
+
+Both are restartable at any point: their state is the store's records and the shards' own
+membership, each step is idempotent, and the next pass takes up where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fluxmq import metrics
+from fluxmq.metadata import MetadataError, MetadataStore, NodeInfo, PortTaken, RevisionConflict
+from fluxmq.server.placement.policy import membership_step, missing_members, plan_replacements
+from raft import Shard
+from raft.api import ShardError
+
+if TYPE_CHECKING:
+    from fluxmq.metadata import ShardRecord
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_ROLE = "placement_controller"
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSettings:
+    node_dead_after_ms: int = 300_000  # a member missing this long is replaced
+    moves_max: int = 2  # groups whose records one pass changes, at most
+    interval_ms: int = 1_000  # between passes of the controller and of the convergence
+    role_ttl_ms: int = 10_000  # a controller that stops renewing loses the role after this
+
+
+class PlacementController:
+    def __init__(
+        self,
+        store: MetadataStore,
+        node_id: str,
+        settings: PlacementSettings,
+        clock_ms: Callable[[], int],
+        unmanaged: Callable[[], frozenset[str]],
+    ) -> None:
+        """``unmanaged``: the groups whose members come from the nodes' configuration (the
+        static home group): reported when under-replicated, never moved."""
+        self._store = store
+        self._node_id = node_id
+        self._settings = settings
+        self._clock_ms = clock_ms
+        self._unmanaged = unmanaged
+        self.leading = False
+        self._missing_since_ms: dict[str, int] = {}
+        self._reported: frozenset[str] = frozenset()
+
+    async def controller_routine(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.interval_ms / 1000)
+            await self.maybe_place()
+
+    async def maybe_place(self) -> None:
+        """One pass: hold the role, then replace what has been missing long enough."""
+        try:
+            holder = await self._store.campaign(
+                CONTROLLER_ROLE, self._node_id, self._settings.role_ttl_ms
+            )
+        except MetadataError as err:
+            log.debug("placement controller: cannot campaign: %s", err)
+            return
+        if holder != self._node_id:
+            if self.leading:
+                log.info("placement controller: %s holds the role now", holder)
+            self.leading = False
+            self._missing_since_ms.clear()
+            metrics.PLACEMENT_CONTROLLER.set(0)
+            return
+        if not self.leading:
+            log.info("placement controller: this node (%s) holds the role", self._node_id)
+        self.leading = True
+        metrics.PLACEMENT_CONTROLLER.set(1)
+        try:
+            await self.ensure_replicas()
+        except MetadataError as err:
+            log.warning("placement controller: metadata unavailable: %s", err)
+
+    async def ensure_replicas(self) -> None:
+        live = {n.node_id: n for n in await self._store.list_nodes()}
+        versioned = {v.value.group_id: v for v in await self._store.list_shards()}
+        records = {g: v.value for g, v in versioned.items()}
+        now_ms = self._clock_ms()
+        missing = missing_members(records, live)
+        for node_id in missing:
+            self._missing_since_ms.setdefault(node_id, now_ms)
+        for node_id in set(self._missing_since_ms) - missing:
+            del self._missing_since_ms[node_id]
+        self._report(records, live)
+        plans = plan_replacements(
+            records,
+            live,
+            self._missing_since_ms,
+            now_ms,
+            self._settings.node_dead_after_ms,
+            await self._used_ports(records),
+            self._settings.moves_max,
+            self._unmanaged(),
+        )
+        for plan in plans:
+            try:
+                await self._store.update_shard(plan.record, versioned[plan.group_id].revision)
+            except (PortTaken, RevisionConflict) as err:
+                log.info("placement controller: %s changed meanwhile (%s)", plan.group_id, err)
+                continue
+            metrics.PLACEMENT_MOVES.labels(reason="dead_node").inc()
+            log.warning(
+                "placement controller: group %s: member %s missing for %d s; replacing it "
+                "by %s (raft port %d)",
+                plan.group_id,
+                plan.dead,
+                (now_ms - self._missing_since_ms[plan.dead]) // 1000,
+                plan.target,
+                plan.record.raft_ports[plan.target],
+            )
+
+    async def _used_ports(self, records: Mapping[str, ShardRecord]) -> dict[str, set[int]]:
+        used: dict[str, set[int]] = {}
+        for node_id, ports in (await self._store.list_raft_ports()).items():
+            used.setdefault(node_id, set()).update(ports)
+        for record in records.values():
+            for m, port in record.raft_ports.items():
+                used.setdefault(m, set()).add(port)
+        return used
+
+    def _report(self, records: Mapping[str, ShardRecord], live: Mapping[str, NodeInfo]) -> None:
+        under = frozenset(g for g, r in records.items() if any(m not in live for m in r.members))
+        metrics.UNDER_REPLICATED_GROUPS.set(len(under))
+        for g in sorted(under - self._reported):
+            gone = sorted(m for m in records[g].members if m not in live)
+            log.warning("group %s is under-replicated: %s not live", g, ", ".join(gone))
+        for g in sorted(self._reported - under):
+            log.info("group %s has all its replicas live again", g)
+        self._reported = under
+
+
+class MembershipConverger:
+    """Makes the Raft membership of every shard this process leads match its record."""
+
+    def __init__(
+        self,
+        shards: Callable[[], Mapping[str, Shard]],
+        records: Callable[[], Mapping[str, ShardRecord]],
+        nodes: Callable[[], Mapping[str, NodeInfo]],
+        settings: PlacementSettings,
+        unmanaged: Callable[[], frozenset[str]],
+    ) -> None:
+        self._shards = shards
+        self._records = records
+        self._nodes = nodes
+        self._settings = settings
+        self._unmanaged = unmanaged
+
+    async def membership_routine(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.interval_ms / 1000)
+            await self.ensure_raft_members()
+
+    async def ensure_raft_members(self) -> None:
+        records, nodes = self._records(), self._nodes()
+        for group_id, shard in sorted(self._shards().items()):
+            record = records.get(group_id)
+            if record is None or not shard.is_leader or group_id in self._unmanaged():
+                continue
+            await self.maybe_change(group_id, shard, record, nodes)
+
+    async def maybe_change(
+        self, group_id: str, shard: Shard, record: ShardRecord, nodes: Mapping[str, NodeInfo]
+    ) -> None:
+        status = shard.status()
+        current = set(status.members)
+        wanted = {
+            f"{nodes[m].raft_host}:{record.raft_ports[m]}" for m in record.members if m in nodes
+        }
+        # A member of the record that is not live keeps its place until the controller
+        # replaces it (its address is known only by its port).
+        missing_ports = {record.raft_ports[m] for m in record.members if m not in nodes}
+        wanted |= {a for a in current if int(a.rpartition(":")[2]) in missing_ports}
+        step = membership_step(
+            wanted,
+            current,
+            set(status.connected),
+            set(status.in_sync_members),
+            status.leader or "",
+        )
+        if step is None:
+            return
+        op, address = step
+        log.warning("group %s: membership %s %s (to match its record)", group_id, op, address)
+        try:
+            if op == "remove":
+                await shard.remove_member(address)
+            elif op == "add":
+                await shard.add_member(address)
+            else:
+                await shard.transfer_leadership(None)
+        except ShardError as err:
+            log.warning("group %s: membership %s %s failed: %s", group_id, op, address, err)

@@ -1,0 +1,154 @@
+"""Placement policy: pure functions, no I/O, time as an input.
+
+The controller (``controller.py``) reads nodes and groups from the metadata store and writes
+back the records these functions return; each group's Raft leader then makes its membership
+match its record, one change at a time (``membership_step``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from fluxmq.metadata import NodeInfo, ShardRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """A dead member of a group replaced by a live node (the group's new record)."""
+
+    group_id: str
+    dead: str
+    target: str
+    record: ShardRecord
+
+
+def missing_members(records: Mapping[str, ShardRecord], live: Mapping[str, NodeInfo]) -> set[str]:
+    """Members of some group that the directory does not list (down, or gone for good)."""
+    return {m for r in records.values() for m in r.members if m not in live}
+
+
+def hosted_counts(
+    records: Mapping[str, ShardRecord], nodes: Mapping[str, NodeInfo]
+) -> dict[str, int]:
+    counts = {n: 0 for n in nodes}
+    for r in records.values():
+        for m in r.members:
+            if m in counts:
+                counts[m] += 1
+    return counts
+
+
+def free_port(node: NodeInfo, used: set[int]) -> int:
+    """The node's lowest Raft port above its base (the base is its home group's) not in use."""
+    port = node.raft_port_base + 1
+    while port in used:
+        port += 1
+    return port
+
+
+def plan_replacements(
+    records: Mapping[str, ShardRecord],
+    live: Mapping[str, NodeInfo],
+    missing_since_ms: Mapping[str, int],
+    now_ms: int,
+    dead_after_ms: int,
+    used_ports: Mapping[str, set[int]],
+    moves_max: int,
+    unmanaged: frozenset[str] = frozenset(),
+) -> list[Replacement]:
+    """New records for groups with a member missing for at least ``dead_after_ms``: the dead
+    member replaced by the live node that hosts the fewest groups and is not a member yet (a
+    group's replicas stay on distinct nodes), on a free Raft port of that node. One dead member
+    per group at a time; at most ``moves_max`` groups per call; groups in ``unmanaged`` (whose
+    members come from the nodes' configuration) are left alone. A group with no live node to
+    take the replica keeps its record: it stays under-replicated until a node joins.
+
+    >>> n = {i: NodeInfo(i, f"h:{i}", "h", 7100 + 100 * k, 0) for k, i in enumerate("abcd")}
+    >>> g1 = ShardRecord("g1", ("a", "b", "c"), {"a": 7101, "b": 7201, "c": 7301}, 3, 0)
+    >>> live = {i: n[i] for i in "abd"}  # c is gone
+    >>> plan_replacements({"g1": g1}, live, {"c": 1_000}, 50_000, 60_000, {}, 2)
+    []
+    >>> [r] = plan_replacements({"g1": g1}, live, {"c": 1_000}, 61_000, 60_000, {}, 2)
+    >>> r.dead, r.target, r.record.members, r.record.raft_ports["d"]
+    ('c', 'd', ('a', 'b', 'd'), 7401)
+    """
+    counts = hosted_counts(records, live)
+    ports = {n: set(p) for n, p in used_ports.items()}
+    out: list[Replacement] = []
+    for group_id, record in sorted(records.items()):
+        if len(out) >= moves_max:
+            break
+        if group_id in unmanaged:
+            continue
+        dead = sorted(
+            m
+            for m in record.members
+            if m not in live and now_ms - missing_since_ms.get(m, now_ms) >= dead_after_ms
+        )
+        if not dead:
+            continue
+        candidates = sorted(
+            (n for n in live.values() if n.node_id not in record.members),
+            key=lambda n: (counts[n.node_id], n.node_id),
+        )
+        if not candidates:
+            continue
+        target = candidates[0]
+        taken = ports.setdefault(target.node_id, set())
+        for m, p in record.raft_ports.items():
+            if m == target.node_id:
+                taken.add(p)
+        port = free_port(target, taken)
+        taken.add(port)
+        gone = dead[0]
+        members = tuple(sorted((*(m for m in record.members if m != gone), target.node_id)))
+        raft_ports = {m: p for m, p in record.raft_ports.items() if m != gone}
+        raft_ports[target.node_id] = port
+        out.append(
+            Replacement(
+                group_id,
+                gone,
+                target.node_id,
+                replace(record, members=members, raft_ports=raft_ports),
+            )
+        )
+        counts[target.node_id] += 1
+    return out
+
+
+def membership_step(
+    wanted: set[str], current: set[str], connected: set[str], caught_up: set[str], leader: str
+) -> tuple[str, str] | None:
+    """The next single Raft membership change that moves ``current`` (the group's Raft
+    members, by address) toward ``wanted`` (its record), as its leader ``leader`` sees it:
+    ("remove", address), ("add", address), ("transfer", "") when the leader itself must go
+    (it hands leadership over first), or None when nothing is to do or to do yet.
+
+    A member that is not connected (dead) is removed first: the group then needs fewer
+    acknowledgements, and the node added next catches up while the others commit. A live
+    member is removed only after every added one is caught up (a drain: add, catch up, remove),
+    so the group never drops below a majority of replicas holding the log.
+
+    >>> membership_step({"a", "b", "d"}, {"a", "b", "c"}, {"a", "b", "d"}, {"a", "b"}, "a")
+    ('remove', 'c')
+    >>> membership_step({"a", "b", "d"}, {"a", "b"}, {"a", "b", "d"}, {"a", "b"}, "a")
+    ('add', 'd')
+    >>> membership_step({"a", "b", "d"}, {"a", "b", "c", "d"}, {"a", "b", "c", "d"}, {"a", "b"}, "a")
+    >>> membership_step({"b", "c", "d"}, {"a", "b", "c", "d"}, {"a", "b", "c", "d"}, {"b", "c", "d"}, "a")
+    ('transfer', '')
+    """
+    gone = sorted(current - wanted)
+    dead = [m for m in gone if m not in connected and m != leader]
+    if dead:
+        return ("remove", dead[0])
+    new = sorted(wanted - current)
+    if new:
+        return ("add", new[0])
+    if not gone:
+        return None
+    if not wanted <= caught_up:
+        return None  # the new replicas are still catching up
+    if leader in gone:
+        return ("transfer", "")
+    return ("remove", gone[0])

@@ -1,0 +1,243 @@
+"""A node lost for good is replaced by the placement controller (issue 37, item 1): 4 nodes with
+etcd, queues on two 3-replica groups, a publisher running; node4 (a member of gb) is killed
+with kill -9 and never comes back. After ``node_dead_after_ms`` the controller writes gb's
+record with node1 in node4's place (on a Raft port claimed in the same write); gb's leader
+removes node4 from the Raft membership and adds node1, which starts on probation and is
+refilled. Then gb has 3 in-sync replicas again, every acknowledged message is on each of them
+exactly once, and their digests agree. When node4 comes back it no longer serves gb: it sets
+its old copy aside."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.core.auth import new_key
+from fluxmq.devcluster.launcher import ADMIN_KEY_FILE, LocalCluster
+from fluxmq.metadata import EtcdMetadataStore, ShardRecord
+from tests.integration.conftest import authorized_channel
+from tests.integration.group_helpers import wait_for
+from tests.integration.test_cluster_cli import free_port_range
+
+pytestmark = pytest.mark.slow
+KEY = new_key("production")
+DEAD_AFTER_MS = 10_000
+GROUPS = {"ga": ("node1", "node2", "node3"), "gb": ("node2", "node3", "node4")}
+QUEUES = {"qa": "ga", "qb": "gb"}
+PUBLISH_MAX = 400  # per queue, over the whole test
+PARTITIONS = 2
+
+
+def index(node_id: str) -> int:
+    return int(node_id.removeprefix("node")) - 1
+
+
+class Replacement:
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.acked: dict[str, list[bytes]] = {q: [] for q in QUEUES}
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+
+    def address(self, node_id: str) -> str:
+        return self.cluster.node_addresses[index(node_id)]
+
+    def status(self, node_id: str, digest: bool = False) -> admin_pb2.ClusterStatus | None:
+        try:
+            with authorized_channel(self.address(node_id), KEY) as ch:
+                return admin_pb2_grpc.AdminServiceStub(ch).GetClusterStatus(
+                    admin_pb2.GetClusterStatusRequest(skip_digest=not digest), timeout=20
+                )
+        except grpc.RpcError:
+            return None
+
+    def shard(self, node_id: str, group: str, digest: bool = False) -> admin_pb2.ShardInfo | None:
+        st = self.status(node_id, digest)
+        return None if st is None else next((s for s in st.shards if s.shard_id == group), None)
+
+    def record(self, group: str) -> ShardRecord | None:
+        async def read() -> ShardRecord | None:
+            store = EtcdMetadataStore(self.cluster.etcd_endpoint)
+            try:
+                v = await store.get_shard(group)
+                return None if v is None else v.value
+            finally:
+                await store.close()
+
+        return asyncio.run(read())
+
+    # -- the publisher ------------------------------------------------------------------------
+
+    def publish_routine(self, via: list[str]) -> None:
+        """One message per queue per round, each with its own idempotency key (a retry after
+        an unknown outcome is deduplicated), bounded in count; errors the SDK would retry are
+        retried, anything else is recorded as a failure."""
+        for i in range(PUBLISH_MAX):
+            if self._stop.is_set():
+                return
+            for queue in QUEUES:
+                value = f"{queue}-{i:05d}".encode()
+                if self.publish_one(via, queue, value):
+                    self.acked[queue].append(value)
+            time.sleep(0.02)
+
+    def publish_one(self, via: list[str], queue: str, value: bytes) -> bool:
+        req = pb.PublishRequest(
+            queue=queue,
+            messages=[pb.PublishMessage(value=value, idempotency_key=value.decode())],
+            request_timeout_ms=3000,
+        )
+        for attempt in range(40):
+            if self._stop.is_set():
+                return False
+            try:
+                with authorized_channel(self.address(via[attempt % len(via)]), KEY) as ch:
+                    queue_pb2_grpc.QueueServiceStub(ch).Publish(req, timeout=5)
+                return True
+            except grpc.RpcError as err:
+                if err.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                ):
+                    self.failures.append(f"{queue} {value!r}: {err.code()} {err.details()}")
+                    return False
+                time.sleep(0.1)
+        self.failures.append(f"{queue} {value!r}: not acknowledged after 40 retriable errors")
+        return False
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stored(self, node_id: str, queue: str) -> Counter[bytes]:
+        out: Counter[bytes] = Counter()
+        with authorized_channel(self.address(node_id), KEY) as ch:
+            stub = queue_pb2_grpc.QueueServiceStub(ch)
+            for p in range(PARTITIONS):
+                offset = 0
+                for _ in range(1000):
+                    r = stub.Fetch(
+                        pb.FetchRequest(queue=queue, partition=p, offset=offset, max_messages=1000),
+                        timeout=10,
+                    )
+                    out.update(rec.value for rec in r.records)
+                    if r.next_offset >= r.high_watermark:
+                        break
+                    offset = r.next_offset
+        return out
+
+
+@pytest.fixture
+def replacement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Replacement]:
+    monkeypatch.setenv("FLUXMQ_NODE_DEAD_AFTER_MS", str(DEAD_AFTER_MS))
+    root = tmp_path / "cluster"
+    root.mkdir()
+    (root / ADMIN_KEY_FILE).write_text(KEY + "\n")
+    cluster = LocalCluster(root, nodes=4, base_port=free_port_range(40), etcd_port=0)
+    cluster.up()
+    try:
+        specs = cluster.specs()
+
+        async def create_groups() -> None:
+            store = EtcdMetadataStore(cluster.etcd_endpoint)
+            try:
+                for n, (gid, members) in enumerate(sorted(GROUPS.items())):
+                    ports = {m: specs[index(m)].raft_port + 3 + n for m in members}
+                    await store.create_shard(ShardRecord(gid, members, ports, 3, 0))
+            finally:
+                await store.close()
+
+        asyncio.run(create_groups())
+        r = Replacement(cluster)
+        for gid, members in GROUPS.items():
+            for m in members:
+                wait_for(f"{m} to host {gid}", lambda m=m, gid=gid: r.shard(m, gid) is not None)
+        with authorized_channel(r.address("node1"), KEY) as ch:
+            stub = queue_pb2_grpc.QueueServiceStub(ch)
+            for queue, gid in QUEUES.items():
+                config = pb.QueueConfig(
+                    name=queue,
+                    partitions=PARTITIONS,
+                    dedup_window="10m",
+                    replication=pb.Replication(group=gid),
+                )
+                stub.CreateQueue(pb.CreateQueueRequest(config=config), timeout=30)
+        yield r
+    finally:
+        cluster.down(purge=False)
+
+
+def test_a_node_lost_for_good_has_its_replicas_replaced_and_nothing_is_lost(
+    replacement: Replacement,
+) -> None:
+    r = replacement
+    publisher = threading.Thread(target=r.publish_routine, args=(["node1", "node2", "node3"],))
+    publisher.start()
+    try:
+        wait_for("some messages acknowledged", lambda: len(r.acked["qb"]) >= 20, timeout_s=60)
+        r.cluster.kill9(4)
+        killed_at = time.monotonic()
+
+        def replaced() -> bool:
+            record = r.record("gb")
+            return record is not None and record.members == ("node1", "node2", "node3")
+
+        wait_for("gb's record to name node1 in node4's place", replaced, timeout_s=60)
+        assert time.monotonic() - killed_at >= DEAD_AFTER_MS / 1000 - 1  # not before its time
+
+        def whole_again() -> bool:
+            infos = [r.shard(n, "gb") for n in ("node1", "node2", "node3")]
+            if any(i is None for i in infos):
+                return False
+            leaders = [i for i in infos if i is not None and i.role == "leader"]
+            return (
+                len(leaders) == 1
+                and len(leaders[0].members) == 3
+                and leaders[0].in_sync_replicas == 3
+                and not any(i.on_probation for i in infos if i is not None)
+            )
+
+        wait_for("gb to have 3 in-sync replicas again", whole_again, timeout_s=90)
+        wait_for("more messages acknowledged", lambda: len(r.acked["qb"]) >= 60, timeout_s=60)
+    finally:
+        r.stop()
+        publisher.join(timeout=120)
+    assert not publisher.is_alive()
+    assert not r.failures, r.failures[:5]
+
+    # Every acknowledged message is on each of gb's replicas exactly once, and they agree.
+    def settled() -> bool:
+        infos = [r.shard(n, "gb", digest=True) for n in ("node1", "node2", "node3")]
+        return all(i is not None for i in infos) and (
+            len({(i.applied_index, i.digest) for i in infos if i is not None}) == 1
+        )
+
+    wait_for("gb's replicas to agree", settled, timeout_s=60)
+    for node_id in ("node1", "node2", "node3"):
+        for queue in QUEUES:
+            stored = r.stored(node_id, queue)
+            acked = r.acked[queue]
+            lost = [v for v in acked if stored[v] == 0]
+            doubled = [v for v in acked if stored[v] > 1]
+            assert not lost, f"{node_id} {queue}: {len(lost)} of {len(acked)} lost: {lost[:5]}"
+            assert not doubled, f"{node_id} {queue}: {len(doubled)} stored twice"
+
+    # node4 comes back: it is not a member of gb any more, and stops serving it.
+    r.cluster.restart(4)
+    wait_for(
+        "node4 to stop hosting gb",
+        lambda: (
+            (st := r.status("node4")) is not None and all(s.shard_id != "gb" for s in st.shards)
+        ),
+        timeout_s=60,
+    )
+    assert r.shard("node4", "ga") is None
