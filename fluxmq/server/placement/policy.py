@@ -134,8 +134,9 @@ def membership_step(
     ('remove', 'c')
     >>> membership_step({"a", "b", "d"}, {"a", "b"}, {"a", "b", "d"}, {"a", "b"}, "a")
     ('add', 'd')
-    >>> membership_step({"a", "b", "d"}, {"a", "b", "c", "d"}, {"a", "b", "c", "d"}, {"a", "b"}, "a")
-    >>> membership_step({"b", "c", "d"}, {"a", "b", "c", "d"}, {"a", "b", "c", "d"}, {"b", "c", "d"}, "a")
+    >>> four = {"a", "b", "c", "d"}
+    >>> membership_step({"a", "b", "d"}, four, four, {"a", "b"}, "a")  # d still catching up
+    >>> membership_step({"b", "c", "d"}, four, four, {"b", "c", "d"}, "a")
     ('transfer', '')
     """
     gone = sorted(current - wanted)

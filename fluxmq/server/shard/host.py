@@ -9,6 +9,7 @@ restarted node serves its shards even while etcd is away.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -68,6 +69,13 @@ def write_spec(directory: str, spec: ShardSpec) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
+
+
+def _set_aside(directory: str, aside: str) -> bool:
+    if not os.path.isdir(directory):
+        return False
+    os.replace(directory, aside)
+    return True
 
 
 def read_specs(root: str) -> list[ShardSpec]:
@@ -184,21 +192,19 @@ class ShardHost:
         """Placement moved ``shard_id``'s replica off this node (its record no longer lists
         the node, and its Raft membership dropped it): stop it and set its data aside, named
         by the time, so that a restart neither serves it nor loses it (-> it was running)."""
-        for i, (runtime, close) in enumerate(self.running):
-            if runtime.shard_id == shard_id:
-                break
-        else:
+        found = [(r, c) for r, c in self.running if r.shard_id == shard_id]
+        if not found:
             return False
-        del self.running[i]
+        runtime, close = found[0]
+        self.running.remove(found[0])
         self._router.remove_shard(shard_id)
         if self._directory is not None:
             self._directory.remove_shard(shard_id)
         await runtime.close()
         close()
         directory = self._dir(shard_id)
-        if os.path.isdir(directory):
-            aside = f"{directory}.removed-{self._clock_ms()}"
-            os.replace(directory, aside)
+        aside = f"{directory}.removed-{self._clock_ms()}"
+        if await asyncio.to_thread(_set_aside, directory, aside):
             log.warning(
                 "replication group %s moved off this node: stopped; its data is kept in %s "
                 "(delete it once the group is whole elsewhere)",
