@@ -241,3 +241,8 @@ def test_a_node_lost_for_good_has_its_replicas_replaced_and_nothing_is_lost(
         timeout_s=60,
     )
     assert r.shard("node4", "ga") is None
+    data_dir = Path(r.cluster.specs()[3].data_dir)
+    assert [p.name.split("-")[0] for p in (data_dir / "groups.removed").iterdir()] == ["gb"]
+    r.cluster.restart(4)  # what was set aside is not served again
+    time.sleep(2)
+    assert r.shard("node4", "gb") is None

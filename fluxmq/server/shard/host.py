@@ -74,6 +74,7 @@ def write_spec(directory: str, spec: ShardSpec) -> None:
 def _set_aside(directory: str, aside: str) -> bool:
     if not os.path.isdir(directory):
         return False
+    os.makedirs(os.path.dirname(aside), exist_ok=True)
     os.replace(directory, aside)
     return True
 
@@ -203,7 +204,8 @@ class ShardHost:
         await runtime.close()
         close()
         directory = self._dir(shard_id)
-        aside = f"{directory}.removed-{self._clock_ms()}"
+        # Outside the specs' directory, which restore() reads.
+        aside = os.path.join(f"{self._shards_dir}.removed", f"{shard_id}-{self._clock_ms()}")
         if await asyncio.to_thread(_set_aside, directory, aside):
             log.warning(
                 "replication group %s moved off this node: stopped; its data is kept in %s "
