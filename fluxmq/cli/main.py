@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from fluxmq.cli import cluster, consume, dlq, group, key, offsets, publish, queue
+from fluxmq.cli import cluster, consume, dlq, group, key, node, offsets, publish, queue
 from fluxmq.cli.conn import (
     API_KEY_ENV,
     DEFAULT_PROFILE,
@@ -175,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.register(sub, common)
     cluster.register(sub, common)
     key.register(sub, common)
+    node.register(sub, common)
     return parser
 
 

@@ -22,10 +22,12 @@ from fluxmq._pb.v1 import admin_pb2 as pb
 from fluxmq._pb.v1 import admin_pb2_grpc as pb_grpc
 from fluxmq.core.errors import FieldViolation, FluxError, invalid_argument
 from fluxmq.core.state_machine import QueueStateMachine
+from fluxmq.metadata import MetadataStore
 from fluxmq.server import node_stats
 from fluxmq.server.forwarding import was_targeted
 from fluxmq.server.guard import Identity, current_identity
 from fluxmq.server.key_admin import KeyAdmin
+from fluxmq.server.placement import operations
 from fluxmq.server.router import Router
 from fluxmq.server.scoping import stored_names
 from fluxmq.server.shard.proposer import not_leader
@@ -40,6 +42,7 @@ DIGEST_CPU_SHARE = 0.1
 DIGEST_WAIT_MAX_S = 1.0
 ADDRESS_CHARS_MAX = 300
 # host:port; the host is a name, an IPv4 address or a bracketed IPv6 address.
+_NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ADDRESS_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})$")
 
 
@@ -82,6 +85,25 @@ def _shard_info(status: ShardStatus, digest: str, queues: list[str]) -> pb.Shard
         queues=queues,
         in_sync_replicas=status.in_sync,
         on_probation=status.on_probation,
+    )
+
+
+def validate_node_id(node_id: str, field_path: str = "node_id") -> str:
+    if not _NODE_ID_RE.fullmatch(node_id):
+        raise invalid_argument(
+            field_path, f"{node_id[:80]!r} is not a node id (1-64 of A-Z a-z 0-9 . _ -)"
+        )
+    return node_id
+
+
+def _node_summary(n: operations.NodeSummary) -> pb.NodeSummary:
+    return pb.NodeSummary(
+        node_id=n.node_id,
+        live=n.live,
+        state=n.state,
+        groups=list(n.groups),
+        leading=list(n.leading),
+        grpc_address=n.grpc_address,
     )
 
 
@@ -372,6 +394,51 @@ class AdminService(pb_grpc.AdminServiceServicer):
         with self._on_leader(shard_id):
             await shard.remove_member(address)
         return self._info(shard)
+
+    # -- placement ----------------------------------------------------------------------------
+
+    def _placement(self) -> tuple[MetadataStore, frozenset[str]]:
+        """The metadata store and the groups placement leaves alone (the home group)."""
+        view = self._router.view
+        if view is None:
+            raise FluxError(
+                "NEEDS_METADATA_STORE",
+                "placement needs a cluster with etcd (this node runs without --etcd: its "
+                "replication group comes from --peers)",
+            )
+        return view.store, frozenset({view.home_shard_id})
+
+    async def ListNodes(self, request: pb.ListNodesRequest, context: Any) -> pb.ListNodesResponse:
+        store, unmanaged = self._placement()
+        nodes = await operations.list_nodes(store, unmanaged)
+        return pb.ListNodesResponse(nodes=[_node_summary(n) for n in nodes])
+
+    async def DrainNode(self, request: pb.DrainNodeRequest, context: Any) -> pb.NodeSummary:
+        node_id = validate_node_id(request.node_id)
+        store, unmanaged = self._placement()
+        return _node_summary(await operations.drain_node(store, node_id, unmanaged))
+
+    async def DecommissionNode(
+        self, request: pb.DecommissionNodeRequest, context: Any
+    ) -> pb.NodeSummary:
+        node_id = validate_node_id(request.node_id)
+        store, unmanaged = self._placement()
+        summary = await operations.drain_node(store, node_id, unmanaged, decommission=True)
+        return _node_summary(summary)
+
+    async def MoveReplica(
+        self, request: pb.MoveReplicaRequest, context: Any
+    ) -> pb.MoveReplicaResponse:
+        shard_id = validate_shard_id(request.shard_id)
+        from_node = validate_node_id(request.from_node, "from_node")
+        to_node = validate_node_id(request.to_node, "to_node")
+        if from_node == to_node:
+            raise invalid_argument("to_node", "is from_node: a replica moves to another node")
+        store, unmanaged = self._placement()
+        moved = await operations.move_replica(store, shard_id, from_node, to_node, unmanaged)
+        return pb.MoveReplicaResponse(
+            shard_id=shard_id, members=list(moved.members), raft_port=moved.raft_ports[to_node]
+        )
 
     # -- API keys -----------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from fluxmq.metadata import (
     PortTaken,
     ShardRecord,
 )
+from fluxmq.server.placement import node_states
 from fluxmq.server.placement.controller import (
     MembershipConverger,
     PlacementController,
@@ -184,10 +185,12 @@ class ClusterView:
                 lambda: self.nodes,
                 placement,
                 unmanaged,
+                lambda: self.own_state,
             )
             if placement is not None
             else None
         )
+        self.own_state = ""  # this node's state (placement.node_states), as last read
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -219,6 +222,11 @@ class ClusterView:
                 )
         with contextlib.suppress(MetadataError, TimeoutError):
             await asyncio.wait_for(self.store.close(), CLOSE_STEP_TIMEOUT_S)
+
+    @property
+    def home_shard_id(self) -> str:
+        """The group this node was configured with (--peers): placement leaves it alone."""
+        return self._shard_id
 
     @property
     def session_up(self) -> bool:
@@ -316,6 +324,10 @@ class ClusterView:
             self._failed("replication groups", err)
             return
         self.shard_records = groups
+        with contextlib.suppress(MetadataError):
+            self.own_state = (await node_states.read_states(self.store, [self.node.node_id])).get(
+                self.node.node_id, ""
+            )
         if self._shard_id not in groups and self.registers:
             await self.maybe_record_home_shard()
         async with self._hosting:  # two passes at once would open a group's store twice
@@ -341,6 +353,15 @@ class ClusterView:
         for gid in sorted(self.hosted - {self._shard_id}):
             group = groups.get(gid)
             shard = self._shards.get(gid)
+            if group is not None and shard is not None and me in group.members:
+                wanted = f"{self.node.raft_host}:{group.raft_ports[me]}"
+                if shard.status().members[0] != wanted:
+                    # Placed here again, on another port, before the replica that left was
+                    # stopped: that one is no member any more (its leader removes it as a dead
+                    # one); it makes way for the new replica, which starts from nothing.
+                    if await self.unhost_shard(gid):
+                        self.hosted.discard(gid)
+                    continue
             if group is None or me in group.members or shard is None:
                 self._unlisted_since_ms.pop(gid, None)
                 continue

@@ -1,15 +1,22 @@
-"""A node lost for good is replaced by the placement controller (issue 37, item 1): 4 nodes with
-etcd, queues on two 3-replica groups, a publisher running; node4 (a member of gb) is killed
-with kill -9 and never comes back. After ``node_dead_after_ms`` the controller writes gb's
-record with node1 in node4's place (on a Raft port claimed in the same write); gb's leader
-removes node4 from the Raft membership and adds node1, which starts on probation and is
-refilled. Then gb has 3 in-sync replicas again, every acknowledged message is on each of them
-exactly once, and their digests agree. When node4 comes back it no longer serves gb: it sets
-its old copy aside."""
+"""Nodes come and go (issue 37). A node lost for good is replaced by the placement
+controller: 4 nodes with etcd, queues on two 3-replica groups, a publisher running; node4 (a
+member of gb) is killed with kill -9 and never comes back. After ``node_dead_after_ms`` the
+controller writes gb's record with node1 in node4's place (on a Raft port claimed in the same
+write); gb's leader removes node4 from the Raft membership and adds node1, which starts on
+probation and is refilled. Then gb has 3 in-sync replicas again, every acknowledged message is
+on each of them exactly once, and their digests agree. When node4 comes back it no longer serves
+gb: it sets its old copy aside.
+
+And a live node drained under load (after one replica moved by hand with ``fluxmqctl shard
+move``), then decommissioned and stopped: nothing lost or duplicated, no call failed beyond the
+retriable errors a client retries."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -24,8 +31,10 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import new_key
 from fluxmq.devcluster.launcher import ADMIN_KEY_FILE, LocalCluster
 from fluxmq.metadata import EtcdMetadataStore, ShardRecord
+from tests.cli.conftest import fluxmqctl_path
 from tests.integration.conftest import authorized_channel
 from tests.integration.group_helpers import wait_for
+from tests.integration.rpc_helpers import rich_error
 from tests.integration.test_cluster_cli import free_port_range
 
 pytestmark = pytest.mark.slow
@@ -246,3 +255,110 @@ def test_a_node_lost_for_good_has_its_replicas_replaced_and_nothing_is_lost(
     r.cluster.restart(4)  # what was set aside is not served again
     time.sleep(2)
     assert r.shard("node4", "gb") is None
+
+
+def ctl(r: Replacement, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    """``fluxmqctl`` as an operator runs it, against node1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLUXMQ", "FLUXMQCTL"))}
+    env.update(FLUXMQ_ADDR=r.address("node1"), FLUXMQ_API_KEY=KEY, PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [fluxmqctl_path(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def move_refused(r: Replacement, group: str, from_node: str, to_node: str) -> str:
+    with authorized_channel(r.address("node3"), KEY) as ch, pytest.raises(grpc.RpcError) as raised:
+        admin_pb2_grpc.AdminServiceStub(ch).MoveReplica(
+            admin_pb2.MoveReplicaRequest(shard_id=group, from_node=from_node, to_node=to_node),
+            timeout=20,
+        )
+    err = rich_error(raised.value)
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION, err
+    assert err.reason == "MOVE_REFUSED", err
+    return err.message
+
+
+def test_a_live_node_drained_under_load_then_decommissioned_loses_nothing(
+    replacement: Replacement,
+) -> None:
+    r = replacement
+    publisher = threading.Thread(target=r.publish_routine, args=(["node1", "node3", "node4"],))
+    publisher.start()
+    try:
+        wait_for("some messages acknowledged", lambda: len(r.acked["qb"]) >= 20, timeout_s=60)
+        # One replica by hand: gb's node4 to node1 (node4 is live: added first, removed after).
+        moved = ctl(r, "shard", "move", "gb", "--from", "node4", "--to", "node1")
+        assert moved.returncode == 0, moved.stderr
+        assert "members now node1, node2, node3" in moved.stdout
+        assert r.record("gb") is not None and r.record("gb").members == ("node1", "node2", "node3")
+        assert "already holds" in move_refused(r, "gb", "node2", "node1")
+
+        def gb_moved() -> bool:
+            info = r.shard("node1", "gb")
+            leader = next(
+                (
+                    i
+                    for n in ("node1", "node2", "node3")
+                    if (i := r.shard(n, "gb")) and i.role == "leader"
+                ),
+                None,
+            )
+            return (
+                info is not None
+                and not info.on_probation
+                and leader is not None
+                and len(leader.members) == 3
+                and leader.in_sync_replicas == 3
+            )
+
+        wait_for("gb's replica to be on node1, node4's gone", gb_moved, timeout_s=90)
+
+        # Drain node2 (in ga and gb, maybe a leader): the CLI waits and shows progress.
+        drained = ctl(r, "node", "drain", "node2", "--wait", "150", timeout_s=170)
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        assert "node2: drained; replicas left: none" in drained.stdout, drained.stdout
+        for group in ("ga", "gb"):
+            record = r.record(group)
+            assert record is not None and "node2" not in record.members, record
+        listed = ctl(r, "node", "list", "-o", "json")
+        assert listed.returncode == 0, listed.stderr
+        nodes = {n["node_id"]: n for n in json.loads(listed.stdout)["nodes"]}
+        assert nodes["node2"]["state"] == "drained" and not nodes["node2"].get("groups")
+        assert "ga" not in nodes["node2"].get("leading", []) and "gb" not in nodes["node2"].get(
+            "leading", []
+        )
+        decommissioned = ctl(r, "node", "decommission", "node2", "--wait", "60")
+        assert decommissioned.returncode == 0, decommissioned.stdout + decommissioned.stderr
+        assert "decommissioned" in move_refused(r, "ga", "node1", "node2")
+        wait_for("more messages acknowledged", lambda: len(r.acked["qa"]) >= 80, timeout_s=60)
+        r.cluster.stop_node(2)
+        wait_for("even more messages", lambda: len(r.acked["qa"]) >= 100, timeout_s=60)
+    finally:
+        r.stop()
+        publisher.join(timeout=120)
+    assert not publisher.is_alive()
+    assert not r.failures, r.failures[:5]
+
+    members = ("node1", "node3", "node4")
+    for group in ("ga", "gb"):
+
+        def settled(group: str = group) -> bool:
+            infos = [r.shard(n, group, digest=True) for n in members]
+            return all(i is not None for i in infos) and (
+                len({(i.applied_index, i.digest) for i in infos if i is not None}) == 1
+            )
+
+        wait_for(f"{group}'s replicas to agree", settled, timeout_s=60)
+    for node_id in members:
+        for queue in QUEUES:
+            stored = r.stored(node_id, queue)
+            acked = r.acked[queue]
+            lost = [v for v in acked if stored[v] == 0]
+            doubled = [v for v in acked if stored[v] > 1]
+            assert not lost, f"{node_id} {queue}: {len(lost)} of {len(acked)} lost: {lost[:5]}"
+            assert not doubled, f"{node_id} {queue}: {len(doubled)} stored twice"

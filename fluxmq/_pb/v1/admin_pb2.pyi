@@ -235,6 +235,64 @@ class ShardInfo(_message.Message):
     on_probation: bool
     def __init__(self, shard_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., pending_proposals: _Optional[int] = ..., digest: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., in_sync_replicas: _Optional[int] = ..., on_probation: _Optional[bool] = ...) -> None: ...
 
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeSummary(_message.Message):
+    __slots__ = ("node_id", "live", "state", "groups", "leading", "grpc_address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    LEADING_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    live: bool
+    state: str
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    leading: _containers.RepeatedScalarFieldContainer[str]
+    grpc_address: str
+    def __init__(self, node_id: _Optional[str] = ..., live: _Optional[bool] = ..., state: _Optional[str] = ..., groups: _Optional[_Iterable[str]] = ..., leading: _Optional[_Iterable[str]] = ..., grpc_address: _Optional[str] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeSummary]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSummary, _Mapping]]] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class DecommissionNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class MoveReplicaRequest(_message.Message):
+    __slots__ = ("shard_id", "from_node", "to_node")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    TO_NODE_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    from_node: str
+    to_node: str
+    def __init__(self, shard_id: _Optional[str] = ..., from_node: _Optional[str] = ..., to_node: _Optional[str] = ...) -> None: ...
+
+class MoveReplicaResponse(_message.Message):
+    __slots__ = ("shard_id", "members", "raft_port")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    RAFT_PORT_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    members: _containers.RepeatedScalarFieldContainer[str]
+    raft_port: int
+    def __init__(self, shard_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., raft_port: _Optional[int] = ...) -> None: ...
+
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("shard_id", "target")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]

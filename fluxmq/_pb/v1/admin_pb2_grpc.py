@@ -59,6 +59,26 @@ class AdminServiceStub:
                 request_serializer=fluxmq_dot_v1_dot_admin__pb2.RemoveReplicaRequest.SerializeToString,
                 response_deserializer=fluxmq_dot_v1_dot_admin__pb2.ShardInfo.FromString,
                 _registered_method=True)
+        self.ListNodes = channel.unary_unary(
+                '/fluxmq.v1.AdminService/ListNodes',
+                request_serializer=fluxmq_dot_v1_dot_admin__pb2.ListNodesRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_admin__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/fluxmq.v1.AdminService/DrainNode',
+                request_serializer=fluxmq_dot_v1_dot_admin__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_admin__pb2.NodeSummary.FromString,
+                _registered_method=True)
+        self.DecommissionNode = channel.unary_unary(
+                '/fluxmq.v1.AdminService/DecommissionNode',
+                request_serializer=fluxmq_dot_v1_dot_admin__pb2.DecommissionNodeRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_admin__pb2.NodeSummary.FromString,
+                _registered_method=True)
+        self.MoveReplica = channel.unary_unary(
+                '/fluxmq.v1.AdminService/MoveReplica',
+                request_serializer=fluxmq_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_admin__pb2.MoveReplicaResponse.FromString,
+                _registered_method=True)
         self.CreateApiKey = channel.unary_unary(
                 '/fluxmq.v1.AdminService/CreateApiKey',
                 request_serializer=fluxmq_dot_v1_dot_admin__pb2.CreateApiKeyRequest.SerializeToString,
@@ -117,6 +137,43 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNodes(self, request, context):
+        """Placement (a cluster with etcd; FAILED_PRECONDITION NEEDS_METADATA_STORE without). Any
+        node answers: these read and write the records in etcd, the placement controller and each
+        group's leader carry them out. A request that would leave a group waiting on a replica that
+        is not there is refused (FAILED_PRECONDITION, MOVE_REFUSED) with the reason.
+
+        Every node the cluster knows: live or not, its state (active, draining, drained,
+        decommissioned), the placed groups that list it and the groups it leads.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNode(self, request, context):
+        """Moves every placed replica off the node (the controller, at most placement_moves_max groups
+        at a time) and its leadership away; the node is "drained" once nothing is left on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecommissionNode(self, request, context):
+        """Drains the node for good: nothing is ever placed on it again; stop it once it is drained.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MoveReplica(self, request, context):
+        """Moves one replica of a placed group from one node to another (a Raft port of the target is
+        claimed with the record); the group's leader adds the new replica, lets it catch up, then
+        removes the old one (a missing old one is removed first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateApiKey(self, request, context):
         """API keys (needs an admin key; keys of the caller's environment only). The new key's secret
         is in the response once and never again: only its salted hash is stored. At most two active
@@ -164,6 +221,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RemoveReplica,
                     request_deserializer=fluxmq_dot_v1_dot_admin__pb2.RemoveReplicaRequest.FromString,
                     response_serializer=fluxmq_dot_v1_dot_admin__pb2.ShardInfo.SerializeToString,
+            ),
+            'ListNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodes,
+                    request_deserializer=fluxmq_dot_v1_dot_admin__pb2.ListNodesRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_admin__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=fluxmq_dot_v1_dot_admin__pb2.DrainNodeRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_admin__pb2.NodeSummary.SerializeToString,
+            ),
+            'DecommissionNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecommissionNode,
+                    request_deserializer=fluxmq_dot_v1_dot_admin__pb2.DecommissionNodeRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_admin__pb2.NodeSummary.SerializeToString,
+            ),
+            'MoveReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveReplica,
+                    request_deserializer=fluxmq_dot_v1_dot_admin__pb2.MoveReplicaRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_admin__pb2.MoveReplicaResponse.SerializeToString,
             ),
             'CreateApiKey': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateApiKey,
@@ -294,6 +371,114 @@ class AdminService:
             '/fluxmq.v1.AdminService/RemoveReplica',
             fluxmq_dot_v1_dot_admin__pb2.RemoveReplicaRequest.SerializeToString,
             fluxmq_dot_v1_dot_admin__pb2.ShardInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.AdminService/ListNodes',
+            fluxmq_dot_v1_dot_admin__pb2.ListNodesRequest.SerializeToString,
+            fluxmq_dot_v1_dot_admin__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.AdminService/DrainNode',
+            fluxmq_dot_v1_dot_admin__pb2.DrainNodeRequest.SerializeToString,
+            fluxmq_dot_v1_dot_admin__pb2.NodeSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecommissionNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.AdminService/DecommissionNode',
+            fluxmq_dot_v1_dot_admin__pb2.DecommissionNodeRequest.SerializeToString,
+            fluxmq_dot_v1_dot_admin__pb2.NodeSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.AdminService/MoveReplica',
+            fluxmq_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
+            fluxmq_dot_v1_dot_admin__pb2.MoveReplicaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from fluxmq import metrics
 from fluxmq.metadata import MetadataError, MetadataStore, NodeInfo, PortTaken, RevisionConflict
+from fluxmq.server.placement import node_states
 from fluxmq.server.placement.policy import membership_step, missing_members, plan_replacements
 from raft import Shard
 from raft.api import ShardError
@@ -99,6 +100,8 @@ class PlacementController:
         live = {n.node_id: n for n in await self._store.list_nodes()}
         versioned = {v.value.group_id: v for v in await self._store.list_shards()}
         records = {g: v.value for g, v in versioned.items()}
+        members = {m for r in records.values() for m in r.members}
+        states = await node_states.read_states(self._store, set(live) | members)
         now_ms = self._clock_ms()
         missing = missing_members(records, live)
         for node_id in missing:
@@ -115,6 +118,7 @@ class PlacementController:
             await self._used_ports(records),
             self._settings.moves_max,
             self._unmanaged(),
+            node_states.leaving(states),
         )
         for plan in plans:
             try:
@@ -122,13 +126,18 @@ class PlacementController:
             except (PortTaken, RevisionConflict) as err:
                 log.info("placement controller: %s changed meanwhile (%s)", plan.group_id, err)
                 continue
-            metrics.PLACEMENT_MOVES.labels(reason="dead_node").inc()
+            metrics.PLACEMENT_MOVES.labels(reason=plan.reason).inc()
+            why = (
+                f"missing for {(now_ms - self._missing_since_ms[plan.dead]) // 1000} s"
+                if plan.reason == "dead_node"
+                else states.get(plan.dead, "leaving")
+            )
             log.warning(
-                "placement controller: group %s: member %s missing for %d s; replacing it "
-                "by %s (raft port %d)",
+                "placement controller: group %s: member %s %s; moving its replica to %s "
+                "(raft port %d)",
                 plan.group_id,
                 plan.dead,
-                (now_ms - self._missing_since_ms[plan.dead]) // 1000,
+                why,
                 plan.target,
                 plan.record.raft_ports[plan.target],
             )
@@ -163,12 +172,16 @@ class MembershipConverger:
         nodes: Callable[[], Mapping[str, NodeInfo]],
         settings: PlacementSettings,
         unmanaged: Callable[[], frozenset[str]],
+        own_state: Callable[[], str] = lambda: "",
     ) -> None:
+        """``own_state``: this node's state (node_states: "" when active); a leaving node
+        hands the leadership of every shard it leads over, its home group's too."""
         self._shards = shards
         self._records = records
         self._nodes = nodes
         self._settings = settings
         self._unmanaged = unmanaged
+        self._own_state = own_state
 
     async def membership_routine(self) -> None:
         while True:
@@ -177,11 +190,26 @@ class MembershipConverger:
 
     async def ensure_raft_members(self) -> None:
         records, nodes = self._records(), self._nodes()
+        leaving = self._own_state() in node_states.STATES
         for group_id, shard in sorted(self._shards().items()):
             record = records.get(group_id)
-            if record is None or not shard.is_leader or group_id in self._unmanaged():
+            if not shard.is_leader:
+                continue
+            if leaving and len(shard.status().in_sync_members) > 1:
+                await self._hand_over(group_id, shard)
+                continue
+            if record is None or group_id in self._unmanaged():
                 continue
             await self.maybe_change(group_id, shard, record, nodes)
+
+    async def _hand_over(self, group_id: str, shard: Shard) -> None:
+        log.warning(
+            "group %s: this node is %s: handing leadership over", group_id, self._own_state()
+        )
+        try:
+            await shard.transfer_leadership(None)
+        except ShardError as err:
+            log.warning("group %s: leadership transfer failed: %s", group_id, err)
 
     async def maybe_change(
         self, group_id: str, shard: Shard, record: ShardRecord, nodes: Mapping[str, NodeInfo]
@@ -212,6 +240,6 @@ class MembershipConverger:
             elif op == "add":
                 await shard.add_member(address)
             else:
-                await shard.transfer_leadership(None)
+                await shard.transfer_leadership(address)
         except ShardError as err:
             log.warning("group %s: membership %s %s failed: %s", group_id, op, address, err)

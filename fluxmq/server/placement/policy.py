@@ -15,12 +15,14 @@ from fluxmq.metadata import NodeInfo, ShardRecord
 
 @dataclass(frozen=True, slots=True)
 class Replacement:
-    """A dead member of a group replaced by a live node (the group's new record)."""
+    """A member of a group replaced by a live node (the group's new record), because it was
+    dead (missing for ``dead_after_ms``) or leaving (drained or decommissioned)."""
 
     group_id: str
-    dead: str
+    dead: str  # the member replaced
     target: str
     record: ShardRecord
+    reason: str = "dead_node"  # or "drain"
 
 
 def missing_members(records: Mapping[str, ShardRecord], live: Mapping[str, NodeInfo]) -> set[str]:
@@ -56,13 +58,17 @@ def plan_replacements(
     used_ports: Mapping[str, set[int]],
     moves_max: int,
     unmanaged: frozenset[str] = frozenset(),
+    leaving: frozenset[str] = frozenset(),
 ) -> list[Replacement]:
-    """New records for groups with a member missing for at least ``dead_after_ms``: the dead
-    member replaced by the live node that hosts the fewest groups and is not a member yet (a
-    group's replicas stay on distinct nodes), on a free Raft port of that node. One dead member
-    per group at a time; at most ``moves_max`` groups per call; groups in ``unmanaged`` (whose
-    members come from the nodes' configuration) are left alone. A group with no live node to
-    take the replica keeps its record: it stays under-replicated until a node joins.
+    """New records for groups with a member missing for at least ``dead_after_ms``, or
+    ``leaving`` (being drained or decommissioned): that member replaced by the live node, not
+    leaving, that hosts the fewest groups and is not a member yet (a group's replicas stay on
+    distinct nodes), on a free Raft port of that node. One member per group at a time, the
+    dead before the leaving; at most ``moves_max`` groups per call; groups in ``unmanaged``
+    (whose members come from the nodes' configuration) are left alone. A group with no node
+    to take the replica keeps its record (it stays under-replicated until a node joins). A
+    leaving member is not moved while another member of its group is missing: the move adds a
+    replica before it removes one, and the group would wait for the newcomer to catch up.
 
     >>> n = {i: NodeInfo(i, f"h:{i}", "h", 7100 + 100 * k, 0) for k, i in enumerate("abcd")}
     >>> g1 = ShardRecord("g1", ("a", "b", "c"), {"a": 7101, "b": 7201, "c": 7301}, 3, 0)
@@ -70,8 +76,11 @@ def plan_replacements(
     >>> plan_replacements({"g1": g1}, live, {"c": 1_000}, 50_000, 60_000, {}, 2)
     []
     >>> [r] = plan_replacements({"g1": g1}, live, {"c": 1_000}, 61_000, 60_000, {}, 2)
-    >>> r.dead, r.target, r.record.members, r.record.raft_ports["d"]
-    ('c', 'd', ('a', 'b', 'd'), 7401)
+    >>> r.dead, r.target, r.record.members, r.record.raft_ports["d"], r.reason
+    ('c', 'd', ('a', 'b', 'd'), 7401, 'dead_node')
+    >>> [r] = plan_replacements({"g1": g1}, n, {}, 0, 60_000, {}, 2, leaving=frozenset("a"))
+    >>> r.dead, r.target, r.reason  # a drained: d takes its place
+    ('a', 'd', 'drain')
     """
     counts = hosted_counts(records, live)
     ports = {n: set(p) for n, p in used_ports.items()}
@@ -81,27 +90,31 @@ def plan_replacements(
             break
         if group_id in unmanaged:
             continue
+        missing = [m for m in record.members if m not in live]
         dead = sorted(
-            m
-            for m in record.members
-            if m not in live and now_ms - missing_since_ms.get(m, now_ms) >= dead_after_ms
+            m for m in missing if now_ms - missing_since_ms.get(m, now_ms) >= dead_after_ms
         )
-        if not dead:
+        going = sorted(m for m in record.members if m in leaving and m in live)
+        if dead:
+            gone, reason = dead[0], "dead_node"
+        elif going and not missing:
+            gone, reason = going[0], "drain"
+        else:
             continue
         candidates = sorted(
-            (n for n in live.values() if n.node_id not in record.members),
+            (
+                n
+                for n in live.values()
+                if n.node_id not in record.members and n.node_id not in leaving
+            ),
             key=lambda n: (counts[n.node_id], n.node_id),
         )
         if not candidates:
             continue
         target = candidates[0]
         taken = ports.setdefault(target.node_id, set())
-        for m, p in record.raft_ports.items():
-            if m == target.node_id:
-                taken.add(p)
         port = free_port(target, taken)
         taken.add(port)
-        gone = dead[0]
         members = tuple(sorted((*(m for m in record.members if m != gone), target.node_id)))
         raft_ports = {m: p for m, p in record.raft_ports.items() if m != gone}
         raft_ports[target.node_id] = port
@@ -111,6 +124,7 @@ def plan_replacements(
                 gone,
                 target.node_id,
                 replace(record, members=members, raft_ports=raft_ports),
+                reason,
             )
         )
         counts[target.node_id] += 1
@@ -122,13 +136,16 @@ def membership_step(
 ) -> tuple[str, str] | None:
     """The next single Raft membership change that moves ``current`` (the group's Raft
     members, by address) toward ``wanted`` (its record), as its leader ``leader`` sees it:
-    ("remove", address), ("add", address), ("transfer", "") when the leader itself must go
-    (it hands leadership over first), or None when nothing is to do or to do yet.
+    ("remove", address), ("add", address), ("transfer", address) when the leader itself must
+    go (it hands leadership to a caught-up member of the record first), or None when nothing is
+    to do or to do yet.
 
     A member that is not connected (dead) is removed first: the group then needs fewer
-    acknowledgements, and the node added next catches up while the others commit. A live
-    member is removed only after every added one is caught up (a drain: add, catch up, remove),
-    so the group never drops below a majority of replicas holding the log.
+    acknowledgements, and the node added next catches up while the others commit. A leader
+    that is not in the record hands over before anything is added (the new replica knows the
+    record's members only, and takes appends from them alone). A live member is removed only
+    after every added one is caught up (a drain: add, catch up, remove), so the group never
+    drops below a majority of replicas holding the log.
 
     >>> membership_step({"a", "b", "d"}, {"a", "b", "c"}, {"a", "b", "d"}, {"a", "b"}, "a")
     ('remove', 'c')
@@ -136,20 +153,21 @@ def membership_step(
     ('add', 'd')
     >>> four = {"a", "b", "c", "d"}
     >>> membership_step({"a", "b", "d"}, four, four, {"a", "b"}, "a")  # d still catching up
-    >>> membership_step({"b", "c", "d"}, four, four, {"b", "c", "d"}, "a")
-    ('transfer', '')
+    >>> membership_step({"a", "b", "d"}, four, four, {"a", "b", "d"}, "a")
+    ('remove', 'c')
+    >>> membership_step({"b", "c", "d"}, {"a", "b", "c"}, four, {"a", "b", "c"}, "a")
+    ('transfer', 'b')
     """
     gone = sorted(current - wanted)
     dead = [m for m in gone if m not in connected and m != leader]
     if dead:
         return ("remove", dead[0])
+    if leader not in wanted:
+        heirs = sorted(wanted & current & caught_up)
+        return ("transfer", heirs[0]) if heirs else None
     new = sorted(wanted - current)
     if new:
         return ("add", new[0])
-    if not gone:
-        return None
-    if not wanted <= caught_up:
-        return None  # the new replicas are still catching up
-    if leader in gone:
-        return ("transfer", "")
+    if not gone or not wanted <= caught_up:
+        return None  # nothing to do, or the new replicas are still catching up
     return ("remove", gone[0])

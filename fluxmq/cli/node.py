@@ -1,0 +1,175 @@
+"""``fluxmqctl node list|drain|decommission`` and ``fluxmqctl shard move``: where replication
+groups live, in a cluster with etcd. The commands write what they ask into the group records and
+node states in etcd; the placement controller and each group's leader carry it out, so they can
+be given to any node. ``drain`` and ``decommission`` wait (``--wait``) and show progress until
+nothing is left on the node."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from fluxmq._pb.v1 import admin_pb2 as apb
+from fluxmq.cli.conn import CliError, Connection, Context
+from fluxmq.cli.output import message_dict
+from fluxmq.cli.values import positive
+
+WAIT_DEFAULT_S = 600
+POLL_S = 1.0
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    noun = sub.add_parser("node", help="nodes: list, drain, decommission (clusters with etcd)")
+    verbs = noun.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = verbs.add_parser(
+        "list",
+        parents=[common],
+        help="every node: live or not, state, the groups it holds and leads",
+        description="STATE is active, draining (its replicas and leadership are moving away), "
+        "drained (nothing left on it) or decommissioned (never placed on again). GROUPS are "
+        "the placed groups whose record lists the node; LEADS the groups it leads.",
+    )
+    p.set_defaults(handler=list_nodes)
+    for verb, what in (
+        ("drain", "move every placed replica and leadership off NODE"),
+        ("decommission", "drain NODE for good: nothing is placed on it again"),
+    ):
+        p = verbs.add_parser(verb, parents=[common], help=what, description=what.capitalize())
+        p.add_argument("node_id", metavar="NODE")
+        p.add_argument(
+            "--wait",
+            dest="wait_s",
+            type=positive,
+            default=WAIT_DEFAULT_S,
+            metavar="SECONDS",
+            help=f"wait this long for the node to be drained ({WAIT_DEFAULT_S})",
+        )
+        p.add_argument("--no-wait", action="store_true", help="return once it is asked")
+        p.set_defaults(handler=drain if verb == "drain" else decommission)
+
+    noun = sub.add_parser("shard", help="replication groups: move a replica (clusters with etcd)")
+    verbs = noun.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = verbs.add_parser(
+        "move",
+        parents=[common],
+        help="move SHARD's replica from one node to another",
+        description="Writes the group's record with --to in --from's place (a Raft port of --to "
+        "is claimed with it). The group's leader adds the new replica, lets it catch up, then "
+        "removes the old one; a missing old one is removed first. Refused, with the reason, "
+        "when the group would have to wait for the new replica (another member missing).",
+    )
+    p.add_argument("shard_id", metavar="SHARD")
+    p.add_argument("--from", dest="from_node", required=True, metavar="NODE")
+    p.add_argument("--to", dest="to_node", required=True, metavar="NODE")
+    p.set_defaults(handler=move)
+
+
+def _rows(nodes: list[apb.NodeSummary]) -> list[list[object]]:
+    return [
+        [
+            n.node_id,
+            "yes" if n.live else "no",
+            n.state,
+            len(n.groups),
+            ",".join(n.groups) or "-",
+            ",".join(n.leading) or "-",
+            n.grpc_address or "-",
+        ]
+        for n in nodes
+    ]
+
+
+HEADERS = ["NODE", "LIVE", "STATE", "REPLICAS", "GROUPS", "LEADS", "ADDRESS"]
+
+
+def list_nodes(args: argparse.Namespace, ctx: Context) -> int:
+    resp: apb.ListNodesResponse = ctx.conn.call(ctx.conn.admin.ListNodes, apb.ListNodesRequest())
+    if ctx.out.json:
+        ctx.out.doc(message_dict(resp))
+        return 0
+    ctx.out.table(HEADERS, _rows(list(resp.nodes)))
+    return 0
+
+
+def drain(args: argparse.Namespace, ctx: Context) -> int:
+    summary = ctx.conn.call(ctx.conn.admin.DrainNode, apb.DrainNodeRequest(node_id=args.node_id))
+    return _follow(args, ctx, summary)
+
+
+def decommission(args: argparse.Namespace, ctx: Context) -> int:
+    summary = ctx.conn.call(
+        ctx.conn.admin.DecommissionNode, apb.DecommissionNodeRequest(node_id=args.node_id)
+    )
+    return _follow(args, ctx, summary)
+
+
+def _hosted(ctx: Context, n: apb.NodeSummary, placed: set[str]) -> list[str]:
+    """The placed groups ``n`` still runs a replica of, as it says itself (a replica runs on
+    until its group's leader has removed it, whatever the records say)."""
+    if not n.live or not n.grpc_address:
+        return []
+    conn = Connection([n.grpc_address], ctx.conn.timeout_s, ctx.conn.security)
+    try:
+        st: apb.ClusterStatus = conn.call(
+            conn.admin.GetClusterStatus, apb.GetClusterStatusRequest(skip_digest=True)
+        )
+    except CliError:
+        return ["?"]  # cannot tell yet: keep waiting
+    finally:
+        conn.close()
+    return sorted(s.shard_id for s in st.shards if s.shard_id in placed)
+
+
+def _follow(args: argparse.Namespace, ctx: Context, summary: apb.NodeSummary) -> int:
+    """Show progress until nothing placed is left on the node, in the records and on the node
+    itself (exit 0), or until ``--wait`` ran out (exit 1)."""
+    deadline = time.monotonic() + args.wait_s
+    shown = ""
+    while True:
+        resp: apb.ListNodesResponse = ctx.conn.call(
+            ctx.conn.admin.ListNodes, apb.ListNodesRequest()
+        )
+        summary = next((n for n in resp.nodes if n.node_id == summary.node_id), summary)
+        placed = {g for n in resp.nodes for g in n.groups}
+        running = [] if args.no_wait else _hosted(ctx, summary, placed)
+        done = not summary.groups and summary.state != "draining" and not running
+        line = (
+            f"{summary.node_id}: {summary.state if done or args.no_wait else 'draining'}; "
+            f"replicas left: {','.join(summary.groups) or 'none'}; still running: "
+            f"{','.join(running) or 'none'}; leads: {','.join(summary.leading) or 'none'}"
+        )
+        if line != shown and not ctx.out.json:
+            ctx.out.line(line)
+            ctx.out.flush()
+            shown = line
+        if args.no_wait or done:
+            break
+        if time.monotonic() >= deadline:
+            if ctx.out.json:
+                ctx.out.doc(message_dict(summary))
+            else:
+                ctx.out.line(f"not drained within {args.wait_s} s (it goes on in the background)")
+            return 1
+        time.sleep(POLL_S)
+    if ctx.out.json:
+        ctx.out.doc(message_dict(summary))
+    return 0
+
+
+def move(args: argparse.Namespace, ctx: Context) -> int:
+    resp: apb.MoveReplicaResponse = ctx.conn.call(
+        ctx.conn.admin.MoveReplica,
+        apb.MoveReplicaRequest(
+            shard_id=args.shard_id, from_node=args.from_node, to_node=args.to_node
+        ),
+    )
+    if ctx.out.json:
+        ctx.out.doc(message_dict(resp))
+        return 0
+    ctx.out.line(
+        f"{resp.shard_id}: members now {', '.join(resp.members)} ({args.to_node} on raft port "
+        f"{resp.raft_port}); its leader adds {args.to_node}, lets it catch up, then removes "
+        f"{args.from_node}: follow with `fluxmqctl cluster status`"
+    )
+    return 0

@@ -1,0 +1,44 @@
+"""What an operator said about a node: draining (move its replicas and leadership away) or
+decommissioned (drained, and never placed on again). Kept as cluster settings
+(``node_state.<node id>``), so every node and the controller read the same thing.
+
+A node with no state is active. What a node *is* (live or missing, the groups it holds, the
+groups it leads) comes from the directory, the group records and the leader records; the state
+is only what it was asked to become.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fluxmq.metadata import MetadataStore
+
+PREFIX = "node_state."
+DRAINING = "draining"
+DECOMMISSIONED = "decommissioned"
+STATES = (DRAINING, DECOMMISSIONED)
+
+
+def setting_key(node_id: str) -> str:
+    return PREFIX + node_id
+
+
+async def read_states(store: MetadataStore, node_ids: Iterable[str]) -> dict[str, str]:
+    """node id -> its state, for the nodes that have one (a value that is not a state is
+    ignored: the node is treated as active)."""
+    out = {}
+    for node_id in sorted(set(node_ids)):
+        value = await store.get_setting(setting_key(node_id))
+        if value in STATES:
+            out[node_id] = value
+    return out
+
+
+async def set_state(store: MetadataStore, node_id: str, state: str) -> None:
+    assert state in STATES, state
+    await store.put_setting(setting_key(node_id), state)
+
+
+def leaving(states: dict[str, str]) -> frozenset[str]:
+    """Nodes whose replicas must move away (draining or decommissioned)."""
+    return frozenset(n for n, s in states.items() if s in STATES)

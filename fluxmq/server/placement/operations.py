@@ -1,0 +1,215 @@
+"""What an operator asks of placement (AdminService ListNodes, DrainNode, DecommissionNode,
+MoveReplica; ``fluxmqctl node ...`` and ``fluxmqctl shard move``), checked against the records
+in the metadata store, then written there: the controller and the groups' leaders do the rest.
+
+A request that would leave a group waiting on a replica that is not there is refused with the
+reason (FAILED_PRECONDITION, MOVE_REFUSED): a move adds the new replica before it removes the
+old one when the old one is live, so every other member must be live, or the group would have
+to wait for the newcomer to catch up before it commits again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from fluxmq.core.errors import FieldViolation, FluxError
+from fluxmq.metadata import (
+    MetadataError,
+    MetadataStore,
+    MetadataUnavailable,
+    NodeInfo,
+    PortTaken,
+    RevisionConflict,
+    ShardRecord,
+)
+from fluxmq.server.placement import node_states
+from fluxmq.server.placement.policy import free_port
+
+ACTIVE, DRAINED = "active", "drained"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    node_id: str
+    live: bool
+    state: str  # active | draining | drained | decommissioned
+    groups: tuple[str, ...]  # managed groups whose record lists it
+    leading: tuple[str, ...]  # groups whose leader record names it
+    grpc_address: str = ""
+
+
+@dataclass
+class _Cluster:
+    live: dict[str, NodeInfo]
+    records: dict[str, tuple[ShardRecord, int]]
+    leaders: dict[str, tuple[str, int]]
+    states: dict[str, str] = field(default_factory=dict)
+
+
+def refused(message: str, field_path: str = "") -> FluxError:
+    violations = (FieldViolation(field_path, message),) if field_path else ()
+    return FluxError("MOVE_REFUSED", message, violations=violations)
+
+
+async def _read(store: MetadataStore) -> _Cluster:
+    try:
+        live = {n.node_id: n for n in await store.list_nodes()}
+        records = {v.value.group_id: (v.value, v.revision) for v in await store.list_shards()}
+        leaders = await store.get_shard_leaders()
+        members = {m for r, _ in records.values() for m in r.members}
+        states = await node_states.read_states(store, set(live) | members)
+    except MetadataUnavailable as err:
+        raise FluxError(
+            "METADATA_UNAVAILABLE",
+            f"placement needs the cluster metadata store, which cannot be reached ({err})",
+            retriable=True,
+            retry_after_ms=1000,
+        ) from None
+    return _Cluster(live, records, leaders, states)
+
+
+def _summaries(c: _Cluster, unmanaged: frozenset[str]) -> list[NodeSummary]:
+    known = set(c.live) | {m for r, _ in c.records.values() for m in r.members} | set(c.states)
+    out = []
+    for node_id in sorted(known):
+        groups = tuple(
+            sorted(
+                g for g, (r, _) in c.records.items() if node_id in r.members and g not in unmanaged
+            )
+        )
+        leading = tuple(sorted(g for g, (n, _) in c.leaders.items() if n == node_id))
+        state = c.states.get(node_id, ACTIVE)
+        if state == node_states.DRAINING and not groups and not (set(leading) - unmanaged):
+            state = DRAINED
+        node = c.live.get(node_id)
+        out.append(
+            NodeSummary(
+                node_id,
+                node is not None,
+                state,
+                groups,
+                leading,
+                node.grpc_address if node is not None else "",
+            )
+        )
+    return out
+
+
+async def list_nodes(store: MetadataStore, unmanaged: frozenset[str]) -> list[NodeSummary]:
+    return _summaries(await _read(store), unmanaged)
+
+
+def _summary_of(c: _Cluster, node_id: str, unmanaged: frozenset[str]) -> NodeSummary:
+    return next(s for s in _summaries(c, unmanaged) if s.node_id == node_id)
+
+
+def _check_drainable(c: _Cluster, node_id: str, unmanaged: frozenset[str]) -> None:
+    known = set(c.live) | {m for r, _ in c.records.values() for m in r.members}
+    if node_id not in known:
+        raise FluxError(
+            "NODE_NOT_FOUND",
+            f"no node {node_id!r} in the directory or in any group (nodes: "
+            f"{', '.join(sorted(known)) or 'none'})",
+            violations=(FieldViolation("node_id", "not a node of this cluster"),),
+        )
+    for group_id, (record, _) in sorted(c.records.items()):
+        if node_id not in record.members or group_id in unmanaged:
+            continue
+        others_missing = sorted(m for m in record.members if m != node_id and m not in c.live)
+        if others_missing and node_id in c.live:
+            raise refused(
+                f"group {group_id} also has {', '.join(others_missing)} missing: moving "
+                f"{node_id}'s replica now would leave it waiting for the new one to catch up; "
+                "let the controller replace the missing member first (or bring it back)",
+                "node_id",
+            )
+        if not any(
+            n not in record.members and c.states.get(n) not in node_states.STATES for n in c.live
+        ):
+            raise refused(
+                f"group {group_id} has no live node to move to (each of its replicas needs "
+                "its own node): add a node first",
+                "node_id",
+            )
+
+
+async def drain_node(
+    store: MetadataStore, node_id: str, unmanaged: frozenset[str], decommission: bool = False
+) -> NodeSummary:
+    """Marks ``node_id`` draining (or decommissioned): the controller moves its replicas away,
+    the node hands over the leadership of what it leads. -> its summary now."""
+    c = await _read(store)
+    if c.states.get(node_id) != node_states.DECOMMISSIONED:
+        _check_drainable(c, node_id, unmanaged)
+    state = node_states.DECOMMISSIONED if decommission else node_states.DRAINING
+    if decommission or c.states.get(node_id) != node_states.DECOMMISSIONED:
+        await node_states.set_state(store, node_id, state)
+        c.states[node_id] = state
+    return _summary_of(c, node_id, unmanaged)
+
+
+async def move_replica(
+    store: MetadataStore,
+    group_id: str,
+    from_node: str,
+    to_node: str,
+    unmanaged: frozenset[str],
+) -> ShardRecord:
+    """Writes ``group_id``'s record with ``to_node`` in ``from_node``'s place, on a Raft port
+    of ``to_node`` claimed in the same write. -> the new record."""
+    c = await _read(store)
+    found = c.records.get(group_id)
+    if found is None:
+        raise FluxError(
+            "REPLICATION_GROUP_NOT_FOUND",
+            f"no replication group {group_id!r} (groups: {', '.join(sorted(c.records))})",
+            violations=(FieldViolation("shard_id", "not a replication group"),),
+        )
+    record, revision = found
+    if group_id in unmanaged:
+        raise refused(
+            f"group {group_id} is the nodes' home group: its members come from their "
+            "configuration (--peers), not from placement",
+            "shard_id",
+        )
+    if from_node not in record.members:
+        raise refused(
+            f"{from_node} holds no replica of {group_id} (members: {', '.join(record.members)})",
+            "from_node",
+        )
+    if to_node in record.members:
+        raise refused(f"{to_node} already holds a replica of {group_id}", "to_node")
+    target = c.live.get(to_node)
+    if target is None:
+        raise refused(f"{to_node} is not live (not in the directory)", "to_node")
+    if c.states.get(to_node) in node_states.STATES:
+        raise refused(f"{to_node} is {c.states[to_node]}: nothing is placed on it", "to_node")
+    missing = sorted(m for m in record.members if m != from_node and m not in c.live)
+    if missing and from_node in c.live:
+        raise refused(
+            f"group {group_id} also has {', '.join(missing)} missing: moving a live replica "
+            "now would leave it waiting for the new one to catch up; move the missing one "
+            "first",
+            "from_node",
+        )
+    used: set[int] = set((await store.list_raft_ports()).get(to_node, {}))
+    for r, _ in c.records.values():
+        if to_node in r.raft_ports:
+            used.add(r.raft_ports[to_node])
+    ports = {m: p for m, p in record.raft_ports.items() if m != from_node}
+    ports[to_node] = free_port(target, used)
+    members = tuple(sorted((*(m for m in record.members if m != from_node), to_node)))
+    moved = replace(record, members=members, raft_ports=ports)
+    try:
+        await store.update_shard(moved, revision)
+    except (RevisionConflict, PortTaken) as err:
+        raise FluxError(
+            "CONCURRENT_UPDATE",
+            f"group {group_id} changed while the move was prepared ({err}); retry",
+            retriable=True,
+        ) from None
+    except MetadataError as err:
+        raise FluxError(
+            "METADATA_UNAVAILABLE", f"the move was not written: {err}", retriable=True
+        ) from None
+    return moved
