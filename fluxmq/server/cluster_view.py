@@ -186,6 +186,7 @@ class ClusterView:
                 placement,
                 unmanaged,
                 lambda: self.own_state,
+                store.get_setting,
             )
             if placement is not None
             else None

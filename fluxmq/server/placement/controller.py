@@ -19,14 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fluxmq import metrics
 from fluxmq.metadata import MetadataError, MetadataStore, NodeInfo, PortTaken, RevisionConflict
 from fluxmq.server.placement import node_states
-from fluxmq.server.placement.policy import membership_step, missing_members, plan_replacements
+from fluxmq.server.placement.policy import (
+    membership_step,
+    missing_members,
+    plan_leaders,
+    plan_rebalance,
+    plan_replacements,
+)
 from raft import Shard
 from raft.api import ShardError
 
@@ -44,6 +50,9 @@ class PlacementSettings:
     moves_max: int = 2  # groups whose records one pass changes, at most
     interval_ms: int = 1_000  # between passes of the controller and of the convergence
     role_ttl_ms: int = 10_000  # a controller that stops renewing loses the role after this
+    # After a replica moved, the controller waits this long before it evens replicas out
+    # (the moves it made settle first).
+    rebalance_pause_ms: int = 10_000
 
 
 class PlacementController:
@@ -65,6 +74,8 @@ class PlacementController:
         self.leading = False
         self._missing_since_ms: dict[str, int] = {}
         self._reported: frozenset[str] = frozenset()
+        self._moved_at_ms = 0  # when this controller last moved a replica
+        self._preferred: dict[str, str] = {}  # preferred leaders as last written
 
     async def controller_routine(self) -> None:
         while True:
@@ -109,29 +120,45 @@ class PlacementController:
         for node_id in set(self._missing_since_ms) - missing:
             del self._missing_since_ms[node_id]
         self._report(records, live)
+        used = await self._used_ports(records)
+        leaving = node_states.leaving(states)
         plans = plan_replacements(
             records,
             live,
             self._missing_since_ms,
             now_ms,
             self._settings.node_dead_after_ms,
-            await self._used_ports(records),
+            used,
             self._settings.moves_max,
             self._unmanaged(),
-            node_states.leaving(states),
+            leaving,
         )
+        managed_missing = any(
+            any(m not in live for m in r.members)
+            for g, r in records.items()
+            if g not in self._unmanaged()
+        )
+        if (
+            not plans
+            and not managed_missing
+            and now_ms - self._moved_at_ms >= self._settings.rebalance_pause_ms
+        ):
+            plans = plan_rebalance(
+                records, live, used, self._settings.moves_max, self._unmanaged(), leaving
+            )
         for plan in plans:
             try:
                 await self._store.update_shard(plan.record, versioned[plan.group_id].revision)
             except (PortTaken, RevisionConflict) as err:
                 log.info("placement controller: %s changed meanwhile (%s)", plan.group_id, err)
                 continue
+            self._moved_at_ms = now_ms
             metrics.PLACEMENT_MOVES.labels(reason=plan.reason).inc()
-            why = (
-                f"missing for {(now_ms - self._missing_since_ms[plan.dead]) // 1000} s"
-                if plan.reason == "dead_node"
-                else states.get(plan.dead, "leaving")
-            )
+            missing_s = (now_ms - self._missing_since_ms.get(plan.dead, now_ms)) // 1000
+            why = {
+                "dead_node": f"missing for {missing_s} s",
+                "drain": states.get(plan.dead, "leaving"),
+            }.get(plan.reason, "holds more replicas than others")
             log.warning(
                 "placement controller: group %s: member %s %s; moving its replica to %s "
                 "(raft port %d)",
@@ -141,6 +168,30 @@ class PlacementController:
                 plan.target,
                 plan.record.raft_ports[plan.target],
             )
+        await self.ensure_leaders(records, live, leaving)
+
+    async def ensure_leaders(
+        self,
+        records: Mapping[str, ShardRecord],
+        live: Mapping[str, NodeInfo],
+        leaving: frozenset[str],
+    ) -> None:
+        """Preferred leaders that spread leadership evenly (each group's leader hands over to
+        its preferred one once that one is caught up)."""
+        leaders = {g: n for g, (n, _term) in (await self._store.get_shard_leaders()).items()}
+        wanted = plan_leaders(records, leaders, live, self._settings.moves_max, leaving)
+        for gid, node in sorted(wanted.items()):
+            if self._preferred.get(gid) == node:
+                continue
+            await self._store.put_setting(node_states.preferred_leader_key(gid), node)
+            self._preferred[gid] = node
+            log.info(
+                "placement controller: group %s: %s should lead it (leaders spread)", gid, node
+            )
+        for gid, node in sorted(self._preferred.items()):
+            if node in leaving or node not in live:
+                await self._store.put_setting(node_states.preferred_leader_key(gid), "-")
+                del self._preferred[gid]
 
     async def _used_ports(self, records: Mapping[str, ShardRecord]) -> dict[str, set[int]]:
         used: dict[str, set[int]] = {}
@@ -173,6 +224,7 @@ class MembershipConverger:
         settings: PlacementSettings,
         unmanaged: Callable[[], frozenset[str]],
         own_state: Callable[[], str] = lambda: "",
+        read_setting: Callable[[str], Awaitable[str | None]] | None = None,
     ) -> None:
         """``own_state``: this node's state (node_states: "" when active); a leaving node
         hands the leadership of every shard it leads over, its home group's too."""
@@ -182,6 +234,7 @@ class MembershipConverger:
         self._settings = settings
         self._unmanaged = unmanaged
         self._own_state = own_state
+        self._read_setting = read_setting
 
     async def membership_routine(self) -> None:
         while True:
@@ -198,9 +251,12 @@ class MembershipConverger:
             if leaving and len(shard.status().in_sync_members) > 1:
                 await self._hand_over(group_id, shard)
                 continue
-            if record is None or group_id in self._unmanaged():
+            if record is None:
                 continue
-            await self.maybe_change(group_id, shard, record, nodes)
+            if group_id in self._unmanaged() or not await self.maybe_change(
+                group_id, shard, record, nodes
+            ):
+                await self.maybe_hand_over(group_id, shard, record, nodes)
 
     async def _hand_over(self, group_id: str, shard: Shard) -> None:
         log.warning(
@@ -211,9 +267,34 @@ class MembershipConverger:
         except ShardError as err:
             log.warning("group %s: leadership transfer failed: %s", group_id, err)
 
-    async def maybe_change(
+    async def maybe_hand_over(
         self, group_id: str, shard: Shard, record: ShardRecord, nodes: Mapping[str, NodeInfo]
     ) -> None:
+        """Hand leadership to the group's preferred leader (the controller spreads leaders)
+        once it is a caught-up member."""
+        if self._read_setting is None:
+            return
+        try:
+            preferred = await self._read_setting(node_states.preferred_leader_key(group_id))
+        except MetadataError:
+            return
+        node = nodes.get(preferred or "")
+        if node is None or preferred not in record.members:
+            return
+        address = f"{node.raft_host}:{record.raft_ports[node.node_id]}"
+        status = shard.status()
+        if address == status.leader or address not in status.in_sync_members:
+            return
+        log.info("group %s: handing leadership to %s, its preferred leader", group_id, preferred)
+        try:
+            await shard.transfer_leadership(address)
+        except ShardError as err:
+            log.info("group %s: leadership transfer to %s failed: %s", group_id, preferred, err)
+
+    async def maybe_change(
+        self, group_id: str, shard: Shard, record: ShardRecord, nodes: Mapping[str, NodeInfo]
+    ) -> bool:
+        """-> whether a membership change was due (made or tried)."""
         status = shard.status()
         current = set(status.members)
         wanted = {
@@ -231,7 +312,7 @@ class MembershipConverger:
             status.leader or "",
         )
         if step is None:
-            return
+            return False
         op, address = step
         log.warning("group %s: membership %s %s (to match its record)", group_id, op, address)
         try:
@@ -243,3 +324,4 @@ class MembershipConverger:
                 await shard.transfer_leadership(address)
         except ShardError as err:
             log.warning("group %s: membership %s %s failed: %s", group_id, op, address, err)
+        return True

@@ -42,3 +42,10 @@ async def set_state(store: MetadataStore, node_id: str, state: str) -> None:
 def leaving(states: dict[str, str]) -> frozenset[str]:
     """Nodes whose replicas must move away (draining or decommissioned)."""
     return frozenset(n for n, s in states.items() if s in STATES)
+
+
+PREFERRED_LEADER_PREFIX = "preferred_leader."  # <group> -> the node that should lead it
+
+
+def preferred_leader_key(group_id: str) -> str:
+    return PREFERRED_LEADER_PREFIX + group_id

@@ -171,3 +171,129 @@ def membership_step(
     if not gone or not wanted <= caught_up:
         return None  # nothing to do, or the new replicas are still catching up
     return ("remove", gone[0])
+
+
+def plan_rebalance(
+    records: Mapping[str, ShardRecord],
+    live: Mapping[str, NodeInfo],
+    used_ports: Mapping[str, set[int]],
+    moves_max: int,
+    unmanaged: frozenset[str] = frozenset(),
+    leaving: frozenset[str] = frozenset(),
+) -> list[Replacement]:
+    """Moves that even out the replicas of placed groups over the live nodes (not leaving),
+    e.g. after a node joined: while the most loaded node holds two or more replicas than the
+    least loaded, one of its replicas moves there (a group it is a member of and the other is
+    not, whose members are all live). At most ``moves_max``; an even cluster gets none.
+
+    >>> n = {i: NodeInfo(i, f"h:{i}", "h", 7100 + 100 * k, 0) for k, i in enumerate("abcd")}
+    >>> def g(gid, *m): return ShardRecord(gid, m, {x: 7150 for x in m}, 3, 0)
+    >>> records = {"g1": g("g1", "a", "b", "c"), "g2": g("g2", "a", "b", "c")}
+    >>> [(r.group_id, r.dead, r.target) for r in plan_rebalance(records, n, {}, 4)]
+    [('g1', 'a', 'd')]
+    >>> plan_rebalance({"g1": g("g1", "a", "b", "c")}, n, {}, 4)  # 1,1,1,0: even enough
+    []
+    """
+    eligible = {i: node for i, node in live.items() if i not in leaving}
+    counts = {i: 0 for i in eligible}
+    for gid, record in records.items():
+        if gid in unmanaged:
+            continue
+        for m in record.members:
+            if m in counts:
+                counts[m] += 1
+    ports = {i: set(p) for i, p in used_ports.items()}
+    moved: set[str] = set()
+    out: list[Replacement] = []
+    while len(out) < moves_max and counts:
+        found = None
+        for heavy in sorted(counts, key=lambda i: (-counts[i], i)):
+            for light in sorted(counts, key=lambda i: (counts[i], i)):
+                if counts[heavy] - counts[light] < 2:
+                    break
+                for gid, record in sorted(records.items()):
+                    if (
+                        gid in unmanaged
+                        or gid in moved
+                        or heavy not in record.members
+                        or light in record.members
+                        or any(m not in live for m in record.members)
+                    ):
+                        continue
+                    found = (gid, record, heavy, light)
+                    break
+                if found:
+                    break
+            if found:
+                break
+        if found is None:
+            break
+        gid, record, heavy, light = found
+        taken = ports.setdefault(light, set())
+        port = free_port(eligible[light], taken)
+        taken.add(port)
+        members = tuple(sorted((*(m for m in record.members if m != heavy), light)))
+        raft_ports = {m: p for m, p in record.raft_ports.items() if m != heavy}
+        raft_ports[light] = port
+        out.append(
+            Replacement(
+                gid,
+                heavy,
+                light,
+                replace(record, members=members, raft_ports=raft_ports),
+                "rebalance",
+            )
+        )
+        moved.add(gid)
+        counts[heavy] -= 1
+        counts[light] += 1
+    return out
+
+
+def plan_leaders(
+    records: Mapping[str, ShardRecord],
+    leaders: Mapping[str, str],
+    live: Mapping[str, NodeInfo],
+    moves_max: int,
+    leaving: frozenset[str] = frozenset(),
+) -> dict[str, str]:
+    """Preferred leaders that spread leadership: a node leading more than
+    ceil(groups / eligible nodes) + 1 groups gives groups to the live members (not leaving) that
+    lead fewer than that ceiling, the fewest first, until it leads the ceiling (the slack of one
+    before acting avoids moving leaders back and forth over a difference of one). ``leaders``: group -> the node
+    leading it now. -> group -> the node it should be led by (only the groups to move; at most
+    ``moves_max``).
+
+    >>> n = {i: NodeInfo(i, f"h:{i}", "h", 7100, 0) for i in "abc"}
+    >>> def g(gid): return ShardRecord(gid, ("a", "b", "c"), {x: 7150 for x in "abc"}, 3, 0)
+    >>> records = {x: g(x) for x in ("g1", "g2", "g3", "g4")}
+    >>> plan_leaders(records, {"g1": "a", "g2": "a", "g3": "a", "g4": "a"}, n, 4)
+    {'g1': 'b', 'g2': 'c'}
+    >>> plan_leaders(records, {"g1": "a", "g2": "a", "g3": "b", "g4": "c"}, n, 4)
+    {}
+    """
+    eligible = [i for i in live if i not in leaving]
+    if not eligible:
+        return {}
+    led = {i: 0 for i in eligible}
+    for gid, node in leaders.items():
+        if gid in records and node in led:
+            led[node] += 1
+    cap = -(-len([g for g in records if g in leaders]) // len(eligible))
+    # Over the cap by more than one: brought down to the cap.
+    donors = {n for n, count in led.items() if count > cap + 1}
+    out: dict[str, str] = {}
+    for gid in sorted(records):
+        if len(out) >= moves_max:
+            break
+        current = leaders.get(gid, "")
+        if current not in donors or led[current] <= cap:
+            continue
+        heirs = [m for m in records[gid].members if m in led and m != current and led[m] < cap]
+        if not heirs:
+            continue
+        heir = min(heirs, key=lambda m: (led[m], m))
+        out[gid] = heir
+        led[current] -= 1
+        led[heir] += 1
+    return out
