@@ -63,6 +63,16 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_node", required=True, metavar="NODE")
     p.add_argument("--to", dest="to_node", required=True, metavar="NODE")
     p.set_defaults(handler=move)
+    p = verbs.add_parser(
+        "rebalance",
+        parents=[common],
+        help="even placed replicas out over the nodes (--dry-run: only show the moves)",
+        description="Shows the moves that bring every live node (not draining) within one "
+        "replica of the others and, without --dry-run, writes the first ones (as many as the "
+        "nodes' placement_moves_max); the placement controller goes on with the rest.",
+    )
+    p.add_argument("--dry-run", action="store_true", help="show the moves, change nothing")
+    p.set_defaults(handler=rebalance)
 
 
 def _rows(nodes: list[apb.NodeSummary]) -> list[list[object]]:
@@ -172,4 +182,22 @@ def move(args: argparse.Namespace, ctx: Context) -> int:
         f"{resp.raft_port}); its leader adds {args.to_node}, lets it catch up, then removes "
         f"{args.from_node}: follow with `fluxmqctl cluster status`"
     )
+    return 0
+
+
+def rebalance(args: argparse.Namespace, ctx: Context) -> int:
+    resp: apb.RebalanceShardsResponse = ctx.conn.call(
+        ctx.conn.admin.RebalanceShards, apb.RebalanceShardsRequest(dry_run=args.dry_run)
+    )
+    if ctx.out.json:
+        ctx.out.doc(message_dict(resp))
+        return 0
+    if not resp.moves:
+        ctx.out.line("replicas are even: nothing to move")
+        return 0
+    rows = [
+        [m.shard_id, m.from_node, m.to_node, "written" if m.written else "planned"]
+        for m in resp.moves
+    ]
+    ctx.out.table(["SHARD", "FROM", "TO", "STATUS"], rows)
     return 0

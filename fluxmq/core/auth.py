@@ -108,6 +108,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     "DrainNode": Action.CLUSTER,
     "DecommissionNode": Action.CLUSTER,
     "MoveReplica": Action.CLUSTER,
+    "RebalanceShards": Action.CLUSTER,
     "CreateApiKey": Action.MANAGE,
     "ListApiKeys": Action.MANAGE,
     "RevokeApiKey": Action.MANAGE,

@@ -440,6 +440,22 @@ class AdminService(pb_grpc.AdminServiceServicer):
             shard_id=shard_id, members=list(moved.members), raft_port=moved.raft_ports[to_node]
         )
 
+    async def RebalanceShards(
+        self, request: pb.RebalanceShardsRequest, context: Any
+    ) -> pb.RebalanceShardsResponse:
+        store, unmanaged = self._placement()
+        view = self._router.view
+        moves_max = view.placement_moves_max if view is not None else 1
+        plan = await operations.rebalance(store, unmanaged, request.dry_run, moves_max)
+        return pb.RebalanceShardsResponse(
+            moves=[
+                pb.PlannedMove(
+                    shard_id=m.group_id, from_node=m.dead, to_node=m.target, written=written
+                )
+                for m, written in plan
+            ]
+        )
+
     # -- API keys -----------------------------------------------------------------------------
 
     def _key_admin(self) -> tuple[KeyAdmin, Identity]:

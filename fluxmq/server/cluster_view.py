@@ -187,6 +187,7 @@ class ClusterView:
                 unmanaged,
                 lambda: self.own_state,
                 store.get_setting,
+                clock_ms,
             )
             if placement is not None
             else None
@@ -223,6 +224,10 @@ class ClusterView:
                 )
         with contextlib.suppress(MetadataError, TimeoutError):
             await asyncio.wait_for(self.store.close(), CLOSE_STEP_TIMEOUT_S)
+
+    @property
+    def placement_moves_max(self) -> int:
+        return self._placement.moves_max if self._placement is not None else 1
 
     @property
     def home_shard_id(self) -> str:

@@ -14,6 +14,7 @@ retriable errors a client retries."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -59,6 +60,9 @@ class Replacement:
 
     def address(self, node_id: str) -> str:
         return self.cluster.node_addresses[index(node_id)]
+
+    def cluster_nodes(self) -> list[str]:
+        return [f"node{i + 1}" for i in range(len(self.cluster.node_addresses))]
 
     def status(self, node_id: str, digest: bool = False) -> admin_pb2.ClusterStatus | None:
         try:
@@ -145,10 +149,10 @@ class Replacement:
         return out
 
 
-@pytest.fixture
-def replacement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Replacement]:
-    monkeypatch.setenv("FLUXMQ_NODE_DEAD_AFTER_MS", str(DEAD_AFTER_MS))
-    root = tmp_path / "cluster"
+@contextlib.contextmanager
+def cluster_with_groups(root: Path, groups: dict[str, tuple[str, ...]]) -> Iterator[Replacement]:
+    """4 nodes with etcd (FLUXMQ_NODE_DEAD_AFTER_MS set by the caller), ``groups`` placed by
+    hand, the queues of QUEUES on them."""
     root.mkdir()
     (root / ADMIN_KEY_FILE).write_text(KEY + "\n")
     cluster = LocalCluster(root, nodes=4, base_port=free_port_range(40), etcd_port=0)
@@ -159,7 +163,7 @@ def replacement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rep
         async def create_groups() -> None:
             store = EtcdMetadataStore(cluster.etcd_endpoint)
             try:
-                for n, (gid, members) in enumerate(sorted(GROUPS.items())):
+                for n, (gid, members) in enumerate(sorted(groups.items())):
                     ports = {m: specs[index(m)].raft_port + 3 + n for m in members}
                     await store.create_shard(ShardRecord(gid, members, ports, 3, 0))
             finally:
@@ -167,7 +171,7 @@ def replacement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rep
 
         asyncio.run(create_groups())
         r = Replacement(cluster)
-        for gid, members in GROUPS.items():
+        for gid, members in groups.items():
             for m in members:
                 wait_for(f"{m} to host {gid}", lambda m=m, gid=gid: r.shard(m, gid) is not None)
         with authorized_channel(r.address("node1"), KEY) as ch:
@@ -183,6 +187,13 @@ def replacement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rep
         yield r
     finally:
         cluster.down(purge=False)
+
+
+@pytest.fixture
+def replacement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Replacement]:
+    monkeypatch.setenv("FLUXMQ_NODE_DEAD_AFTER_MS", str(DEAD_AFTER_MS))
+    with cluster_with_groups(tmp_path / "cluster", GROUPS) as r:
+        yield r
 
 
 def test_a_node_lost_for_good_has_its_replicas_replaced_and_nothing_is_lost(
@@ -362,3 +373,129 @@ def test_a_live_node_drained_under_load_then_decommissioned_loses_nothing(
             doubled = [v for v in acked if stored[v] > 1]
             assert not lost, f"{node_id} {queue}: {len(lost)} of {len(acked)} lost: {lost[:5]}"
             assert not doubled, f"{node_id} {queue}: {len(doubled)} stored twice"
+
+
+def leads(r: Replacement) -> dict[str, int]:
+    """How many groups each node leads, by the leader records."""
+
+    async def read() -> dict[str, tuple[str, int]]:
+        store = EtcdMetadataStore(r.cluster.etcd_endpoint)
+        try:
+            return await store.get_shard_leaders()
+        finally:
+            await store.close()
+
+    counts = {f"node{i}": 0 for i in range(1, 5)}
+    for node, _term in asyncio.run(read()).values():
+        counts[node] = counts.get(node, 0) + 1
+    return counts
+
+
+def lead_by(r: Replacement, gid: str, target: str) -> bool:
+    """Ask ``gid``'s leader to hand over to ``target`` (-> whether ``target`` leads it now)."""
+    own = r.shard(target, gid)
+    if own is None:
+        return False
+    if own.role == "leader":
+        return True
+    holder = next(
+        (n for n in r.cluster_nodes() if (i := r.shard(n, gid)) is not None and i.role == "leader"),
+        None,
+    )
+    if holder is not None:
+        with contextlib.suppress(grpc.RpcError), authorized_channel(r.address(holder), KEY) as ch:
+            admin_pb2_grpc.AdminServiceStub(ch).TransferLeadership(
+                admin_pb2.TransferLeadershipRequest(shard_id=gid, target=own.members[0]),
+                timeout=20,
+            )
+    return False
+
+
+def test_a_node_that_holds_nothing_gets_replicas_and_leaders_spread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ga and gb on node1-3, node4 empty (as after it joined): the controller moves a replica
+    to node4 on its own; with every leader pushed onto node1, leadership spreads again; after a
+    restart of all nodes no node leads more than ceil(groups/nodes)+1."""
+    monkeypatch.setenv("FLUXMQ_NODE_DEAD_AFTER_MS", str(DEAD_AFTER_MS))
+    groups = {"ga": ("node1", "node2", "node3"), "gb": ("node1", "node2", "node3")}
+    with cluster_with_groups(tmp_path / "cluster", groups) as r:
+        publisher = threading.Thread(target=r.publish_routine, args=(["node1", "node2"],))
+        publisher.start()
+        try:
+
+            def node4_holds_one() -> bool:
+                records = [r.record(g) for g in groups]
+                return sum("node4" in rec.members for rec in records if rec is not None) == 1
+
+            wait_for("a replica moved to node4", node4_holds_one, timeout_s=60)
+            moved = next(g for g in groups if "node4" in (r.record(g) or groups[g]).members)
+
+            def converged() -> bool:
+                info = r.shard("node4", moved)
+                return (
+                    info is not None
+                    and not info.on_probation
+                    and len(info.members) == 3
+                    and r.shard("node4", moved, digest=True) is not None
+                )
+
+            wait_for(f"node4's replica of {moved} to take part", converged, timeout_s=60)
+            dry = ctl(r, "shard", "rebalance", "--dry-run")
+            assert dry.returncode == 0 and "nothing to move" in dry.stdout, dry.stdout + dry.stderr
+
+            # Every leader onto one node that is in every group (3 groups, 4 nodes: the
+            # ceiling is 1, the bound 2): it leads 3, and gives two away.
+            records = {g: r.record(g) for g in groups}
+            busy = next(
+                n
+                for n in ("node1", "node2", "node3")
+                if all(rec is not None and n in rec.members for rec in records.values())
+            )
+            for gid in ("g1", *groups):
+                wait_for(
+                    f"{busy} to lead {gid}", lambda gid=gid: lead_by(r, gid, busy), timeout_s=60
+                )
+            wait_for(
+                f"leadership to spread from {busy}",
+                lambda: max(leads(r).values()) <= 2 and leads(r)[busy] <= 1,
+                timeout_s=60,
+                show=lambda: leads(r),
+            )
+        finally:
+            r.stop()
+            publisher.join(timeout=120)
+        assert not r.failures, r.failures[:5]
+        for i in range(1, 5):
+            r.cluster.restart(i)
+        wait_for(
+            "leaders of all groups after the restart",
+            lambda: (
+                sum(leads(r).values()) == 3
+                and all(
+                    (r.shard(f"node{i}", "g1") or admin_pb2.ShardInfo()).leader for i in range(1, 5)
+                )
+            ),
+            timeout_s=90,
+        )
+        cap = -(-3 // 4)
+        wait_for(
+            "no node to lead more than ceil(groups/nodes)+1",
+            lambda: max(leads(r).values()) <= cap + 1,
+            timeout_s=60,
+        )
+        for queue, gid in QUEUES.items():
+            rec = r.record(gid)
+            assert rec is not None
+
+            def settled(rec: ShardRecord = rec) -> bool:
+                infos = [r.shard(n, rec.group_id, digest=True) for n in rec.members]
+                return all(i is not None for i in infos) and (
+                    len({(i.applied_index, i.digest) for i in infos if i is not None}) == 1
+                )
+
+            wait_for(f"{gid}'s replicas to agree", settled, timeout_s=60)
+            for node_id in rec.members:
+                stored = r.stored(node_id, queue)
+                wrong = [v for v in r.acked[queue] if stored[v] != 1]
+                assert not wrong, f"{node_id} {queue}: {len(wrong)} lost or doubled: {wrong[:5]}"

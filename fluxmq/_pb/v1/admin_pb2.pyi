@@ -293,6 +293,30 @@ class MoveReplicaResponse(_message.Message):
     raft_port: int
     def __init__(self, shard_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., raft_port: _Optional[int] = ...) -> None: ...
 
+class RebalanceShardsRequest(_message.Message):
+    __slots__ = ("dry_run",)
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    dry_run: bool
+    def __init__(self, dry_run: _Optional[bool] = ...) -> None: ...
+
+class PlannedMove(_message.Message):
+    __slots__ = ("shard_id", "from_node", "to_node", "written")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    TO_NODE_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    from_node: str
+    to_node: str
+    written: bool
+    def __init__(self, shard_id: _Optional[str] = ..., from_node: _Optional[str] = ..., to_node: _Optional[str] = ..., written: _Optional[bool] = ...) -> None: ...
+
+class RebalanceShardsResponse(_message.Message):
+    __slots__ = ("moves",)
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    moves: _containers.RepeatedCompositeFieldContainer[PlannedMove]
+    def __init__(self, moves: _Optional[_Iterable[_Union[PlannedMove, _Mapping]]] = ...) -> None: ...
+
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("shard_id", "target")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]

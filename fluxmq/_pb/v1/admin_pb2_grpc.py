@@ -79,6 +79,11 @@ class AdminServiceStub:
                 request_serializer=fluxmq_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
                 response_deserializer=fluxmq_dot_v1_dot_admin__pb2.MoveReplicaResponse.FromString,
                 _registered_method=True)
+        self.RebalanceShards = channel.unary_unary(
+                '/fluxmq.v1.AdminService/RebalanceShards',
+                request_serializer=fluxmq_dot_v1_dot_admin__pb2.RebalanceShardsRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_admin__pb2.RebalanceShardsResponse.FromString,
+                _registered_method=True)
         self.CreateApiKey = channel.unary_unary(
                 '/fluxmq.v1.AdminService/CreateApiKey',
                 request_serializer=fluxmq_dot_v1_dot_admin__pb2.CreateApiKeyRequest.SerializeToString,
@@ -174,6 +179,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RebalanceShards(self, request, context):
+        """Evens the placed replicas out over the live nodes (not draining): the moves that bring
+        every node within one replica of the others. dry_run: only shows them. Otherwise writes the
+        first placement_moves_max of them (the placement controller goes on with the rest, as it
+        does on its own after a node joins).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateApiKey(self, request, context):
         """API keys (needs an admin key; keys of the caller's environment only). The new key's secret
         is in the response once and never again: only its salted hash is stored. At most two active
@@ -241,6 +256,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.MoveReplica,
                     request_deserializer=fluxmq_dot_v1_dot_admin__pb2.MoveReplicaRequest.FromString,
                     response_serializer=fluxmq_dot_v1_dot_admin__pb2.MoveReplicaResponse.SerializeToString,
+            ),
+            'RebalanceShards': grpc.unary_unary_rpc_method_handler(
+                    servicer.RebalanceShards,
+                    request_deserializer=fluxmq_dot_v1_dot_admin__pb2.RebalanceShardsRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_admin__pb2.RebalanceShardsResponse.SerializeToString,
             ),
             'CreateApiKey': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateApiKey,
@@ -479,6 +499,33 @@ class AdminService:
             '/fluxmq.v1.AdminService/MoveReplica',
             fluxmq_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
             fluxmq_dot_v1_dot_admin__pb2.MoveReplicaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RebalanceShards(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.AdminService/RebalanceShards',
+            fluxmq_dot_v1_dot_admin__pb2.RebalanceShardsRequest.SerializeToString,
+            fluxmq_dot_v1_dot_admin__pb2.RebalanceShardsResponse.FromString,
             options,
             channel_credentials,
             insecure,

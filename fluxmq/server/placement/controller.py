@@ -53,6 +53,8 @@ class PlacementSettings:
     # After a replica moved, the controller waits this long before it evens replicas out
     # (the moves it made settle first).
     rebalance_pause_ms: int = 10_000
+    leader_imbalance_ms: int = 15_000  # leadership this uneven this long is spread
+    preference_ttl_ms: int = 30_000  # how long a group's leader heeds a preferred leader
 
 
 class PlacementController:
@@ -75,7 +77,7 @@ class PlacementController:
         self._missing_since_ms: dict[str, int] = {}
         self._reported: frozenset[str] = frozenset()
         self._moved_at_ms = 0  # when this controller last moved a replica
-        self._preferred: dict[str, str] = {}  # preferred leaders as last written
+        self._imbalanced_since_ms: int | None = None  # leadership uneven since
 
     async def controller_routine(self) -> None:
         while True:
@@ -176,22 +178,28 @@ class PlacementController:
         live: Mapping[str, NodeInfo],
         leaving: frozenset[str],
     ) -> None:
-        """Preferred leaders that spread leadership evenly (each group's leader hands over to
-        its preferred one once that one is caught up)."""
+        """Preferred leaders that spread leadership once a node has led too many groups for
+        ``leader_imbalance_ms`` (a transient imbalance, or an operator's own transfers, are left
+        alone). A preference holds for ``preference_ttl_ms``: the group's leader hands over to
+        the preferred node within that time, once it is caught up, and then forgets it."""
         leaders = {g: n for g, (n, _term) in (await self._store.get_shard_leaders()).items()}
+        now_ms = self._clock_ms()
         wanted = plan_leaders(records, leaders, live, self._settings.moves_max, leaving)
+        if not wanted:
+            self._imbalanced_since_ms = None
+            return
+        if self._imbalanced_since_ms is None:
+            self._imbalanced_since_ms = now_ms
+        if now_ms - self._imbalanced_since_ms < self._settings.leader_imbalance_ms:
+            return
+        expires_ms = now_ms + self._settings.preference_ttl_ms
         for gid, node in sorted(wanted.items()):
-            if self._preferred.get(gid) == node:
-                continue
-            await self._store.put_setting(node_states.preferred_leader_key(gid), node)
-            self._preferred[gid] = node
+            value = node_states.preference_value(node, expires_ms)
+            await self._store.put_setting(node_states.preferred_leader_key(gid), value)
             log.info(
                 "placement controller: group %s: %s should lead it (leaders spread)", gid, node
             )
-        for gid, node in sorted(self._preferred.items()):
-            if node in leaving or node not in live:
-                await self._store.put_setting(node_states.preferred_leader_key(gid), "-")
-                del self._preferred[gid]
+        self._imbalanced_since_ms = None
 
     async def _used_ports(self, records: Mapping[str, ShardRecord]) -> dict[str, set[int]]:
         used: dict[str, set[int]] = {}
@@ -225,6 +233,7 @@ class MembershipConverger:
         unmanaged: Callable[[], frozenset[str]],
         own_state: Callable[[], str] = lambda: "",
         read_setting: Callable[[str], Awaitable[str | None]] | None = None,
+        clock_ms: Callable[[], int] = lambda: 0,
     ) -> None:
         """``own_state``: this node's state (node_states: "" when active); a leaving node
         hands the leadership of every shard it leads over, its home group's too."""
@@ -235,6 +244,7 @@ class MembershipConverger:
         self._unmanaged = unmanaged
         self._own_state = own_state
         self._read_setting = read_setting
+        self._clock_ms = clock_ms
 
     async def membership_routine(self) -> None:
         while True:
@@ -275,9 +285,10 @@ class MembershipConverger:
         if self._read_setting is None:
             return
         try:
-            preferred = await self._read_setting(node_states.preferred_leader_key(group_id))
+            value = await self._read_setting(node_states.preferred_leader_key(group_id))
         except MetadataError:
             return
+        preferred = node_states.live_preference(value, self._clock_ms())
         node = nodes.get(preferred or "")
         if node is None or preferred not in record.members:
             return

@@ -49,3 +49,19 @@ PREFERRED_LEADER_PREFIX = "preferred_leader."  # <group> -> the node that should
 
 def preferred_leader_key(group_id: str) -> str:
     return PREFERRED_LEADER_PREFIX + group_id
+
+
+def preference_value(node_id: str, expires_ms: int) -> str:
+    return f"{node_id}@{expires_ms}"
+
+
+def live_preference(value: str | None, now_ms: int) -> str | None:
+    """The node a preference names while it holds (None: none, expired, or unreadable).
+
+    >>> live_preference("node2@5000", 4000), live_preference("node2@5000", 6000)
+    ('node2', None)
+    """
+    node_id, _, expires = (value or "").partition("@")
+    if not node_id or not expires.isdigit() or now_ms >= int(expires):
+        return None
+    return node_id

@@ -23,7 +23,9 @@ from fluxmq.metadata import (
     ShardRecord,
 )
 from fluxmq.server.placement import node_states
-from fluxmq.server.placement.policy import free_port
+from fluxmq.server.placement.policy import Replacement, free_port, plan_rebalance
+
+REBALANCE_PLAN_MAX = 256  # moves one rebalance plan shows at most
 
 ACTIVE, DRAINED = "active", "drained"
 
@@ -213,3 +215,43 @@ async def move_replica(
             "METADATA_UNAVAILABLE", f"the move was not written: {err}", retriable=True
         ) from None
     return moved
+
+
+async def rebalance(
+    store: MetadataStore, unmanaged: frozenset[str], dry_run: bool, moves_max: int
+) -> list[tuple[Replacement, bool]]:
+    """The moves that even replicas out, each with whether it was written (the first
+    ``moves_max`` unless ``dry_run``)."""
+    c = await _read(store)
+    records = {g: r for g, (r, _) in c.records.items()}
+    used: dict[str, set[int]] = {n: set(p) for n, p in (await store.list_raft_ports()).items()}
+    for r in records.values():
+        for m, p in r.raft_ports.items():
+            used.setdefault(m, set()).add(p)
+    leaving = node_states.leaving(c.states)
+    plan: list[Replacement] = []
+    while len(plan) < REBALANCE_PLAN_MAX:
+        step = plan_rebalance(records, c.live, used, 1, unmanaged, leaving)
+        if not step:
+            break
+        plan.append(step[0])
+        records[step[0].group_id] = step[0].record
+        used.setdefault(step[0].target, set()).add(step[0].record.raft_ports[step[0].target])
+    out: list[tuple[Replacement, bool]] = []
+    seen: set[str] = set()  # a group's later moves build on its first: only the first is written
+    written = 0
+    for move in plan:
+        write = not dry_run and written < moves_max and move.group_id not in seen
+        seen.add(move.group_id)
+        if write:
+            try:
+                await store.update_shard(move.record, c.records[move.group_id][1])
+            except (RevisionConflict, PortTaken) as err:
+                raise FluxError(
+                    "CONCURRENT_UPDATE",
+                    f"group {move.group_id} changed while the plan was made ({err}); retry",
+                    retriable=True,
+                ) from None
+            written += 1
+        out.append((move, write))
+    return out

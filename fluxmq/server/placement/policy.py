@@ -260,9 +260,9 @@ def plan_leaders(
     """Preferred leaders that spread leadership: a node leading more than
     ceil(groups / eligible nodes) + 1 groups gives groups to the live members (not leaving) that
     lead fewer than that ceiling, the fewest first, until it leads the ceiling (the slack of one
-    before acting avoids moving leaders back and forth over a difference of one). ``leaders``: group -> the node
-    leading it now. -> group -> the node it should be led by (only the groups to move; at most
-    ``moves_max``).
+    before acting avoids moving leaders back and forth over a difference of one).
+    ``leaders``: group -> the node leading it now. -> group -> the node it should be led by
+    (only the groups to move; at most ``moves_max``).
 
     >>> n = {i: NodeInfo(i, f"h:{i}", "h", 7100, 0) for i in "abc"}
     >>> def g(gid): return ShardRecord(gid, ("a", "b", "c"), {x: 7150 for x in "abc"}, 3, 0)
