@@ -1,5 +1,7 @@
-"""``fluxmq cluster up|down|status``: a local cluster (etcd + N nodes on loopback) for trying
-FluxMQ, tests and benchmarks. The work is done by ``fluxmq.devcluster.launcher.LocalCluster``."""
+"""``fluxmq cluster up|down|status|stop-node|kill-node|start-node``: a local cluster (etcd + N
+nodes on loopback) for trying FluxMQ, tests and benchmarks: one node can be stopped, killed
+(kill -9) and started again, with its data or on an empty data directory (``--wipe``: a lost
+disk). The work is done by ``fluxmq.devcluster.launcher.LocalCluster``."""
 
 from __future__ import annotations
 
@@ -20,7 +22,11 @@ def _parser() -> argparse.ArgumentParser:
         description="A local FluxMQ cluster on 127.0.0.1: etcd plus N nodes, each with its own "
         "data directory, ports and log under --dir.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status}")
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="{up,down,status,stop-node,kill-node,start-node}",
+    )
 
     up = sub.add_parser("up", help="start etcd and the nodes; wait until a leader is elected")
     up.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
@@ -52,7 +58,48 @@ def _parser() -> argparse.ArgumentParser:
         "--dir", default=DEFAULT_DIR, help=f"cluster directory (default {DEFAULT_DIR})"
     )
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+
+    for name, what in (
+        ("stop-node", "stop node N (SIGTERM: it hands its leadership over first)"),
+        ("kill-node", "kill node N with SIGKILL (a crash: nothing is handed over)"),
+        ("start-node", "start node N again under its name and ports (restart it if it runs)"),
+    ):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("index", type=int, metavar="N", help="the node's number, 1..nodes")
+        p.add_argument(
+            "--dir", default=DEFAULT_DIR, help=f"cluster directory (default {DEFAULT_DIR})"
+        )
+        if name == "start-node":
+            p.add_argument(
+                "--wipe",
+                action="store_true",
+                help="delete its data directory first (a lost disk: it rejoins on probation "
+                "and is refilled by the leaders)",
+            )
     return parser
+
+
+def _node_command(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(args.dir)
+    if cluster.load_state() is None:
+        print(f"no cluster in {cluster.dir}: `fluxmq cluster up --dir {args.dir}`", file=sys.stderr)
+        return 1
+    if args.command == "stop-node":
+        cluster.stop_node(args.index)
+        print(f"node{args.index} stopped")
+    elif args.command == "kill-node":
+        cluster.kill9(args.index)
+        print(f"node{args.index} killed (SIGKILL)")
+    else:
+        if args.wipe:
+            cluster.kill9(args.index)
+            cluster.wipe_node(args.index)
+        cluster.restart(args.index)
+        print(
+            f"node{args.index} serving"
+            + (" (started on an empty data directory)" if args.wipe else "")
+        )
+    return 0
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -155,7 +202,9 @@ def main(argv: Sequence[str]) -> int:
             return _up(args)
         if args.command == "down":
             return _down(args)
-        return _status(args)
+        if args.command == "status":
+            return _status(args)
+        return _node_command(args)
     except LauncherError as err:
         print(f"fluxmq cluster {args.command}: {err}", file=sys.stderr)
         return 1

@@ -655,6 +655,14 @@ class LocalCluster:
         if not self._wait_gone(pid, entry["data_dir"], time.monotonic() + 10):
             raise LauncherError(f"node{i} (pid {pid}) survived SIGKILL")
 
+    def wipe_node(self, i: int) -> None:
+        """Delete node ``i``'s data directory (it must not run): its disk is lost."""
+        entry = self._node_entry(i)
+        if pid_alive(int(entry["pid"]), entry["data_dir"]):
+            raise LauncherError(f"node{i} runs: stop or kill it before wiping its data")
+        shutil.rmtree(entry["data_dir"], ignore_errors=True)
+        os.makedirs(entry["data_dir"], exist_ok=True)
+
     def stop_node(self, i: int) -> None:
         """SIGTERM node ``i`` (1-based); SIGKILL after 20 s."""
         self._terminate([self._node_entry(i)])

@@ -1,6 +1,8 @@
 """``fluxmq cluster up/status/down``: etcd plus three nodes on loopback, started by the CLI as a
-user would, used through node 2, stopped and purged. Plus the launcher's pieces that need no
-running cluster (port layout, refusing a second ``up``, a port in use)."""
+user would, used through node 2, a node killed and restarted, one started again on an empty
+data directory (``start-node --wipe``) and refilled, one stopped, then all stopped and purged.
+Plus the launcher's pieces that need no running cluster (port layout, refusing a second
+``up``, a port in use)."""
 
 from __future__ import annotations
 
@@ -224,6 +226,31 @@ def test_cluster_up_status_use_down(cluster_dir: Path) -> None:
             metadata=md,
         )
         assert [r.value for r in got.records] == [b"via node2"]
+
+    # Node 3 loses its disk: the CLI kills it, wipes its data and starts it under its name; it
+    # rejoins on probation and is refilled (it serves the message from its own replica).
+    wiped = fluxmq("cluster", "start-node", "3", "--wipe", "--dir", d)
+    assert wiped.returncode == 0 and "empty data directory" in wiped.stdout, wiped.stderr
+    pids.append(int(json.loads((cluster_dir / STATE_FILE).read_text())["nodes"][2]["pid"]))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{base + 20}") as ch:
+                got = queue_pb2_grpc.QueueServiceStub(ch).Fetch(
+                    queue_pb2.FetchRequest(queue="cli", partition=0, offset=0, wait_ms=1000),
+                    timeout=30,
+                    metadata=md,
+                )
+            if [r.value for r in got.records] == [b"via node2"]:
+                break
+        except grpc.RpcError:
+            pass
+        assert time.monotonic() < deadline, "node3 was not refilled"
+        time.sleep(0.2)
+    assert "left probation" in (cluster_dir / "node3.log").read_text()
+    stopped = fluxmq("cluster", "stop-node", "3", "--dir", d)
+    assert stopped.returncode == 0 and "node3 stopped" in stopped.stdout, stopped.stderr
+    assert [n["alive"] for n in lib.status()["nodes"]] == [True, True, False]
 
     down = fluxmq("cluster", "down", "--dir", d, "--purge")
     assert down.returncode == 0, down.stdout + down.stderr
