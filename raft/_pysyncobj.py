@@ -63,6 +63,11 @@ pysyncobj upgrade that moves them fails loudly instead of silently losing data.
    index (of the leader's term) and its journal has that on disk, or when a majority holds
    nothing and no member holds anything; then it records the leader as its vote in the
    current term, flushes, and calls ``on_whole``.
+11. Catching a follower up without resend storms (raft/catch_up.py): the transport does not
+   queue append-entries behind a follower that has not read 16 MiB, so a new or refilled
+   replica far behind a loaded leader is not sent its backlog again for every message it
+   could not use. (In the transport, not in pysyncobj: listed here because it answers a
+   pysyncobj behaviour.)
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class ShardStatus:
     term: int
     commit_index: int
     applied_index: int
-    members: tuple[str, ...]
+    members: tuple[str, ...]  # this replica's address first, then the others sorted
     leader: str | None
     pending_proposals: int
     # Replicas connected and caught up, this one included, as seen from this replica: on the

@@ -53,7 +53,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import set_keepalive
 from pysyncobj.transport import Transport, TransportNotReadyError
 
-from raft import wire
+from raft import catch_up, wire
 from raft.outbox import Outbox
 from raft.wire_guard import FrameReader, FrameTooLargeError, PendingHandshakes, WireLimits
 
@@ -243,6 +243,7 @@ class WireTransport(Transport):  # type: ignore[misc]
         self._outbox = Outbox(lambda: self._journal.flush(), self._deliver)
         # Observers (the latency budget): called with (node, message) as a message leaves.
         self.on_send: Callable[[Any, Any], None] | None = None
+        self.entries_held_back = 0  # append-entries not queued behind a slow reader
         syncObj.addOnTickCallback(self._on_tick)
         for node in otherNodes:
             self.addNode(node)
@@ -281,6 +282,11 @@ class WireTransport(Transport):  # type: ignore[misc]
         link = self._open.get(node)
         if link is None:
             return False
+        if catch_up.entries_must_wait(message, len(link.out)):
+            # The follower is this far behind reading: the entries are sent again from where
+            # it stands once it answers (raft/catch_up.py), instead of piling up here.
+            self.entries_held_back += 1
+            return True
         if self.on_send is not None:
             self.on_send(node, message)
         assert link.session is not None
