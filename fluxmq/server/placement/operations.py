@@ -10,7 +10,7 @@ to wait for the newcomer to catch up before it commits again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from fluxmq.core.errors import FieldViolation, FluxError
 from fluxmq.metadata import (
@@ -23,7 +23,7 @@ from fluxmq.metadata import (
     ShardRecord,
 )
 from fluxmq.server.placement import node_states
-from fluxmq.server.placement.policy import Replacement, free_port, plan_rebalance
+from fluxmq.server.placement.policy import Replacement, free_port, moved, plan_rebalance
 
 REBALANCE_PLAN_MAX = 256  # moves one rebalance plan shows at most
 
@@ -198,23 +198,25 @@ async def move_replica(
     for r, _ in c.records.values():
         if to_node in r.raft_ports:
             used.add(r.raft_ports[to_node])
-    ports = {m: p for m, p in record.raft_ports.items() if m != from_node}
-    ports[to_node] = free_port(target, used)
-    members = tuple(sorted((*(m for m in record.members if m != from_node), to_node)))
-    moved = replace(record, members=members, raft_ports=ports)
+    record = moved(record, from_node, to_node, free_port(target, used))
+    await _write(store, record, revision)
+    return record
+
+
+async def _write(store: MetadataStore, record: ShardRecord, revision: int) -> None:
+    """``record`` over the one read at ``revision``; a change meanwhile is CONCURRENT_UPDATE."""
     try:
-        await store.update_shard(moved, revision)
+        await store.update_shard(record, revision)
     except (RevisionConflict, PortTaken) as err:
         raise FluxError(
             "CONCURRENT_UPDATE",
-            f"group {group_id} changed while the move was prepared ({err}); retry",
+            f"group {record.group_id} changed while the move was prepared ({err}); retry",
             retriable=True,
         ) from None
     except MetadataError as err:
         raise FluxError(
             "METADATA_UNAVAILABLE", f"the move was not written: {err}", retriable=True
         ) from None
-    return moved
 
 
 async def rebalance(
@@ -244,14 +246,7 @@ async def rebalance(
         write = not dry_run and written < moves_max and move.group_id not in seen
         seen.add(move.group_id)
         if write:
-            try:
-                await store.update_shard(move.record, c.records[move.group_id][1])
-            except (RevisionConflict, PortTaken) as err:
-                raise FluxError(
-                    "CONCURRENT_UPDATE",
-                    f"group {move.group_id} changed while the plan was made ({err}); retry",
-                    retriable=True,
-                ) from None
+            await _write(store, move.record, c.records[move.group_id][1])
             written += 1
         out.append((move, write))
     return out

@@ -49,6 +49,14 @@ def free_port(node: NodeInfo, used: set[int]) -> int:
     return port
 
 
+def moved(record: ShardRecord, gone: str, target: str, port: int) -> ShardRecord:
+    """``record`` with ``target`` (on Raft port ``port``) in ``gone``'s place."""
+    members = tuple(sorted((*(m for m in record.members if m != gone), target)))
+    raft_ports = {m: p for m, p in record.raft_ports.items() if m != gone}
+    raft_ports[target] = port
+    return replace(record, members=members, raft_ports=raft_ports)
+
+
 def plan_replacements(
     records: Mapping[str, ShardRecord],
     live: Mapping[str, NodeInfo],
@@ -115,16 +123,9 @@ def plan_replacements(
         taken = ports.setdefault(target.node_id, set())
         port = free_port(target, taken)
         taken.add(port)
-        members = tuple(sorted((*(m for m in record.members if m != gone), target.node_id)))
-        raft_ports = {m: p for m, p in record.raft_ports.items() if m != gone}
-        raft_ports[target.node_id] = port
         out.append(
             Replacement(
-                group_id,
-                gone,
-                target.node_id,
-                replace(record, members=members, raft_ports=raft_ports),
-                reason,
+                group_id, gone, target.node_id, moved(record, gone, target.node_id, port), reason
             )
         )
         counts[target.node_id] += 1
@@ -203,7 +204,7 @@ def plan_rebalance(
             if m in counts:
                 counts[m] += 1
     ports = {i: set(p) for i, p in used_ports.items()}
-    moved: set[str] = set()
+    planned: set[str] = set()
     out: list[Replacement] = []
     while len(out) < moves_max and counts:
         found = None
@@ -214,7 +215,7 @@ def plan_rebalance(
                 for gid, record in sorted(records.items()):
                     if (
                         gid in unmanaged
-                        or gid in moved
+                        or gid in planned
                         or heavy not in record.members
                         or light in record.members
                         or any(m not in live for m in record.members)
@@ -232,19 +233,8 @@ def plan_rebalance(
         taken = ports.setdefault(light, set())
         port = free_port(eligible[light], taken)
         taken.add(port)
-        members = tuple(sorted((*(m for m in record.members if m != heavy), light)))
-        raft_ports = {m: p for m, p in record.raft_ports.items() if m != heavy}
-        raft_ports[light] = port
-        out.append(
-            Replacement(
-                gid,
-                heavy,
-                light,
-                replace(record, members=members, raft_ports=raft_ports),
-                "rebalance",
-            )
-        )
-        moved.add(gid)
+        out.append(Replacement(gid, heavy, light, moved(record, heavy, light, port), "rebalance"))
+        planned.add(gid)
         counts[heavy] -= 1
         counts[light] += 1
     return out
