@@ -84,7 +84,8 @@ def test_create_with_exist_ok_shows_the_existing_queue_and_group(ctl: Ctl) -> No
 # A valid value for each option some command requires (the walk below fails on a new one).
 REQUIRED_VALUES = {
     "--group": "g",
-    "--to": "earliest",
+    "--to": "earliest",  # also `shard move --to NODE`: any word parses
+    "--from": "node1",
     "--partition": "0",
     "--offset": "1",
     "--scope": "ready",
