@@ -73,6 +73,10 @@ def make_ordered_queue(cluster: Cluster, queue: str) -> None:
 
 def test_static_peer_follower_forwards_heartbeat_to_the_leader(cluster: Cluster) -> None:
     make_ordered_queue(cluster, "hb")
+    # Every replica applied the queue, and before it the leader's address record: a follower
+    # knows where to forward (right after the first election it may not yet, and answers a
+    # retriable NOT_LEADER, which this test does not retry).
+    cluster.wait_converged()
     leader = leader_of(cluster)
     follower = followers(cluster)[0]
     with follower.channel() as ch:
