@@ -191,6 +191,9 @@ def test_etcd_unavailable_keeps_the_data_plane_and_refuses_metadata_changes(
     with ch:
         s.CreateQueue(pb.CreateQueueRequest(config=pb.QueueConfig(name="steady")))
         s.CreateGroup(pb.CreateGroupRequest(queue="steady", group="g"))
+        # Ready first (a new cluster's first election waits for its replicas to leave
+        # probation): what is checked below is that it stays ready.
+        wait_for("the node to be ready", lambda: readyz(n1) == 200, timeout_s=30)
         etcd.stop()
         s.Publish(
             pb.PublishRequest(queue="steady", messages=[pb.PublishMessage(value=b"during")]),
