@@ -35,6 +35,8 @@ from fluxmq.server.placement.controller import (
     PlacementController,
     PlacementSettings,
 )
+from fluxmq.server.placement.operations import used_raft_ports
+from fluxmq.server.placement.policy import free_port
 from raft import Shard
 
 log = logging.getLogger(__name__)
@@ -55,25 +57,6 @@ GROUPS_PER_SIZE_SETTING = "groups_per_size"
 
 HostShard = Callable[[ShardRecord, dict[str, NodeInfo]], Awaitable[bool]]
 UnhostShard = Callable[[str], Awaitable[bool]]
-
-
-def free_raft_ports(nodes: list[NodeInfo], used: dict[str, set[int]]) -> dict[str, int]:
-    """For each node, its lowest Raft port above its base that ``used`` does not list (the
-    base itself is the node's home shard's).
-
-    >>> n1 = NodeInfo("n1", "h:7070", "h", 7100, 0)
-    >>> n2 = NodeInfo("n2", "h:7080", "h", 7200, 0)
-    >>> free_raft_ports([n1, n2], {"n1": {7100, 7101, 7103}})
-    {'n1': 7102, 'n2': 7201}
-    """
-    ports = {}
-    for n in nodes:
-        taken = used.get(n.node_id, set())
-        port = n.raft_port_base + 1
-        while port in taken:
-            port += 1
-        ports[n.node_id] = port
-    return ports
 
 
 def metadata_unavailable(what: str, err: MetadataError) -> FluxError:
@@ -670,7 +653,8 @@ class ClusterView:
         for _ in range(GROUP_CREATE_ATTEMPTS):
             # Ports come from the claims in the store, which the create below makes atomically
             # with the record: a node provisioning at the same time cannot take the same one.
-            ports = free_raft_ports(members, await self._used_raft_ports())
+            used = await used_raft_ports(self.store, self.shard_records.values())
+            ports = {n.node_id: free_port(n, used.get(n.node_id, set())) for n in members}
             group = ShardRecord(
                 group_id=f"g{number}",
                 members=tuple(sorted(n.node_id for n in members)),
@@ -692,17 +676,6 @@ class ClusterView:
         raise FluxError(
             "GROUP_UNAVAILABLE", "could not provision a replication group", retriable=True
         )
-
-    async def _used_raft_ports(self) -> dict[str, set[int]]:
-        """Every node's Raft ports in use: claimed in the store, or named by a group record
-        (records written before ports were claimed have no claims)."""
-        used: dict[str, set[int]] = {}
-        for node_id, ports in (await self.store.list_raft_ports()).items():
-            used.setdefault(node_id, set()).update(ports)
-        for g in self.shard_records.values():
-            for m, port in g.raft_ports.items():
-                used.setdefault(m, set()).add(port)
-        return used
 
     async def place_dead_letter_queue(self, dlq: str, group_id: str) -> None:
         """A DLQ is created on demand by its origin's group, so it is placed there too."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from fluxmq import metrics
 from fluxmq.metadata import MetadataError, MetadataStore, NodeInfo, PortTaken, RevisionConflict
 from fluxmq.server.placement import node_states
+from fluxmq.server.placement.operations import used_raft_ports
 from fluxmq.server.placement.policy import (
     membership_step,
     missing_members,
@@ -122,7 +123,7 @@ class PlacementController:
         for node_id in set(self._missing_since_ms) - missing:
             del self._missing_since_ms[node_id]
         self._report(records, live)
-        used = await self._used_ports(records)
+        used = await used_raft_ports(self._store, records.values())
         leaving = node_states.leaving(states)
         plans = plan_replacements(
             records,
@@ -200,15 +201,6 @@ class PlacementController:
                 "placement controller: group %s: %s should lead it (leaders spread)", gid, node
             )
         self._imbalanced_since_ms = None
-
-    async def _used_ports(self, records: Mapping[str, ShardRecord]) -> dict[str, set[int]]:
-        used: dict[str, set[int]] = {}
-        for node_id, ports in (await self._store.list_raft_ports()).items():
-            used.setdefault(node_id, set()).update(ports)
-        for record in records.values():
-            for m, port in record.raft_ports.items():
-                used.setdefault(m, set()).add(port)
-        return used
 
     def _report(self, records: Mapping[str, ShardRecord], live: Mapping[str, NodeInfo]) -> None:
         under = frozenset(g for g, r in records.items() if any(m not in live for m in r.members))

@@ -10,6 +10,7 @@ to wait for the newcomer to catch up before it commits again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fluxmq.core.errors import FieldViolation, FluxError
@@ -46,6 +47,18 @@ class _Cluster:
     records: dict[str, tuple[ShardRecord, int]]
     leaders: dict[str, tuple[str, int]]
     states: dict[str, str] = field(default_factory=dict)
+
+
+async def used_raft_ports(
+    store: MetadataStore, records: Iterable[ShardRecord]
+) -> dict[str, set[int]]:
+    """Every node's Raft ports in use: claimed in the store, or named by a group record
+    (records written before ports were claimed have no claims)."""
+    used: dict[str, set[int]] = {n: set(p) for n, p in (await store.list_raft_ports()).items()}
+    for record in records:
+        for m, port in record.raft_ports.items():
+            used.setdefault(m, set()).add(port)
+    return used
 
 
 def refused(message: str, field_path: str = "") -> FluxError:
@@ -194,11 +207,8 @@ async def move_replica(
             "first",
             "from_node",
         )
-    used: set[int] = set((await store.list_raft_ports()).get(to_node, {}))
-    for r, _ in c.records.values():
-        if to_node in r.raft_ports:
-            used.add(r.raft_ports[to_node])
-    record = moved(record, from_node, to_node, free_port(target, used))
+    used = await used_raft_ports(store, (r for r, _ in c.records.values()))
+    record = moved(record, from_node, to_node, free_port(target, used.get(to_node, set())))
     await _write(store, record, revision)
     return record
 
@@ -226,10 +236,7 @@ async def rebalance(
     ``moves_max`` unless ``dry_run``)."""
     c = await _read(store)
     records = {g: r for g, (r, _) in c.records.items()}
-    used: dict[str, set[int]] = {n: set(p) for n, p in (await store.list_raft_ports()).items()}
-    for r in records.values():
-        for m, p in r.raft_ports.items():
-            used.setdefault(m, set()).add(p)
+    used = await used_raft_ports(store, records.values())
     leaving = node_states.leaving(c.states)
     plan: list[Replacement] = []
     while len(plan) < REBALANCE_PLAN_MAX:
