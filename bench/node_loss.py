@@ -31,7 +31,7 @@ import grpc
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2, queue_pb2_grpc
 from fluxmq.core.auth import new_key
 from fluxmq.devcluster.launcher import ADMIN_KEY_FILE, LocalCluster
-from fluxmq.metadata import EtcdMetadataStore, ShardRecord
+from fluxmq.metadata import ShardRecord
 
 KEY = new_key("production")
 BATCH = 100
@@ -73,7 +73,7 @@ def shard(address: str, group: str) -> admin_pb2.ShardInfo | None:
 
 def record(cluster: LocalCluster) -> ShardRecord | None:
     async def read() -> ShardRecord | None:
-        store = EtcdMetadataStore(cluster.etcd_endpoint)
+        store = cluster.metadata_store()
         try:
             v = await store.get_shard(GROUP)
             return None if v is None else v.value
@@ -166,7 +166,7 @@ def _measure(
     ports = {m: specs[int(m[4:]) - 1].raft_port + 3 for m in members}
 
     async def create() -> None:
-        store = EtcdMetadataStore(cluster.etcd_endpoint)
+        store = cluster.metadata_store()
         try:
             await store.create_shard(ShardRecord(GROUP, members, ports, 3, 0))
         finally:

@@ -298,6 +298,21 @@ def advertised_grpc_address(cfg: config_mod.NodeConfig, port: int) -> str:
     return f"{host}:{port if listen_port == '0' else listen_port}"
 
 
+def etcd_metadata_store(cfg: config_mod.NodeConfig) -> EtcdMetadataStore:
+    return EtcdMetadataStore(
+        cfg.etcd,
+        prefix=cfg.etcd_prefix,
+        username=cfg.etcd_user or None,
+        password=cfg.etcd_password or None,
+        ca_file=cfg.etcd_ca_file,
+        cert_file=cfg.etcd_cert_file,
+        key_file=cfg.etcd_key_file,
+        # API key records and the records placement acts on sealed with the cluster secret:
+        # writing to etcd mints no key and moves no replica.
+        record_secret=cfg.cluster_secret,
+    )
+
+
 def build_cluster_view(
     cfg: config_mod.NodeConfig,
     shard: Shard | None,
@@ -313,19 +328,8 @@ def build_cluster_view(
         raft_port_base=int(raft_port),
         started_ms=clock_ms(),
     )
-    store = EtcdMetadataStore(
-        cfg.etcd,
-        prefix=cfg.etcd_prefix,
-        username=cfg.etcd_user or None,
-        password=cfg.etcd_password or None,
-        ca_file=cfg.etcd_ca_file,
-        cert_file=cfg.etcd_cert_file,
-        key_file=cfg.etcd_key_file,
-        # API key records sealed with the cluster secret: writing to etcd mints no key.
-        record_secret=cfg.cluster_secret,
-    )
     return ClusterView(
-        store,
+        etcd_metadata_store(cfg),
         node,
         shard,
         cfg.shard_id,
@@ -988,12 +992,14 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
 
 USAGE = """\
 usage: fluxmq serve [--help] | fluxmq cluster up|down|status [--help]
-       | fluxmq migrate --data-dir DIR | fluxmq --version
+       | fluxmq migrate --data-dir DIR | fluxmq seal-records [--help] | fluxmq --version
 
   serve     run a node (single node by default; `fluxmq serve --help` lists every setting,
             its default and its FLUXMQ_* variable)
   cluster   a local 3-node cluster on etcd for development (up, down, status)
-  migrate   rewrite a stopped node's data directory from record format 1 to record batches"""
+  migrate   rewrite a stopped node's data directory from record format 1 to record batches
+  seal-records  seal, with the cluster secret, the etcd records an older version wrote
+            unsealed (`fluxmq seal-records [the node's settings]`, once, when upgrading)"""
 
 
 def package_version() -> str:
@@ -1013,6 +1019,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fluxmq.migrate_cli import main as migrate_main
 
         return migrate_main(args[1:])
+    if args and args[0] == "seal-records":
+        from fluxmq.seal_records_cli import main as seal_main
+
+        return seal_main(args[1:])
     if args and args[0] in ("--version", "-V"):
         print(f"fluxmq {package_version()}")
         return 0

@@ -44,6 +44,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc
 from fluxmq.core.auth import new_key, parse_key
+from fluxmq.metadata import EtcdMetadataStore
 
 HOST = "127.0.0.1"
 PORT_STRIDE = 10  # node i uses base + 10*(i-1) + {0: gRPC, 1: metrics, 2: Raft}
@@ -319,6 +320,11 @@ class LocalCluster:
     @property
     def etcd_endpoint(self) -> str:
         return f"{HOST}:{self._current()['etcd']['client_port']}"
+
+    def metadata_store(self) -> EtcdMetadataStore:
+        """The cluster's etcd, with its secret: the records placement acts on are sealed with
+        it (a store without it writes records the nodes ignore). Close it after use."""
+        return EtcdMetadataStore(self.etcd_endpoint, record_secret=self.secret())
 
     def running_pids(self, state: dict[str, Any] | None = None) -> list[int]:
         """The pids recorded in cluster.json that still run."""

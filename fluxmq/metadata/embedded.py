@@ -69,23 +69,14 @@ from fluxmq.metadata.metadata import (
     check_term,
     check_ttl_ms,
     decode_key_usage,
-    decode_leader,
-    decode_node,
-    decode_placement,
     decode_sealed_api_key,
-    decode_setting,
-    decode_shard,
     encode_api_key,
     encode_key_usage,
-    encode_leader,
-    encode_node,
-    encode_placement,
-    encode_setting,
-    encode_shard,
     key_limit_reached,
     keys_to_forget,
     sort_api_keys,
 )
+from fluxmq.metadata.sealed_records import RecordSeal, TopologyCodec
 
 FILE_NAME = "metadata.lmdb"
 MAP_SIZE_BYTES_DEFAULT = 64 * 1024 * 1024
@@ -313,6 +304,7 @@ class EmbeddedMetadataStore:
         record_secret: str = "",
     ) -> None:
         self._seal_key = api_key_seal_key(record_secret) if record_secret else None
+        self.records = TopologyCodec(RecordSeal(record_secret) if record_secret else None)
         self._clock_ms = clock_ms
         self._watch_poll_ms = watch_poll_ms
         self._backend: _Backend = (
@@ -444,7 +436,7 @@ class EmbeddedMetadataStore:
             if txn.get(key) is None and self._count(txn, "node") >= NODES_MAX:
                 raise LimitExceeded(f"at most {NODES_MAX} nodes may be registered")
             revision = self._next_revision(txn)
-            self._put(txn, key, encode_node(node), revision, now_ms + ttl_ms, ttl_ms)
+            self._put(txn, key, self.records.encode_node(node), revision, now_ms + ttl_ms, ttl_ms)
         self._publish(MetadataEvent("node", node.node_id))
 
     async def refresh_node(self, node_id: str) -> None:
@@ -476,11 +468,12 @@ class EmbeddedMetadataStore:
         self.expire_nodes()
         now_ms = self._clock_ms()
         with self._read() as txn:
-            return [
-                decode_node(entry.record, name)
+            found = [
+                self.records.decode_node(entry.record, name)
                 for name, entry in self._scan(txn, "node")
                 if self._live(entry, now_ms)
             ]
+            return [n for n in found if n is not None]
 
     # --- groups -------------------------------------------------------------------------------
 
@@ -505,7 +498,7 @@ class EmbeddedMetadataStore:
             if self._count(txn, "group") >= SHARDS_MAX:
                 raise LimitExceeded(f"at most {SHARDS_MAX} groups")
             self._claim_ports(txn, group.group_id, sorted(group.raft_ports.items()))
-            self._put(txn, key, encode_shard(group), self._next_revision(txn))
+            self._put(txn, key, self.records.encode_shard(group), self._next_revision(txn))
         self._publish(MetadataEvent("group", group.group_id))
 
     async def update_shard(self, group: ShardRecord, expect_revision: int) -> int:
@@ -522,13 +515,15 @@ class EmbeddedMetadataStore:
                     f"group {group.group_id!r} is at revision {entry.mod_revision}, "
                     f"not {expect_revision}"
                 )
-            old = set(decode_shard(entry.record, group.group_id).raft_ports.items())
+            stored = self.records.decode_shard(entry.record, group.group_id)
+            # A forged record claimed nothing: this update claims every port it names.
+            old = set() if stored is None else set(stored.raft_ports.items())
             new = set(group.raft_ports.items())
             self._claim_ports(txn, group.group_id, sorted(new - old))
             for node_id, port in sorted(old - new):
                 txn.delete(_key("raft_port", f"{node_id}/{port}"))
             revision = self._next_revision(txn)
-            self._put(txn, key, encode_shard(group), revision)
+            self._put(txn, key, self.records.encode_shard(group), revision)
         self._publish(MetadataEvent("group", group.group_id))
         return revision
 
@@ -571,16 +566,16 @@ class EmbeddedMetadataStore:
         check_shard_id(group_id)
         with self._read() as txn:
             entry = self._entry(txn, _key("group", group_id))
-            if entry is None:
-                return None
-            return Versioned(decode_shard(entry.record, group_id), entry.mod_revision)
+            group = None if entry is None else self.records.decode_shard(entry.record, group_id)
+            return None if group is None or entry is None else Versioned(group, entry.mod_revision)
 
     async def list_shards(self) -> list[Versioned[ShardRecord]]:
         with self._read() as txn:
-            return [
-                Versioned(decode_shard(entry.record, name), entry.mod_revision)
+            found = [
+                (self.records.decode_shard(entry.record, name), entry.mod_revision)
                 for name, entry in self._scan(txn, "group")
             ]
+        return [Versioned(group, rev) for group, rev in found if group is not None]
 
     # --- placements ---------------------------------------------------------------------------
 
@@ -591,14 +586,14 @@ class EmbeddedMetadataStore:
         with self._write() as txn:
             if txn.get(key) is not None:
                 raise AlreadyExists(f"queue {placement.queue!r} is already placed")
-            self._put(txn, key, encode_placement(placement), self._next_revision(txn))
+            self._put(txn, key, self.records.encode_placement(placement), self._next_revision(txn))
         self._publish(MetadataEvent("placement", placement.queue, group_id=placement.group_id))
 
     async def get_placement(self, queue: str) -> Placement | None:
         check_queue_name(queue)
         with self._read() as txn:
             entry = self._entry(txn, _key("placement", queue))
-            return None if entry is None else decode_placement(entry.record, queue)
+            return None if entry is None else self.records.decode_placement(entry.record, queue)
 
     async def list_placements(
         self, prefix: str = "", after: str = "", limit: int = 1000
@@ -610,7 +605,9 @@ class EmbeddedMetadataStore:
             for name, entry in self._scan(txn, "placement", max(start, _key("placement", prefix))):
                 if not name.startswith(prefix) or len(found) == limit:
                     break
-                found.append(decode_placement(entry.record, name))
+                placement = self.records.decode_placement(entry.record, name)
+                if placement is not None:
+                    found.append(placement)
         return found
 
     async def delete_placement(self, queue: str) -> bool:
@@ -632,16 +629,20 @@ class EmbeddedMetadataStore:
         key = _key("leader", group_id)
         with self._write() as txn:
             entry = self._entry(txn, key)
-            if entry is not None and decode_leader(entry.record, group_id)[1] >= term:
-                return
-            self._put(txn, key, encode_leader(node_id, term), self._next_revision(txn))
+            stored = None if entry is None else self.records.decode_leader(entry.record, group_id)
+            if stored is not None and stored[1] >= term:
+                return  # a forged record is overwritten
+            value = self.records.encode_leader(group_id, node_id, term)
+            self._put(txn, key, value, self._next_revision(txn))
         self._publish(MetadataEvent("leader", group_id))
 
     async def get_shard_leaders(self) -> dict[str, tuple[str, int]]:
         with self._read() as txn:
-            return {
-                name: decode_leader(entry.record, name) for name, entry in self._scan(txn, "leader")
+            found = {
+                name: self.records.decode_leader(entry.record, name)
+                for name, entry in self._scan(txn, "leader")
             }
+        return {name: leader for name, leader in found.items() if leader is not None}
 
     # --- settings -----------------------------------------------------------------------------
 
@@ -649,13 +650,14 @@ class EmbeddedMetadataStore:
         check_setting_key(key)
         with self._read() as txn:
             entry = self._entry(txn, _key("setting", key))
-            return None if entry is None else decode_setting(entry.record, key)
+            return None if entry is None else self.records.decode_setting(entry.record, key)
 
     async def put_setting(self, key: str, value: str) -> None:
         check_setting_key(key)
         check_setting_value(value)
         with self._write() as txn:
-            self._put(txn, _key("setting", key), encode_setting(value), self._next_revision(txn))
+            value_bytes = self.records.encode_setting(key, value)
+            self._put(txn, _key("setting", key), value_bytes, self._next_revision(txn))
         self._publish(MetadataEvent("setting", key))
 
     # --- API keys -----------------------------------------------------------------------------

@@ -106,24 +106,15 @@ from fluxmq.metadata.metadata import (
     check_ttl_ms,
     decode_key_slots,
     decode_key_usage,
-    decode_leader,
-    decode_node,
-    decode_placement,
     decode_sealed_api_key,
-    decode_setting,
-    decode_shard,
     encode_api_key,
     encode_key_slots,
     encode_key_usage,
-    encode_leader,
-    encode_node,
-    encode_placement,
-    encode_setting,
-    encode_shard,
     key_limit_reached,
     keys_to_forget,
     sort_api_keys,
 )
+from fluxmq.metadata.sealed_records import SEALED_KINDS, RecordSeal, ResealReport, TopologyCodec
 
 T = TypeVar("T")
 
@@ -333,8 +324,10 @@ class _EtcdWatch(MetadataWatch):
                         group_id = ""
                         if parsed[0] == "placement" and not deleted:
                             with contextlib.suppress(MetadataError, ValueError):
-                                placed = decode_placement(bytes(event.kv.value), parsed[1])
-                                group_id = placed.group_id
+                                placed = store.records.decode_placement(
+                                    bytes(event.kv.value), parsed[1]
+                                )
+                                group_id = "" if placed is None else placed.group_id
                         self.push(MetadataEvent(parsed[0], parsed[1], deleted, group_id))
             except Exception:  # the stream broke; a consumer must never wait on a dead task
                 await asyncio.sleep(retry_ms / 1000)
@@ -381,6 +374,7 @@ class EtcdMetadataStore:
         self._prefix = _check_prefix(prefix)
         self.root = self._prefix.encode()
         self._seal_key = api_key_seal_key(record_secret) if record_secret else None
+        self.records = TopologyCodec(RecordSeal(record_secret) if record_secret else None)
         self._has_password = username is not None
         credentials = (
             _channel_credentials(ca_file, cert_file, key_file)
@@ -565,7 +559,9 @@ class EtcdMetadataStore:
             if await self._count("node") >= NODES_MAX and await self.client.get(key) is None:
                 raise LimitExceeded(f"at most {NODES_MAX} nodes may be registered")
             lease = await self.client.lease(ttl_s)
-            put = await self.client.put(key, encode_node(node), lease=lease.id, prev_kv=True)
+            put = await self.client.put(
+                key, self.records.encode_node(node), lease=lease.id, prev_kv=True
+            )
             self._leases[node.node_id] = lease.id
             old_lease = put.prev_kv.lease if put.prev_kv is not None else 0
             if old_lease and old_lease != lease.id:
@@ -614,7 +610,11 @@ class EtcdMetadataStore:
 
     async def list_nodes(self) -> list[NodeInfo]:
         async def list_all() -> list[NodeInfo]:
-            return [decode_node(bytes(kv.value), name) for name, kv in await self._scan("node")]
+            found = [
+                self.records.decode_node(bytes(kv.value), name)
+                for name, kv in await self._scan("node")
+            ]
+            return [n for n in found if n is not None]
 
         return await self._call("list_nodes", list_all)
 
@@ -645,7 +645,10 @@ class EtcdMetadataStore:
             ports = [self._port_key(n, p) for n, p in claims]
             succeeded, _ = await self.client.transaction(
                 compare=[tx.create(key) == 0, *(tx.create(k) == 0 for k in ports)],
-                success=[tx.put(key, encode_shard(group)), *(tx.put(k, owner) for k in ports)],
+                success=[
+                    tx.put(key, self.records.encode_shard(group)),
+                    *(tx.put(k, owner) for k in ports),
+                ],
                 failure=[],
             )
             if succeeded:
@@ -676,7 +679,9 @@ class EtcdMetadataStore:
                     f"group {group.group_id!r} is at revision {int(kv.mod_revision)}, "
                     f"not {expect_revision}"
                 )
-            old = set(decode_shard(bytes(kv.value), group.group_id).raft_ports.items())
+            stored = self.records.decode_shard(bytes(kv.value), group.group_id)
+            # A forged record claimed nothing: this update claims every port it names.
+            old = set() if stored is None else set(stored.raft_ports.items())
             new = set(group.raft_ports.items())
             claims = sorted(new - old)
             released = sorted(old - new)
@@ -684,7 +689,7 @@ class EtcdMetadataStore:
             succeeded, responses = await self.client.transaction(
                 compare=[tx.mod(key) == expect_revision, *(tx.create(k) == 0 for k in claimed)],
                 success=[
-                    tx.put(key, encode_shard(group)),
+                    tx.put(key, self.records.encode_shard(group)),
                     *(tx.put(k, owner) for k in claimed),
                     *(tx.delete(self._port_key(n, p)) for n, p in released),
                     tx.get(key),
@@ -774,18 +779,18 @@ class EtcdMetadataStore:
 
         async def get() -> Versioned[ShardRecord] | None:
             kv = await self.client.get(self._key("group", group_id))
-            if kv is None:
-                return None
-            return Versioned(decode_shard(bytes(kv.value), group_id), int(kv.mod_revision))
+            group = None if kv is None else self.records.decode_shard(bytes(kv.value), group_id)
+            return None if group is None else Versioned(group, int(kv.mod_revision))
 
         return await self._call("get_shard", get)
 
     async def list_shards(self) -> list[Versioned[ShardRecord]]:
         async def list_all() -> list[Versioned[ShardRecord]]:
-            return [
-                Versioned(decode_shard(bytes(kv.value), name), int(kv.mod_revision))
+            found = [
+                (self.records.decode_shard(bytes(kv.value), name), int(kv.mod_revision))
                 for name, kv in await self._scan("group")
             ]
+            return [Versioned(group, rev) for group, rev in found if group is not None]
 
         return await self._call("list_shards", list_all)
 
@@ -797,7 +802,7 @@ class EtcdMetadataStore:
         key = self._key("placement", placement.queue)
 
         async def create() -> None:
-            if not await self._create(key, encode_placement(placement)):
+            if not await self._create(key, self.records.encode_placement(placement)):
                 raise AlreadyExists(f"queue {placement.queue!r} is already placed")
 
         await self._call("create_placement", create)
@@ -807,7 +812,7 @@ class EtcdMetadataStore:
 
         async def get() -> Placement | None:
             kv = await self.client.get(self._key("placement", queue))
-            return None if kv is None else decode_placement(bytes(kv.value), queue)
+            return None if kv is None else self.records.decode_placement(bytes(kv.value), queue)
 
         return await self._call("get_placement", get)
 
@@ -825,7 +830,11 @@ class EtcdMetadataStore:
             if start >= end:
                 return []
             kvs, _ = await self._range(start, end, limit)
-            return [decode_placement(bytes(kv.value), self._name(kv.key, directory)) for kv in kvs]
+            found = [
+                self.records.decode_placement(bytes(kv.value), self._name(kv.key, directory))
+                for kv in kvs
+            ]
+            return [p for p in found if p is not None]
 
         return await self._call("list_placements", list_page)
 
@@ -844,7 +853,7 @@ class EtcdMetadataStore:
         check_node_id(node_id)
         check_term(term)
         key = self._key("leader", group_id)
-        value = encode_leader(node_id, term)
+        value = self.records.encode_leader(group_id, node_id, term)
         tx = self.client.transactions
 
         async def set_leader() -> None:
@@ -854,8 +863,9 @@ class EtcdMetadataStore:
                     if await self._create(key, value):
                         return
                     continue
-                if decode_leader(bytes(kv.value), group_id)[1] >= term:
-                    return
+                stored = self.records.decode_leader(bytes(kv.value), group_id)
+                if stored is not None and stored[1] >= term:
+                    return  # a forged record is overwritten
                 succeeded, _ = await self.client.transaction(
                     compare=[tx.mod(key) == kv.mod_revision],
                     success=[tx.put(key, value)],
@@ -869,10 +879,11 @@ class EtcdMetadataStore:
 
     async def get_shard_leaders(self) -> dict[str, tuple[str, int]]:
         async def get_all() -> dict[str, tuple[str, int]]:
-            return {
-                name: decode_leader(bytes(kv.value), name)
+            found = {
+                name: self.records.decode_leader(bytes(kv.value), name)
                 for name, kv in await self._scan("leader")
             }
+            return {name: leader for name, leader in found.items() if leader is not None}
 
         return await self._call("get_shard_leaders", get_all)
 
@@ -883,7 +894,7 @@ class EtcdMetadataStore:
 
         async def get() -> str | None:
             kv = await self.client.get(self._key("setting", key))
-            return None if kv is None else decode_setting(bytes(kv.value), key)
+            return None if kv is None else self.records.decode_setting(bytes(kv.value), key)
 
         return await self._call("get_setting", get)
 
@@ -892,9 +903,47 @@ class EtcdMetadataStore:
         check_setting_value(value)
 
         async def put() -> None:
-            await self.client.put(self._key("setting", key), encode_setting(value))
+            value_bytes = self.records.encode_setting(key, value)
+            await self.client.put(self._key("setting", key), value_bytes)
 
         await self._call("put_setting", put)
+
+    # --- sealing (an upgrade step) -------------------------------------------------------------
+
+    async def reseal_records(self) -> ResealReport:
+        """Seals, with this store's record secret, every record of a sealed kind that has no
+        seal yet (records written by a version that did not seal them). Each is rewritten
+        only if unchanged since it was read, keeping its lease. An operator runs this once,
+        vouching for what etcd holds: nodes never seal what they did not write."""
+        if self.records.seal is None:
+            raise ValueError("reseal_records needs the record secret (the cluster secret)")
+        report = ResealReport()
+        tx = self.client.transactions
+
+        async def reseal() -> ResealReport:
+            for kind in SEALED_KINDS:
+                for name, kv in await self._scan(kind):
+                    try:
+                        sealed = self.records.reseal(kind, name, bytes(kv.value))
+                    except MetadataCorrupt as err:
+                        report.refused.append(str(err))
+                        continue
+                    if sealed is None:
+                        report.unchanged += 1
+                        continue
+                    key = self._key(kind, name)
+                    succeeded, _ = await self.client.transaction(
+                        compare=[tx.mod(key) == kv.mod_revision],
+                        success=[tx.put(key, sealed, lease=int(kv.lease))],
+                        failure=[],
+                    )
+                    if succeeded:
+                        report.sealed += 1
+                    else:
+                        report.refused.append(f"{kind} {name!r}: changed while sealing; run again")
+            return report
+
+        return await self._call("reseal_records", reseal)
 
     # --- API keys -----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ etcd, then three ``fluxmq serve`` nodes on it, then a node without credentials a
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import subprocess
@@ -16,16 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from fluxmq._pb.v1 import admin_pb2 as apb
 from fluxmq.core import auth
 from fluxmq.core.auth import KeyRecord
 from fluxmq.metadata import EtcdMetadataStore, MetadataEvent
 from fluxmq.metadata import metadata as md_codec
 from fluxmq.metadata.metadata import MetadataRefused, MetadataUnavailable
+from fluxmq.metadata.sealed_records import RecordSeal
 from tests.contract.test_metadata_contract import established, next_event
 from tests.etcd_server import PASSWORD, USER, EtcdServer
 from tests.integration.cluster import SECRET, Cluster
 from tests.integration.conftest import free_port
-from tests.integration.test_security import Api, known_on
+from tests.integration.test_security import Api, known_on, md
 
 START_TIMEOUT_S = 60.0  # a refused node gives up at once; the bound only stops a hung test
 # A forged key must stay refused while a sealed one written the same way is accepted within it.
@@ -206,6 +209,68 @@ def test_nodes_run_on_etcd_with_tls_and_auth_and_ignore_a_key_record_written_wit
         logs = "".join(n.log_path.read_text(errors="replace") for n in cluster.nodes)
         assert f"ignored API key record '{forged[12:20]}'" in logs
     finally:
+        for api in apis:
+            api.ch.close()
+
+
+def _states(api: Api, key: str) -> dict[str, str]:
+    nodes = api.a.ListNodes(apb.ListNodesRequest(), metadata=md(key), timeout=10).nodes
+    return {n.node_id: n.state for n in nodes}
+
+
+def _raft_members(api: Api, key: str) -> set[tuple[str, ...]]:
+    status = api.a.GetClusterStatus(apb.GetClusterStatusRequest(), metadata=md(key), timeout=10)
+    return {tuple(sorted(s.members)) for s in status.shards if s.shard_id == "g1"}
+
+
+def test_placement_records_written_without_the_secret_move_nothing(
+    etcd: EtcdServer, cluster: Cluster
+) -> None:
+    """Well-formed group, leader and node-state records put into etcd without the cluster
+    secret (by etcd's root) are ignored by every node: no replica leaves the group, no node
+    drains. The same node-state record sealed with the secret is heeded, so the forged ones
+    reached the nodes and were refused for their seal."""
+    apis = [Api(n) for n in cluster.nodes]
+    key = cluster.api_key
+    saved: dict[str, str] = {}
+    try:
+        members_before = _raft_members(apis[0], key)
+        assert len(members_before) == 1 and len(next(iter(members_before))) == 3
+        node_ids = sorted(_states(apis[0], key))
+        victim = node_ids[-1]
+        for k in ("groups/g1", "leaders/g1"):
+            saved[k] = etcd.etcdctl("get", f"/fluxmq/{k}", "--print-value-only").strip()
+        group = json.loads(saved["groups/g1"])
+        assert "mac" in group  # written sealed by the node that recorded it
+        forged_group = {k: v for k, v in group.items() if k != "mac"}
+        forged_group["members"] = [n for n in group["members"] if n != victim]
+        forged_group["raft_ports"] = {n: p for n, p in group["raft_ports"].items() if n != victim}
+        state = md_codec.encode_setting("draining").decode()
+        for k, value in (
+            ("groups/g1", json.dumps(forged_group)),
+            ("leaders/g1", json.dumps({"v": 1, "node_id": victim, "term": 2**40})),
+            (f"settings/node_state.{victim}", state),
+        ):
+            etcd.etcdctl("put", f"/fluxmq/{k}", value)
+        time.sleep(3.0)  # the controller and the membership converger act every second
+        for api in apis:
+            assert _states(api, key)[victim] == "active"
+            assert _raft_members(api, key) == members_before
+        logs = "".join(n.log_path.read_text(errors="replace") for n in cluster.nodes)
+        assert "ignored group record 'g1'" in logs
+        assert f"ignored setting record 'node_state.{victim}'" in logs
+        sealed = RecordSeal(SECRET).seal(
+            "setting", f"node_state.{victim}", md_codec.encode_setting("draining")
+        )
+        etcd.etcdctl("put", f"/fluxmq/settings/node_state.{victim}", sealed.decode())
+        deadline = time.monotonic() + PROPAGATION_BOUND_S
+        while _states(apis[0], key)[victim] not in ("draining", "drained"):
+            assert time.monotonic() < deadline, "a sealed node state was not heeded"
+            time.sleep(0.1)
+    finally:
+        etcd.etcdctl("del", "/fluxmq/settings/node_state.", "--prefix")
+        for k, value in saved.items():
+            etcd.etcdctl("put", f"/fluxmq/{k}", value)
         for api in apis:
             api.ch.close()
 

@@ -21,7 +21,7 @@ from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import new_key
 from fluxmq.devcluster.launcher import ADMIN_KEY_FILE, LocalCluster
-from fluxmq.metadata import EtcdMetadataStore, ShardRecord
+from fluxmq.metadata import ShardRecord
 from tests.integration.conftest import authorized_channel
 from tests.integration.group_helpers import wait_for
 from tests.integration.rpc_helpers import rich_error
@@ -125,7 +125,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shards]:
         s = Shards(cluster)
 
         async def create_groups() -> None:
-            store = EtcdMetadataStore(cluster.etcd_endpoint)
+            store = cluster.metadata_store()
             try:
                 for gid, (members, _) in GROUPS.items():
                     await store.create_shard(ShardRecord(gid, members, s.ports[gid], 3, 0))

@@ -31,7 +31,7 @@ from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import new_key
 from fluxmq.devcluster.launcher import ADMIN_KEY_FILE, LocalCluster
-from fluxmq.metadata import EtcdMetadataStore, ShardRecord
+from fluxmq.metadata import ShardRecord
 from tests.cli.conftest import fluxmqctl_path
 from tests.integration.conftest import authorized_channel
 from tests.integration.group_helpers import wait_for
@@ -79,7 +79,7 @@ class Replacement:
 
     def record(self, group: str) -> ShardRecord | None:
         async def read() -> ShardRecord | None:
-            store = EtcdMetadataStore(self.cluster.etcd_endpoint)
+            store = self.cluster.metadata_store()
             try:
                 v = await store.get_shard(group)
                 return None if v is None else v.value
@@ -183,7 +183,7 @@ def cluster_with_groups(root: Path, groups: dict[str, tuple[str, ...]]) -> Itera
         specs = cluster.specs()
 
         async def create_groups() -> None:
-            store = EtcdMetadataStore(cluster.etcd_endpoint)
+            store = cluster.metadata_store()
             try:
                 for n, (gid, members) in enumerate(sorted(groups.items())):
                     ports = {m: specs[index(m)].raft_port + 3 + n for m in members}
@@ -381,7 +381,7 @@ def leads(r: Replacement) -> dict[str, int]:
     """How many groups each node leads, by the leader records."""
 
     async def read() -> dict[str, tuple[str, int]]:
-        store = EtcdMetadataStore(r.cluster.etcd_endpoint)
+        store = r.cluster.metadata_store()
         try:
             return await store.get_shard_leaders()
         finally:

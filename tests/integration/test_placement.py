@@ -16,7 +16,7 @@ from fluxmq._pb.v1 import admin_pb2, admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core.auth import new_key
 from fluxmq.devcluster.launcher import ADMIN_KEY_FILE, LocalCluster
-from fluxmq.metadata import EtcdMetadataStore, ShardRecord
+from fluxmq.metadata import ShardRecord
 from tests.integration.conftest import authorized_channel
 from tests.integration.group_helpers import wait_for
 from tests.integration.rpc_helpers import rich_error
@@ -46,7 +46,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 def metadata(c: LocalCluster, call: str, *args: object) -> object:
     async def run() -> object:
-        store = EtcdMetadataStore(c.etcd_endpoint)
+        store = c.metadata_store()
         try:
             return await getattr(store, call)(*args)
         finally:

@@ -264,7 +264,7 @@ def run_forwarding_checks(nodes: list[TlsNode], etcd_endpoint: str) -> None:
 
     # A one-replica group on n1 only: n0 and n2 must forward every call for its queues.
     async def make_group() -> None:
-        store = EtcdMetadataStore(etcd_endpoint)
+        store = EtcdMetadataStore(etcd_endpoint, record_secret=SECRET)
         try:
             await store.create_shard(ShardRecord("gx", ("n1",), {"n1": free_port()}, 1, 0))
         finally:
