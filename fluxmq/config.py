@@ -57,6 +57,8 @@ class NodeConfig:
     raft_listen: str = ""
     raft_bind: str = ""  # host:port the Raft endpoint binds (default: raft_listen)
     peers: str = ""  # comma-separated raft addresses of the other replicas
+    # Cluster mode without a static home group: runs only the replicas placement gives it.
+    join: bool = False
     # Required in cluster mode; prefer FLUXMQ_CLUSTER_SECRET. Never in a repr (nor a log line).
     cluster_secret: str = field(default="", repr=False)
     cluster_secret_file: str = ""  # or a file holding it (a mounted Kubernetes Secret)
@@ -189,6 +191,8 @@ HELP = {
     "raft_bind": "cluster mode: host:port the Raft endpoint binds, e.g. 0.0.0.0:7100 when "
     "raft_listen is a name (default: raft_listen)",
     "peers": "comma-separated Raft host:port of the other replicas (cluster mode)",
+    "join": "cluster mode, with etcd: join without a static home group (no peers); the node "
+    "registers and runs the replicas the placement controller moves to it (scale out)",
     "cluster_secret": "shared secret of the cluster (prefer the FLUXMQ_CLUSTER_SECRET variable: "
     "flags are visible to other users of the machine)",
     "cluster_secret_file": "cluster mode: file holding the cluster secret (e.g. a mounted "
@@ -565,10 +569,20 @@ def validate(config: NodeConfig) -> None:
         _host_port(config.raft_listen, "raft_listen")
         if config.raft_bind:
             _host_port(config.raft_bind, "raft_bind")
-        if not config.peer_list:
+        if config.join and config.peer_list:
+            raise ConfigError(
+                "join: a joining node has no static home group, so no peers: give --peers (a "
+                "member of the home group) or --join, not both"
+            )
+        if config.join and not config.etcd:
+            raise ConfigError(
+                "join: needs etcd (the node learns its replicas from the placement there)"
+            )
+        if not config.peer_list and not config.join:
             raise ConfigError(
                 "peers: cluster mode needs the Raft addresses of the other replicas "
-                "(e.g. --peers 127.0.0.1:7101,127.0.0.1:7102)"
+                "(e.g. --peers 127.0.0.1:7101,127.0.0.1:7102), or --join with etcd to join "
+                "an existing cluster without a home group"
             )
         for peer in config.peer_list:
             _host_port(peer, "peers")

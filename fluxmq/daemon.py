@@ -333,6 +333,7 @@ def build_cluster_view(
         node,
         shard,
         cfg.shard_id,
+        registers=shard_edge.shard_index() == 0,
         node_ttl_ms=cfg.node_ttl_ms,
         clock_ms=clock_ms,
         peers=cfg.peer_list,
@@ -800,8 +801,9 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
     if in_shard_process:
         shard_edge.die_with_front_end()
     # A cluster node's further shard processes run placed groups only: the first runs the
-    # home group (its store, its Raft port) and registers the node.
-    hosts_home = not (cfg.cluster_mode and shard_edge.shard_index() > 0)
+    # home group (its store, its Raft port) and registers the node. A joining node (--join)
+    # has no home group: its first shard process only registers it.
+    hosts_home = not (cfg.cluster_mode and (shard_edge.shard_index() > 0 or cfg.join))
     check_listen_addresses(cfg, grpc_port=not in_shard_process, raft_port=hosts_home)
     store = open_home_store(cfg) if hosts_home else None
     if not hosts_home:
@@ -906,7 +908,19 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
     where = cfg.listen.rpartition(":")[0] + f":{port} over {describe_tls(tls)}"
     http_where = f"{cfg.metrics_listen.rpartition(':')[0]}:{http.port}" if http else "off"
     applied = state.last_applied_index() if state is not None else 0
-    if not hosts_home:
+    if cfg.join and shard_edge.shard_index() == 0:
+        log.warning(
+            "FluxMQ node %s joined without a home group, serving on %s (raft %s and up, "
+            "data: %s, metrics/health: %s): it runs the replicas placement gives it (%s). %s",
+            cfg.node_name,
+            where,
+            cfg.raft_listen,
+            cfg.data_dir,
+            http_where,
+            ", ".join(sorted(router.shards)) or "none yet",
+            auth_line(cfg),
+        )
+    elif not hosts_home:
         log.warning(
             "shard process %d of %d serving the placed groups it runs (%s) of this node",
             shard_edge.shard_index(),

@@ -1,8 +1,8 @@
-"""``fluxmqctl node list|drain|decommission`` and ``fluxmqctl shard move``: where replication
-groups live, in a cluster with etcd. The commands write what they ask into the group records and
-node states in etcd; the placement controller and each group's leader carry it out, so they can
-be given to any node. ``drain`` and ``decommission`` wait (``--wait``) and show progress until
-nothing is left on the node."""
+"""``fluxmqctl node list|drain|decommission|undrain`` and ``fluxmqctl shard move|rebalance``:
+where replication groups live, in a cluster with etcd. The commands write what they ask into
+the group records and node states in etcd; the placement controller and each group's leader
+carry it out, so they can be given to any node. ``drain`` and ``decommission`` wait
+(``--wait``) and show progress until nothing is left on the node."""
 
 from __future__ import annotations
 
@@ -20,14 +20,17 @@ POLL_S = 1.0
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    noun = sub.add_parser("node", help="nodes: list, drain, decommission (clusters with etcd)")
+    noun = sub.add_parser(
+        "node", help="nodes: list, drain, decommission, undrain (clusters with etcd)"
+    )
     verbs = noun.add_subparsers(dest="verb", required=True, metavar="VERB")
     p = verbs.add_parser(
         "list",
         parents=[common],
         help="every node: live or not, state, the groups it holds and leads",
         description="STATE is active, draining (its replicas and leadership are moving away), "
-        "drained (nothing left on it) or decommissioned (never placed on again). GROUPS are "
+        "leaving (the same, for the node's own stop: active again when it starts), drained "
+        "(nothing left on it) or decommissioned (never placed on again). GROUPS are "
         "the placed groups whose record lists the node; LEADS the groups it leads.",
     )
     p.set_defaults(handler=list_nodes)
@@ -37,6 +40,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     ):
         p = verbs.add_parser(verb, parents=[common], help=what, description=what.capitalize())
         p.add_argument("node_id", metavar="NODE")
+        if verb == "drain":
+            p.add_argument(
+                "--until-restart",
+                action="store_true",
+                help="the node's own stop (a Kubernetes preStop hook): state 'leaving', "
+                "cleared when the node starts again (a plain drain lasts until undrain)",
+            )
         p.add_argument(
             "--wait",
             dest="wait_s",
@@ -47,6 +57,16 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         )
         p.add_argument("--no-wait", action="store_true", help="return once it is asked")
         p.set_defaults(handler=drain if verb == "drain" else decommission)
+
+    p = verbs.add_parser(
+        "undrain",
+        parents=[common],
+        help="make a draining or drained NODE active again (not a decommissioned one)",
+        description="Clears the node's draining (or leaving) state: placement may give it "
+        "replicas and leadership again (the rebalance after a join, leaders spread).",
+    )
+    p.add_argument("node_id", metavar="NODE")
+    p.set_defaults(handler=undrain)
 
     noun = sub.add_parser("shard", help="replication groups: move a replica (clusters with etcd)")
     verbs = noun.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -103,8 +123,25 @@ def list_nodes(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def drain(args: argparse.Namespace, ctx: Context) -> int:
-    summary = ctx.conn.call(ctx.conn.admin.DrainNode, apb.DrainNodeRequest(node_id=args.node_id))
+    summary = ctx.conn.call(
+        ctx.conn.admin.DrainNode,
+        apb.DrainNodeRequest(node_id=args.node_id, until_restart=args.until_restart),
+    )
     return _follow(args, ctx, summary)
+
+
+def undrain(args: argparse.Namespace, ctx: Context) -> int:
+    summary: apb.NodeSummary = ctx.conn.call(
+        ctx.conn.admin.UndrainNode, apb.UndrainNodeRequest(node_id=args.node_id)
+    )
+    if ctx.out.json:
+        ctx.out.doc(message_dict(summary))
+        return 0
+    ctx.out.line(
+        f"{summary.node_id}: {summary.state}; placement may give it replicas and leadership "
+        "again (`fluxmqctl shard rebalance --dry-run` shows what would move)"
+    )
+    return 0
 
 
 def decommission(args: argparse.Namespace, ctx: Context) -> int:
@@ -143,7 +180,7 @@ def _follow(args: argparse.Namespace, ctx: Context, summary: apb.NodeSummary) ->
         summary = next((n for n in resp.nodes if n.node_id == summary.node_id), summary)
         placed = {g for n in resp.nodes for g in n.groups}
         running = [] if args.no_wait else _hosted(ctx, summary, placed)
-        done = not summary.groups and summary.state != "draining" and not running
+        done = not summary.groups and summary.state not in ("draining", "leaving") and not running
         line = (
             f"{summary.node_id}: {summary.state if done or args.no_wait else 'draining'}; "
             f"replicas left: {','.join(summary.groups) or 'none'}; still running: "

@@ -107,6 +107,7 @@ METHOD_ACTIONS: dict[str, Action] = {
     "ListNodes": Action.READ,
     "DrainNode": Action.CLUSTER,
     "DecommissionNode": Action.CLUSTER,
+    "UndrainNode": Action.CLUSTER,
     "MoveReplica": Action.CLUSTER,
     "RebalanceShards": Action.CLUSTER,
     "CreateApiKey": Action.MANAGE,

@@ -1,7 +1,9 @@
-"""``fluxmq cluster up|down|status|stop-node|kill-node|start-node``: a local cluster (etcd + N
-nodes on loopback) for trying FluxMQ, tests and benchmarks: one node can be stopped, killed
-(kill -9) and started again, with its data or on an empty data directory (``--wipe``: a lost
-disk). The work is done by ``fluxmq.devcluster.launcher.LocalCluster``."""
+"""``fluxmq cluster up|down|status|stop-node|kill-node|start-node|add-node|remove-node``: a
+local cluster (etcd + N nodes on loopback) for trying FluxMQ, tests and benchmarks: one node can
+be stopped, killed (kill -9) and started again, with its data or on an empty data directory
+(``--wipe``: a lost disk); nodes can be added (they join without a home group and placement
+gives them replicas) and removed again (decommissioned, then stopped). The work is done by
+``fluxmq.devcluster.launcher.LocalCluster``."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{up,down,status,stop-node,kill-node,start-node}",
+        metavar="{up,down,status,stop-node,kill-node,start-node,add-node,remove-node}",
     )
 
     up = sub.add_parser("up", help="start etcd and the nodes; wait until a leader is elected")
@@ -63,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
         ("stop-node", "stop node N (SIGTERM: it hands its leadership over first)"),
         ("kill-node", "kill node N with SIGKILL (a crash: nothing is handed over)"),
         ("start-node", "start node N again under its name and ports (restart it if it runs)"),
+        (
+            "remove-node",
+            "take node N (one added with add-node) out for good: decommission it, wait until "
+            "its replicas moved, stop it, delete its data",
+        ),
     ):
         p = sub.add_parser(name, help=what)
         p.add_argument("index", type=int, metavar="N", help="the node's number, 1..nodes")
@@ -76,6 +83,14 @@ def _parser() -> argparse.ArgumentParser:
                 help="delete its data directory first (a lost disk: it rejoins on probation "
                 "and is refilled by the leaders)",
             )
+    add = sub.add_parser(
+        "add-node",
+        help="start one more node (next number and ports) that joins without a home group; "
+        "the placement controller moves replicas and leadership to it",
+    )
+    add.add_argument(
+        "--dir", default=DEFAULT_DIR, help=f"cluster directory (default {DEFAULT_DIR})"
+    )
     return parser
 
 
@@ -84,7 +99,17 @@ def _node_command(args: argparse.Namespace) -> int:
     if cluster.load_state() is None:
         print(f"no cluster in {cluster.dir}: `fluxmq cluster up --dir {args.dir}`", file=sys.stderr)
         return 1
-    if args.command == "stop-node":
+    if args.command == "add-node":
+        i = cluster.add_node()
+        spec = cluster.specs()[i - 1]
+        print(
+            f"node{i} serving on {spec.address} (joined without a home group; the placement "
+            "controller gives it replicas: `fluxmqctl node list`)"
+        )
+    elif args.command == "remove-node":
+        cluster.remove_node(args.index)
+        print(f"node{args.index} decommissioned, its replicas moved, stopped and removed")
+    elif args.command == "stop-node":
         cluster.stop_node(args.index)
         print(f"node{args.index} stopped")
     elif args.command == "kill-node":

@@ -47,6 +47,7 @@ from fluxmq.core.auth import new_key, parse_key
 from fluxmq.metadata import EtcdMetadataStore
 
 HOST = "127.0.0.1"
+NODE_REMOVE_TIMEOUT_S = 600.0  # decommission: every replica moved (catch-up included)
 PORT_STRIDE = 10  # node i uses base + 10*(i-1) + {0: gRPC, 1: metrics, 2: Raft}
 STATE_FILE = "cluster.json"
 SECRET_FILE = "secret"
@@ -77,6 +78,9 @@ class NodeSpec:
     raft_port: int
     data_dir: str
     log: str
+    # Added after `up` (`add_node`): no static home group (--join); it runs what placement
+    # gives it.
+    joined: bool = False
 
     @property
     def address(self) -> str:
@@ -506,7 +510,8 @@ class LocalCluster:
         raise _WithEtcd(info, f"etcd was not healthy within {ETCD_START_TIMEOUT_S:.0f} s")
 
     def _node_command(self, spec: NodeSpec, specs: list[NodeSpec], etcd_addr: str) -> list[str]:
-        peers = ",".join(s.raft_address for s in specs if s.index != spec.index)
+        # The home group is the nodes `up` started; nodes added later join without one.
+        peers = ",".join(s.raft_address for s in specs if s.index != spec.index and not s.joined)
         cmd = [
             sys.executable, "-m", "fluxmq", "serve",
             "--data-dir", spec.data_dir,
@@ -517,7 +522,9 @@ class LocalCluster:
             "--node-id", spec.node_id,
             "--auth-bootstrap-key-file", str(self.dir / ADMIN_KEY_FILE),
         ]  # fmt: skip
-        if peers:
+        if spec.joined:
+            cmd += ["--join"]
+        elif peers:
             cmd += ["--peers", peers]
         return cmd
 
@@ -678,6 +685,8 @@ class LocalCluster:
         and waits until it is SERVING."""
         state = self._current()
         entry = self._node_entry(i)
+        if entry.get("removed"):
+            raise LauncherError(f"node{i} was removed (add a node instead)")
         self._terminate([entry])
         specs = [_spec_from_json(n) for n in state["nodes"]]
         spec = specs[i - 1]
@@ -688,12 +697,90 @@ class LocalCluster:
         )
         entry["pid"] = proc.pid
         self._save_state(state)
+        self._wait_serving(spec, proc, time.monotonic() + timeout_s)
+
+    def add_node(self, timeout_s: float = NODE_START_TIMEOUT_S) -> int:
+        """Starts one more node (the next number, the next ports) that joins without a home
+        group: the placement controller gives it replicas (rebalance) and leadership. Waits
+        until it is SERVING. -> its number."""
+        state = self._current()
+        nodes = state["nodes"]
+        i = len(nodes) + 1
+        base = int(state.get("base_port", self.base_port))
+        port = base + PORT_STRIDE * (i - 1)
+        if port + PORT_STRIDE > 65535:
+            raise LauncherError(f"no ports left for node{i} above {base}")
+        spec = NodeSpec(
+            index=i,
+            node_id=f"node{i}",
+            grpc_port=port,
+            metrics_port=port + 1,
+            raft_port=port + 2,
+            data_dir=str(self.dir / f"node{i}"),
+            log=str(self.dir / f"node{i}.log"),
+            joined=True,
+        )
+        self._check_ports([spec])
+        specs = [*(_spec_from_json(n) for n in nodes), spec]
+        proc = self._spawn_node(spec, specs, self.etcd_endpoint, self.secret())
+        nodes.append({**asdict(spec), "pid": proc.pid})
+        self._save_state(state)
+        self._wait_serving(spec, proc, time.monotonic() + timeout_s)
+        return i
+
+    def remove_node(self, i: int, timeout_s: float = NODE_REMOVE_TIMEOUT_S) -> None:
+        """Takes node ``i`` out for good: decommissioned (the placement controller moves its
+        replicas and leadership to the others), stopped once no group lists it, and left out
+        of the cluster from then on (its data directory is deleted). Only a node added with
+        ``add_node``: the first nodes make up the static home group."""
+        state = self._current()
+        entry = self._node_entry(i)
+        if not entry.get("joined"):
+            raise LauncherError(
+                f"node{i} is a member of the home group (started by `up`, static --peers): it "
+                "can be stopped, killed and restarted, not removed"
+            )
+        if entry.get("removed"):
+            raise LauncherError(f"node{i} was removed already")
+        node_id = str(entry["node_id"])
+        others = [n for n in state["nodes"] if n is not entry and not n.get("removed")]
+        admin = next((n for n in others if pid_alive(int(n["pid"]), n["data_dir"])), None)
+        if admin is None:
+            raise LauncherError("no other node runs to decommission it through")
         deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(n_address(admin)) as ch:
+            stub = admin_pb2_grpc.AdminServiceStub(ch)  # type: ignore[no-untyped-call]
+            md = (("authorization", f"Bearer {self.api_key()}"),)
+            stub.DecommissionNode(
+                admin_pb2.DecommissionNodeRequest(node_id=node_id),
+                metadata=md,
+                timeout=RPC_TIMEOUT_S,
+            )
+            while True:
+                nodes = stub.ListNodes(
+                    admin_pb2.ListNodesRequest(), metadata=md, timeout=RPC_TIMEOUT_S
+                ).nodes
+                me = next((n for n in nodes if n.node_id == node_id), None)
+                if me is None or (not me.groups and not me.leading):
+                    break
+                if time.monotonic() > deadline:
+                    raise LauncherError(
+                        f"node{i} still holds replicas of {', '.join(me.groups) or '-'} after "
+                        f"{timeout_s:.0f} s; it keeps running (decommissioned: the controller "
+                        "goes on moving them)"
+                    )
+                time.sleep(0.5)
+        self._terminate([entry])
+        shutil.rmtree(entry["data_dir"], ignore_errors=True)
+        entry["removed"] = True
+        self._save_state(state)
+
+    def _wait_serving(self, spec: NodeSpec, proc: subprocess.Popen[bytes], deadline: float) -> None:
         while health_status(spec.address, 1.0) != "SERVING":
             if proc.poll() is not None or time.monotonic() > deadline:
                 why = f"exited with {proc.returncode}" if proc.poll() is not None else "timed out"
                 raise LauncherError(
-                    f"node{i} did not come back ({why}); {spec.log}:\n{log_tail(spec.log)}"
+                    f"{spec.node_id} did not start ({why}); {spec.log}:\n{log_tail(spec.log)}"
                 )
             time.sleep(0.1)
 
@@ -718,6 +805,8 @@ class LocalCluster:
         leader_seen = False
         nodes = []
         for n in state["nodes"]:
+            if n.get("removed"):
+                continue
             alive = pid_alive(int(n["pid"]), n["data_dir"])
             info: dict[str, Any] = {
                 "index": n["index"],
@@ -790,4 +879,5 @@ def _spec_from_json(entry: dict[str, Any]) -> NodeSpec:
         raft_port=int(entry["raft_port"]),
         data_dir=str(entry["data_dir"]),
         log=str(entry["log"]),
+        joined=bool(entry.get("joined", False)),
     )

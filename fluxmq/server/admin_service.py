@@ -416,7 +416,15 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def DrainNode(self, request: pb.DrainNodeRequest, context: Any) -> pb.NodeSummary:
         node_id = validate_node_id(request.node_id)
         store, unmanaged = self._placement()
-        return _node_summary(await operations.drain_node(store, node_id, unmanaged))
+        summary = await operations.drain_node(
+            store, node_id, unmanaged, until_restart=request.until_restart
+        )
+        return _node_summary(summary)
+
+    async def UndrainNode(self, request: pb.UndrainNodeRequest, context: Any) -> pb.NodeSummary:
+        node_id = validate_node_id(request.node_id)
+        store, unmanaged = self._placement()
+        return _node_summary(await operations.undrain_node(store, node_id, unmanaged))
 
     async def DecommissionNode(
         self, request: pb.DecommissionNodeRequest, context: Any

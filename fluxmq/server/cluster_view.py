@@ -120,10 +120,13 @@ class ClusterView:
         groups_per_size: int = 1,
         owns: Callable[[str], bool] = lambda group_id: True,
         placement: PlacementSettings | None = None,
+        registers: bool | None = None,
     ) -> None:
-        """``shard``: the home shard, in the process that registers the node (None: another
-        of its shard processes, which hosts only the placed groups ``owns`` gives it).
-        ``placement``: the placement controller's settings (None: groups are never moved)."""
+        """``shard``: the home shard (None: a process that hosts only the placed groups
+        ``owns`` gives it). ``registers``: this process registers the node and may run the
+        placement controller (default: it has the home shard; a node that joined without a
+        home group registers from its first shard process). ``placement``: the placement
+        controller's settings (None: groups are never moved)."""
         self.store = store
         self.node = node
         self._shard_id = shard_id
@@ -133,10 +136,13 @@ class ClusterView:
         self.metadata_error = ""  # why the last metadata call failed ("" = it worked)
         self._registered = False
         self.joined = False  # registered once: the node is part of the cluster from then on
+        self._start_state_checked = False  # a leaving state of the stop before this start
         # Every shard this node runs a replica of (group id -> shard): each publishes its leader.
         self._shards: dict[str, Shard] = {} if shard is None else {shard_id: shard}
-        # The node's registration and its home group's record: the home shard's process only.
-        self.registers = shard is not None
+        # The node's registration: one process of the node (the home shard's, when it has one).
+        self.registers = shard is not None if registers is None else registers
+        # The home group's record: written by its members only.
+        self._hosts_home = shard is not None
         self._owns = owns
         self._published_terms: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -245,6 +251,15 @@ class ClusterView:
                 await self.store.register_node(self.node, self._ttl_ms)
                 self._registered = True
                 self.joined = True
+            if not self._start_state_checked:
+                # Once per start: a "leaving" written by the stop before it ends here, one
+                # written by a stop of this run (later) stays.
+                if await node_states.ensure_not_leaving(self.store, self.node.node_id):
+                    log.warning(
+                        "%s was leaving (drained by its own stop): active again",
+                        self.node.node_id,
+                    )
+                self._start_state_checked = True
             self._worked()
         except NodeNotRegistered:
             # The lease lapsed (etcd was away longer than the TTL): register again.
@@ -317,7 +332,7 @@ class ClusterView:
             self.own_state = (await node_states.read_states(self.store, [self.node.node_id])).get(
                 self.node.node_id, ""
             )
-        if self._shard_id not in groups and self.registers:
+        if self._shard_id not in groups and self._hosts_home:
             await self.maybe_record_home_shard()
         async with self._hosting:  # two passes at once would open a group's store twice
             await self._maybe_unhost(groups)

@@ -6,6 +6,7 @@ Plus the launcher's pieces that need no running cluster (port layout, refusing a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -31,7 +32,7 @@ from fluxmq.devcluster.launcher import (
 )
 
 CLI_TIMEOUT_S = 120.0
-SPAN = 30  # ports probed per cluster: 3 nodes use base .. base+22
+SPAN = 40  # ports probed per cluster: 3 nodes use base .. base+22, an added node +30 .. +32
 
 
 def free_port_range(span: int = SPAN) -> int:
@@ -76,6 +77,12 @@ def test_port_layout_and_node_ids(tmp_path: Path) -> None:
     peers = cluster._node_command(specs[0], specs, "127.0.0.1:2379")
     assert peers[peers.index("--peers") + 1] == "127.0.0.1:7082,127.0.0.1:7092"
     assert peers[peers.index("--node-id") + 1] == "node1"
+    # A node added later joins without a home group, and is no peer of the first ones.
+    joined = dataclasses.replace(specs[2], index=4, node_id="node4", raft_port=7102, joined=True)
+    command = cluster._node_command(joined, [*specs, joined], "127.0.0.1:2379")
+    assert "--join" in command and "--peers" not in command
+    first = cluster._node_command(specs[0], [*specs, joined], "127.0.0.1:2379")
+    assert first[first.index("--peers") + 1] == "127.0.0.1:7082,127.0.0.1:7092"
     with pytest.raises(LauncherError, match="--nodes"):
         node_specs(tmp_path, 0, 7070)
     with pytest.raises(LauncherError, match="--base-port"):
@@ -248,6 +255,28 @@ def test_cluster_up_status_use_down(cluster_dir: Path) -> None:
         assert time.monotonic() < deadline, "node3 was not refilled"
         time.sleep(0.2)
     assert "left probation" in (cluster_dir / "node3.log").read_text()
+
+    # A node added later joins without a home group: it serves (forwarding to g1's leader)
+    # and is removed again (decommissioned, stopped); the home group's nodes cannot be.
+    added = fluxmq("cluster", "add-node", "--dir", d)
+    assert added.returncode == 0 and "node4 serving" in added.stdout, added.stderr
+    node4 = json.loads((cluster_dir / STATE_FILE).read_text())["nodes"][3]
+    assert node4["joined"] and node4["grpc_port"] == base + 30
+    pids.append(int(node4["pid"]))
+    with grpc.insecure_channel(f"127.0.0.1:{base + 30}") as ch:
+        got = queue_pb2_grpc.QueueServiceStub(ch).Fetch(
+            queue_pb2.FetchRequest(queue="cli", partition=0, offset=0, wait_ms=5000),
+            timeout=30,
+            metadata=md,
+        )
+        assert [r.value for r in got.records] == [b"via node2"]
+    assert "joined without a home group" in (cluster_dir / "node4.log").read_text()
+    refused_removal = fluxmq("cluster", "remove-node", "1", "--dir", d)
+    assert refused_removal.returncode == 1 and "home group" in refused_removal.stderr
+    removed = fluxmq("cluster", "remove-node", "4", "--dir", d)
+    assert removed.returncode == 0 and "node4 decommissioned" in removed.stdout, removed.stderr
+    assert not pid_alive(int(node4["pid"])) and not (cluster_dir / "node4").exists()
+    assert len(lib.status()["nodes"]) == 3
     stopped = fluxmq("cluster", "stop-node", "3", "--dir", d)
     assert stopped.returncode == 0 and "node3 stopped" in stopped.stdout, stopped.stderr
     assert [n["alive"] for n in lib.status()["nodes"]] == [True, True, False]

@@ -172,14 +172,20 @@ class Replacement:
 
 
 @contextlib.contextmanager
-def cluster_with_groups(root: Path, groups: dict[str, tuple[str, ...]]) -> Iterator[Replacement]:
+def cluster_with_groups(
+    root: Path, groups: dict[str, tuple[str, ...]], node4_joins: bool = False
+) -> Iterator[Replacement]:
     """4 nodes with etcd (FLUXMQ_NODE_DEAD_AFTER_MS set by the caller), ``groups`` placed by
-    hand, the queues of QUEUES on them."""
+    hand, the queues of QUEUES on them. ``node4_joins``: node1-3 make up the home group and
+    node4 is added after them, without one (``fluxmq cluster add-node``)."""
     root.mkdir()
     (root / ADMIN_KEY_FILE).write_text(KEY + "\n")
-    cluster = LocalCluster(root, nodes=4, base_port=free_port_range(40), etcd_port=0)
+    first = 3 if node4_joins else 4
+    cluster = LocalCluster(root, nodes=first, base_port=free_port_range(40), etcd_port=0)
     cluster.up()
     try:
+        if node4_joins:
+            assert cluster.add_node() == 4
         specs = cluster.specs()
 
         async def create_groups() -> None:
@@ -416,12 +422,13 @@ def lead_by(r: Replacement, gid: str, target: str) -> bool:
 def test_a_node_that_holds_nothing_gets_replicas_and_leaders_spread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ga and gb on node1-3, node4 empty (as after it joined): the controller moves a replica
-    to node4 on its own; with every leader pushed onto node1, leadership spreads again; after a
-    restart of all nodes no node leads more than ceil(groups/nodes)+1."""
+    """ga and gb on node1-3 (the home group g1 too), node4 added after them without a home
+    group (``--join``): the controller moves a replica to node4 on its own; with every leader
+    pushed onto one node, leadership spreads again; after a restart of all nodes no node leads
+    more than ceil(groups/nodes)+1."""
     monkeypatch.setenv("FLUXMQ_NODE_DEAD_AFTER_MS", str(DEAD_AFTER_MS))
     groups = {"ga": ("node1", "node2", "node3"), "gb": ("node1", "node2", "node3")}
-    with cluster_with_groups(tmp_path / "cluster", groups) as r:
+    with cluster_with_groups(tmp_path / "cluster", groups, node4_joins=True) as r:
         publisher = threading.Thread(target=r.publish_routine, args=(["node1", "node2"],))
         publisher.start()
         try:
@@ -475,7 +482,7 @@ def test_a_node_that_holds_nothing_gets_replicas_and_leaders_spread(
             lambda: (
                 sum(leads(r).values()) == 3
                 and all(
-                    (r.shard(f"node{i}", "g1") or admin_pb2.ShardInfo()).leader for i in range(1, 5)
+                    (r.shard(f"node{i}", "g1") or admin_pb2.ShardInfo()).leader for i in range(1, 4)
                 )
             ),
             timeout_s=90,

@@ -167,3 +167,19 @@ def test_several_shard_processes_are_refused_where_they_are_not_built() -> None:
     assert load(["--shard-processes", "2"], environ=cluster).shard_processes == 2
     assert load(["--shard-processes", "1"], environ=cluster).shard_processes == 1
     assert load(["--shard-processes", "2", "--auth", "on"], environ={}).shard_processes == 2
+
+
+def test_a_joining_node_has_no_peers_and_needs_etcd() -> None:
+    """--join: cluster mode without a static home group (a StatefulSet pod beyond the home
+    group's size); it learns its replicas from the placement in etcd."""
+    joining = {"FLUXMQ_RAFT_LISTEN": "fluxmq-3.fluxmq-headless:7100", "FLUXMQ_ETCD": "etcd:2379"}
+    env = {**joining, "FLUXMQ_CLUSTER_SECRET": "s" * 32}
+    cfg = load(["--join"], environ=env)
+    assert cfg.join and cfg.cluster_mode and cfg.peer_list == ()
+    with pytest.raises(ConfigError, match="join: a joining node has no static home group"):
+        load(["--join", "--peers", "fluxmq-0.fluxmq-headless:7100"], environ=env)
+    with pytest.raises(ConfigError, match="join: needs etcd"):
+        load(["--join", "--auth", "off"], environ={**env, "FLUXMQ_ETCD": ""})
+    with pytest.raises(ConfigError, match="or --join with etcd"):
+        load([], environ=env)  # neither peers nor --join
+    assert load([], environ={**env, "FLUXMQ_JOIN": "true"}).join

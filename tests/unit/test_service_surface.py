@@ -23,4 +23,4 @@ def test_every_admin_service_rpc_is_implemented() -> None:
     base = admin_pb2_grpc.AdminServiceServicer
     missing = [name for name in rpcs if getattr(AdminService, name) is getattr(base, name)]
     assert not missing, f"RPCs without an implementation: {missing}"
-    assert len(rpcs) == 12
+    assert len(rpcs) == 13

@@ -262,6 +262,14 @@ class ListNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSummary, _Mapping]]] = ...) -> None: ...
 
 class DrainNodeRequest(_message.Message):
+    __slots__ = ("node_id", "until_restart")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_RESTART_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    until_restart: bool
+    def __init__(self, node_id: _Optional[str] = ..., until_restart: _Optional[bool] = ...) -> None: ...
+
+class UndrainNodeRequest(_message.Message):
     __slots__ = ("node_id",)
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str

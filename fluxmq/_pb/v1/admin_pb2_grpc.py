@@ -74,6 +74,11 @@ class AdminServiceStub:
                 request_serializer=fluxmq_dot_v1_dot_admin__pb2.DecommissionNodeRequest.SerializeToString,
                 response_deserializer=fluxmq_dot_v1_dot_admin__pb2.NodeSummary.FromString,
                 _registered_method=True)
+        self.UndrainNode = channel.unary_unary(
+                '/fluxmq.v1.AdminService/UndrainNode',
+                request_serializer=fluxmq_dot_v1_dot_admin__pb2.UndrainNodeRequest.SerializeToString,
+                response_deserializer=fluxmq_dot_v1_dot_admin__pb2.NodeSummary.FromString,
+                _registered_method=True)
         self.MoveReplica = channel.unary_unary(
                 '/fluxmq.v1.AdminService/MoveReplica',
                 request_serializer=fluxmq_dot_v1_dot_admin__pb2.MoveReplicaRequest.SerializeToString,
@@ -170,6 +175,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UndrainNode(self, request, context):
+        """A draining, leaving or drained node is active again: placement may give it replicas and
+        leadership. A decommissioned node is refused (MOVE_REFUSED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def MoveReplica(self, request, context):
         """Moves one replica of a placed group from one node to another (a Raft port of the target is
         claimed with the record); the group's leader adds the new replica, lets it catch up, then
@@ -250,6 +263,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
             'DecommissionNode': grpc.unary_unary_rpc_method_handler(
                     servicer.DecommissionNode,
                     request_deserializer=fluxmq_dot_v1_dot_admin__pb2.DecommissionNodeRequest.FromString,
+                    response_serializer=fluxmq_dot_v1_dot_admin__pb2.NodeSummary.SerializeToString,
+            ),
+            'UndrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainNode,
+                    request_deserializer=fluxmq_dot_v1_dot_admin__pb2.UndrainNodeRequest.FromString,
                     response_serializer=fluxmq_dot_v1_dot_admin__pb2.NodeSummary.SerializeToString,
             ),
             'MoveReplica': grpc.unary_unary_rpc_method_handler(
@@ -471,6 +489,33 @@ class AdminService:
             target,
             '/fluxmq.v1.AdminService/DecommissionNode',
             fluxmq_dot_v1_dot_admin__pb2.DecommissionNodeRequest.SerializeToString,
+            fluxmq_dot_v1_dot_admin__pb2.NodeSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fluxmq.v1.AdminService/UndrainNode',
+            fluxmq_dot_v1_dot_admin__pb2.UndrainNodeRequest.SerializeToString,
             fluxmq_dot_v1_dot_admin__pb2.NodeSummary.FromString,
             options,
             channel_credentials,

@@ -1,6 +1,8 @@
-"""What an operator said about a node: draining (move its replicas and leadership away) or
-decommissioned (drained, and never placed on again). Kept as cluster settings
-(``node_state.<node id>``), so every node and the controller read the same thing.
+"""What an operator said about a node: draining (move its replicas and leadership away),
+leaving (the same, asked by the node's own stop, a Kubernetes preStop hook: it is active again
+when it starts) or decommissioned (drained, and never placed on again). Kept as cluster settings
+(``node_state.<node id>``, sealed with the cluster secret), so every node and the controller
+read the same thing.
 
 A node with no state is active. What a node *is* (live or missing, the groups it holds, the
 groups it leads) comes from the directory, the group records and the leader records; the state
@@ -15,8 +17,10 @@ from fluxmq.metadata import MetadataStore
 
 PREFIX = "node_state."
 DRAINING = "draining"
+LEAVING = "leaving"
 DECOMMISSIONED = "decommissioned"
-STATES = (DRAINING, DECOMMISSIONED)
+STATES = (DRAINING, LEAVING, DECOMMISSIONED)
+ACTIVE = "active"  # stored to clear a state (any value that is not a state reads as active)
 
 
 def setting_key(node_id: str) -> str:
@@ -35,8 +39,17 @@ async def read_states(store: MetadataStore, node_ids: Iterable[str]) -> dict[str
 
 
 async def set_state(store: MetadataStore, node_id: str, state: str) -> None:
-    assert state in STATES, state
+    assert state in (*STATES, ACTIVE), state
     await store.put_setting(setting_key(node_id), state)
+
+
+async def ensure_not_leaving(store: MetadataStore, node_id: str) -> bool:
+    """A node that starts is no longer leaving (its preStop drain was for the stop that
+    came before this start). -> whether it was."""
+    if await store.get_setting(setting_key(node_id)) != LEAVING:
+        return False
+    await set_state(store, node_id, ACTIVE)
+    return True
 
 
 def leaving(states: dict[str, str]) -> frozenset[str]:

@@ -94,7 +94,8 @@ def _summaries(c: _Cluster, unmanaged: frozenset[str]) -> list[NodeSummary]:
         )
         leading = tuple(sorted(g for g, (n, _) in c.leaders.items() if n == node_id))
         state = c.states.get(node_id, ACTIVE)
-        if state == node_states.DRAINING and not groups and not (set(leading) - unmanaged):
+        draining = state in (node_states.DRAINING, node_states.LEAVING)
+        if draining and not groups and not (set(leading) - unmanaged):
             state = DRAINED
         node = c.live.get(node_id)
         out.append(
@@ -149,17 +150,55 @@ def _check_drainable(c: _Cluster, node_id: str, unmanaged: frozenset[str]) -> No
 
 
 async def drain_node(
-    store: MetadataStore, node_id: str, unmanaged: frozenset[str], decommission: bool = False
+    store: MetadataStore,
+    node_id: str,
+    unmanaged: frozenset[str],
+    decommission: bool = False,
+    until_restart: bool = False,
 ) -> NodeSummary:
-    """Marks ``node_id`` draining (or decommissioned): the controller moves its replicas away,
-    the node hands over the leadership of what it leads. -> its summary now."""
+    """Marks ``node_id`` draining (``until_restart``: leaving, which the node clears when it
+    starts again; ``decommission``: for good): the controller moves its replicas away, the
+    node hands over the leadership of what it leads. -> its summary now."""
     c = await _read(store)
     if c.states.get(node_id) != node_states.DECOMMISSIONED:
         _check_drainable(c, node_id, unmanaged)
-    state = node_states.DECOMMISSIONED if decommission else node_states.DRAINING
-    if decommission or c.states.get(node_id) != node_states.DECOMMISSIONED:
+    state = node_states.DRAINING
+    if decommission:
+        state = node_states.DECOMMISSIONED
+    elif until_restart:
+        state = node_states.LEAVING
+    # An operator's drain is not weakened into a leave, nor a decommission into anything.
+    kept = c.states.get(node_id) == node_states.DECOMMISSIONED or (
+        state == node_states.LEAVING and c.states.get(node_id) == node_states.DRAINING
+    )
+    if decommission or not kept:
         await node_states.set_state(store, node_id, state)
         c.states[node_id] = state
+    return _summary_of(c, node_id, unmanaged)
+
+
+async def undrain_node(
+    store: MetadataStore, node_id: str, unmanaged: frozenset[str]
+) -> NodeSummary:
+    """A draining, leaving or drained node is active again: placement may give it replicas
+    (the rebalance after a join) and leadership. A decommissioned node stays out."""
+    c = await _read(store)
+    known = set(c.live) | {m for r, _ in c.records.values() for m in r.members} | set(c.states)
+    if node_id not in known:
+        raise FluxError(
+            "NODE_NOT_FOUND",
+            f"no node {node_id!r} in the directory, in any group or with a state",
+            violations=(FieldViolation("node_id", "not a node of this cluster"),),
+        )
+    if c.states.get(node_id) == node_states.DECOMMISSIONED:
+        raise refused(
+            f"{node_id} is decommissioned: it is never placed on again (give the machine a "
+            "new node id to bring it back)",
+            "node_id",
+        )
+    if node_id in c.states:
+        await node_states.set_state(store, node_id, node_states.ACTIVE)
+        del c.states[node_id]
     return _summary_of(c, node_id, unmanaged)
 
 
