@@ -266,7 +266,12 @@ def test_statefulset_has_volumes_probes_resources_and_spreading() -> None:
     assert int(annotations["prometheus.io/port"]) == metrics_port
     assert annotations["prometheus.io/path"] == "/metrics"
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert int(env["CLUSTER_SIZE"]) == spec["replicas"], "CLUSTER_SIZE must equal replicas"
+    # The home group's pods are the first ones; more replicas join without one (scaling).
+    assert int(env["HOME_GROUP_SIZE"]) == 3 <= spec["replicas"]
+    # A pod beyond the home group drains before SIGTERM: the drain's wait and the node's
+    # shutdown grace both fit in the grace period.
+    drain_wait_s = int(re.search(r"--wait (\d+)", " ".join(pre_stop())).group(1))  # type: ignore[union-attr]
+    assert drain_wait_s * 1000 + config_toml()["shutdown_grace_ms"] < grace * 1000
 
 
 def test_ports_agree_with_the_node_config() -> None:
@@ -381,6 +386,10 @@ def entrypoint() -> list[str]:
     return list(c.get("command", [])) + list(c.get("args", []))
 
 
+def pre_stop() -> list[str]:
+    return list(container(fluxmq_sts())["lifecycle"]["preStop"]["exec"]["command"])
+
+
 def test_env_and_toml_keys_are_node_settings() -> None:
     """A misspelt FLUXMQ_* variable or TOML key would be silently ignored by the node (the
     TOML loader rejects unknown keys, the environment is only read for known names)."""
@@ -460,10 +469,13 @@ def run_entrypoint(
     pod_name: str,
     fake_fluxmq: str,
     secrets: Mapping[str, str] | None = None,
+    command: list[str] | None = None,
+    tool: str = "fluxmq",
 ) -> subprocess.CompletedProcess[str]:
-    """Runs the container command under /bin/sh with a stand-in `fluxmq` first on PATH, the
-    ConfigMap and Secrets written where the pod mounts them (paths mapped into tmp_path);
-    ``secrets``: the content of each Secret key (default ``secret_contents()``)."""
+    """Runs the container command (or ``command``: the preStop hook) under /bin/sh with a
+    stand-in ``tool`` first on PATH, the ConfigMap and Secrets written where the pod mounts
+    them (paths mapped into tmp_path); ``secrets``: the content of each Secret key (default
+    ``secret_contents()``)."""
     secrets = secret_contents() if secrets is None else secrets
     sts = fluxmq_sts()
     pod = sts["spec"]["template"]["spec"]
@@ -490,8 +502,8 @@ def run_entrypoint(
             (where / item["path"]).write_text(data[item["key"]])
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "fluxmq").write_text(fake_fluxmq)
-    (bin_dir / "fluxmq").chmod(0o755)
+    (bin_dir / tool).write_text(fake_fluxmq)
+    (bin_dir / tool).chmod(0o755)
     env = image_environment()
     for name, value in pod_environment(pod_name).items():
         for mount_path, local in remap.items():
@@ -500,12 +512,12 @@ def run_entrypoint(
         env[name] = value
     env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
     env["PYTHON"] = sys.executable
-    argv = [kubelet_expand(a, env) for a in entrypoint()]
+    argv = [kubelet_expand(a, env) for a in (entrypoint() if command is None else command)]
     assert argv[0] == "/bin/sh", argv
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
 
 
-PRINT_PEERS = '#!/bin/sh\nprintf "%s|%s\\n" "$*" "$FLUXMQ_PEERS"\n'
+PRINT_PEERS = '#!/bin/sh\nprintf "%s|%s|%s\\n" "$*" "$FLUXMQ_PEERS" "$FLUXMQ_JOIN"\n'
 
 
 def raft_address(pod: str, namespace: str = "fluxmq") -> str:
@@ -516,21 +528,58 @@ def raft_address(pod: str, namespace: str = "fluxmq") -> str:
 def test_entrypoint_peers_are_the_other_replicas(tmp_path: Path, ordinal: int) -> None:
     proc = run_entrypoint(tmp_path, f"fluxmq-{ordinal}", PRINT_PEERS)
     assert proc.returncode == 0, proc.stderr
-    args, peers = proc.stdout.strip().split("|")
-    assert args == "serve"
+    args, peers, join = proc.stdout.strip().split("|")
+    assert args == "serve" and join == ""
     others = [raft_address(f"fluxmq-{i}") for i in range(3) if i != ordinal]
     assert peers.split(",") == others
 
 
-@pytest.mark.parametrize(
-    ("pod", "message"), [("fluxmq-3", "beyond CLUSTER_SIZE"), ("fluxmq", "no ordinal")]
-)
-def test_entrypoint_refuses_a_pod_outside_the_cluster(
-    tmp_path: Path, pod: str, message: str
+@pytest.mark.parametrize("ordinal", [3, 4, 12])
+def test_a_pod_beyond_the_home_group_joins_without_peers(tmp_path: Path, ordinal: int) -> None:
+    """`kubectl scale --replicas 5`: the new pods join the cluster without a home group."""
+    proc = run_entrypoint(tmp_path, f"fluxmq-{ordinal}", PRINT_PEERS)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "serve||true"
+
+
+def test_entrypoint_refuses_a_pod_without_an_ordinal(tmp_path: Path) -> None:
+    proc = run_entrypoint(tmp_path, "fluxmq", PRINT_PEERS)
+    assert proc.returncode != 0 and "no ordinal" in proc.stderr, (proc.stdout, proc.stderr)
+
+
+PRINT_CALL = '#!/bin/sh\nprintf "%s|%s\\n" "$*" "$FLUXMQ_API_KEY"\n'
+
+
+@pytest.mark.parametrize("ordinal", [0, 2, 3, 4])
+def test_pre_stop_drains_a_pod_beyond_the_home_group_until_it_restarts(
+    tmp_path: Path, ordinal: int
 ) -> None:
-    """`kubectl scale` to 4 without a new layout: the extra pod must not join with wrong peers."""
-    proc = run_entrypoint(tmp_path, pod, PRINT_PEERS)
-    assert proc.returncode != 0 and message in proc.stderr, (proc.stdout, proc.stderr)
+    """Scaling down stops the highest pods: each first drains itself (state leaving, which it
+    clears when it starts again) with the bootstrap admin key; a home group pod does not."""
+    admin_key = new_key("production")
+    proc = run_entrypoint(
+        tmp_path,
+        f"fluxmq-{ordinal}",
+        PRINT_CALL,
+        secret_contents("0123456789abcdef" * 4, admin_key),
+        command=pre_stop(),
+        tool="fluxmqctl",
+    )
+    assert proc.returncode == 0, proc.stderr
+    if ordinal < 3:
+        assert proc.stdout == ""
+        return
+    args, key = proc.stdout.strip().split("|")
+    assert key == admin_key
+    assert args.split() == [
+        "--server", "127.0.0.1:7070", "node", "drain", f"fluxmq-{ordinal}", "--until-restart",
+        "--wait", "540",
+    ]  # fmt: skip
+    # The flags are fluxmqctl's own: the command parses.
+    from fluxmq.cli.main import build_parser
+
+    parsed = build_parser().parse_args(args.split())
+    assert parsed.until_restart and parsed.wait_s == 540 and parsed.node_id == f"fluxmq-{ordinal}"
 
 
 LOAD_CONFIG = """#!/bin/sh
@@ -543,7 +592,7 @@ print(json.dumps({**dataclasses.asdict(config), "auth_enabled": config.auth_enab
 """
 
 
-@pytest.mark.parametrize("ordinal", [0, 2])
+@pytest.mark.parametrize("ordinal", [0, 2, 3])
 def test_pod_configuration_loads_through_the_node_config(tmp_path: Path, ordinal: int) -> None:
     """What `fluxmq serve` sees in the pod: the image's ENV, the pod's env, the ConfigMap TOML
     (FLUXMQ_CONFIG), the mounted secret files, the computed FLUXMQ_PEERS, all validated by
@@ -563,9 +612,13 @@ def test_pod_configuration_loads_through_the_node_config(tmp_path: Path, ordinal
     assert cfg["node_id"] == me
     assert cfg["raft_listen"] == raft_address(me)
     assert cfg["advertise"] == f"{me}.fluxmq-headless.fluxmq.svc.cluster.local:7070"
-    assert sorted(cfg["peers"].split(",")) == [
-        raft_address(f"fluxmq-{i}") for i in range(3) if i != ordinal
-    ]
+    if ordinal >= 3:  # beyond the home group: joins without peers
+        assert cfg["join"] is True and cfg["peers"] == ""
+    else:
+        assert cfg["join"] is False
+        assert sorted(cfg["peers"].split(",")) == [
+            raft_address(f"fluxmq-{i}") for i in range(3) if i != ordinal
+        ]
     assert cfg["cluster_secret"] == secret
     # Clients authenticate (the default in a cluster, not switched off anywhere), and the
     # first admin key is the operator's admin-key.txt, a key of the bootstrap environment.

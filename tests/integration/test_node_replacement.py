@@ -90,11 +90,11 @@ class Replacement:
 
     # -- the publisher ------------------------------------------------------------------------
 
-    def publish_routine(self, via: list[str]) -> None:
+    def publish_routine(self, via: list[str], rounds: int = PUBLISH_MAX) -> None:
         """One message per queue per round, each with its own idempotency key (a retry after
         an unknown outcome is deduplicated), bounded in count; errors the SDK would retry are
         retried, anything else is recorded as a failure."""
-        for i in range(PUBLISH_MAX):
+        for i in range(rounds):
             if self._stop.is_set():
                 return
             for queue in QUEUES:
@@ -422,14 +422,20 @@ def lead_by(r: Replacement, gid: str, target: str) -> bool:
 def test_a_node_that_holds_nothing_gets_replicas_and_leaders_spread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ga and gb on node1-3 (the home group g1 too), node4 added after them without a home
-    group (``--join``): the controller moves a replica to node4 on its own; with every leader
-    pushed onto one node, leadership spreads again; after a restart of all nodes no node leads
-    more than ceil(groups/nodes)+1."""
+    """Scaling a StatefulSet out and in, and a rolling restart, as the manifests do it, under
+    load: ga and gb on node1-3 (the home group g1 too), node4 added after them without a home
+    group (``--join``, a pod beyond the home group): the controller moves a replica to node4 on
+    its own; with every leader pushed onto one node, leadership spreads again. Then node4's
+    preStop drain (``node drain --until-restart``) moves everything off it and it stops (scale
+    in), node1-3 restart one at a time (rolling restart), node4 starts again and is active:
+    it gets a replica back. No call fails beyond retriable errors, nothing acknowledged is lost
+    or doubled, and no node leads more than ceil(groups/nodes)+1."""
     monkeypatch.setenv("FLUXMQ_NODE_DEAD_AFTER_MS", str(DEAD_AFTER_MS))
     groups = {"ga": ("node1", "node2", "node3"), "gb": ("node1", "node2", "node3")}
     with cluster_with_groups(tmp_path / "cluster", groups, node4_joins=True) as r:
-        publisher = threading.Thread(target=r.publish_routine, args=(["node1", "node2"],))
+        publisher = threading.Thread(
+            target=r.publish_routine, args=(["node1", "node2", "node3"], 4000)
+        )
         publisher.start()
         try:
 
@@ -471,12 +477,32 @@ def test_a_node_that_holds_nothing_gets_replicas_and_leaders_spread(
                 timeout_s=60,
                 show=lambda: leads(r),
             )
+
+            # Scale in: node4's preStop hook drains it until it restarts, then it stops.
+            left = ctl(r, "node", "drain", "node4", "--until-restart", "--wait", "150",
+                       timeout_s=170)  # fmt: skip
+            assert left.returncode == 0, left.stdout + left.stderr
+            assert "node4: drained; replicas left: none" in left.stdout, left.stdout
+            assert not any("node4" in (r.record(g) or groups[g]).members for g in groups)
+            r.cluster.stop_node(4)
+            # Rolling restart of the home group's nodes, one at a time, under load.
+            for i in range(1, 4):
+                before = len(r.acked["qa"])
+                r.cluster.restart(i)
+                wait_for(f"publishing after node{i} restarted", lambda b=before: len(
+                    r.acked["qa"]) > b + 10, timeout_s=60)  # fmt: skip
+            # Scale out again: node4 starts, is active (no longer leaving), gets a replica.
+            r.cluster.restart(4)
+            wait_for("a replica back on node4", node4_holds_one, timeout_s=90)
+            assert (
+                "was leaving (drained by its own stop): active again"
+                in Path(r.cluster.specs()[3].log).read_text()
+            )
         finally:
             r.stop()
             publisher.join(timeout=120)
+        assert not publisher.is_alive()
         assert not r.failures, r.failures[:5]
-        for i in range(1, 5):
-            r.cluster.restart(i)
         wait_for(
             "leaders of all groups after the restart",
             lambda: (
