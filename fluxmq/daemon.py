@@ -31,11 +31,12 @@ from prometheus_client import (
 
 from fluxmq import config as config_mod
 from fluxmq import logging_setup, metrics
+from fluxmq.cluster_metadata import etcd_metadata_store
 from fluxmq.core.errors import FluxError
 from fluxmq.core.ratelimit import InflightBudget
 from fluxmq.core.state_machine import QueueStateMachine
 from fluxmq.core.text import printable
-from fluxmq.metadata import EmbeddedMetadataStore, EtcdMetadataStore, NodeInfo
+from fluxmq.metadata import EmbeddedMetadataStore, NodeInfo
 from fluxmq.metadata.metadata import MetadataError
 from fluxmq.server.app import (
     GrpcEdge,
@@ -296,21 +297,6 @@ def advertised_grpc_address(cfg: config_mod.NodeConfig, port: int) -> str:
     """Where other nodes and clients reach this node's gRPC (``port``: the one bound)."""
     host, _, listen_port = cfg.advertised.rpartition(":")
     return f"{host}:{port if listen_port == '0' else listen_port}"
-
-
-def etcd_metadata_store(cfg: config_mod.NodeConfig) -> EtcdMetadataStore:
-    return EtcdMetadataStore(
-        cfg.etcd,
-        prefix=cfg.etcd_prefix,
-        username=cfg.etcd_user or None,
-        password=cfg.etcd_password or None,
-        ca_file=cfg.etcd_ca_file,
-        cert_file=cfg.etcd_cert_file,
-        key_file=cfg.etcd_key_file,
-        # API key records and the records placement acts on sealed with the cluster secret:
-        # writing to etcd mints no key and moves no replica.
-        record_secret=cfg.cluster_secret,
-    )
 
 
 def build_cluster_view(

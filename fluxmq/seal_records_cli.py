@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from fluxmq import config as config_mod
+from fluxmq.cluster_metadata import etcd_metadata_store
 from fluxmq.metadata.metadata import MetadataError
 from fluxmq.metadata.sealed_records import ResealReport
 
@@ -27,8 +28,6 @@ credentials and TLS files, the cluster secret); run it once after upgrading, nod
 
 
 async def _reseal(cfg: config_mod.NodeConfig) -> ResealReport:
-    from fluxmq.daemon import etcd_metadata_store
-
     store = etcd_metadata_store(cfg)
     try:
         return await store.reseal_records()
