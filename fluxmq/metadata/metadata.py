@@ -463,15 +463,21 @@ def _dump(fields: dict[str, Any]) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _load(
-    data: bytes, what: str, names: frozenset[str], optional: frozenset[str] = frozenset()
-) -> dict[str, Any]:
+def json_object(data: bytes, what: str) -> dict[str, Any]:
+    """``data`` as a JSON object (MetadataCorrupt naming ``what`` otherwise)."""
     try:
         obj = json.loads(bytes(data).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise MetadataCorrupt(f"{what}: not JSON ({e})") from e
     if not isinstance(obj, dict):
         raise MetadataCorrupt(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _load(
+    data: bytes, what: str, names: frozenset[str], optional: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    obj = json_object(data, what)
     if obj.get("v") != SCHEMA_VERSION:
         raise MetadataCorrupt(f"{what}: unsupported schema version {obj.get('v')!r}")
     del obj["v"]

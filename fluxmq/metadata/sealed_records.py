@@ -42,6 +42,7 @@ from fluxmq.metadata.metadata import (
     encode_placement,
     encode_setting,
     encode_shard,
+    json_object,
 )
 
 _CONTEXT = b"fluxmq topology record seal v1"
@@ -185,12 +186,7 @@ class TopologyCodec:
         record, or sealed with another secret."""
         if self.seal is None or not is_sealed(kind, name):
             return None
-        try:
-            obj = json.loads(bytes(data).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise MetadataCorrupt(f"{kind} {name!r}: not JSON ({e})") from e
-        if not isinstance(obj, dict):
-            raise MetadataCorrupt(f"{kind} {name!r}: not a JSON object")
+        obj = json_object(data, f"{kind} {name!r}")
         if "mac" in obj:
             if self.seal.open(kind, name, data) is None:
                 raise MetadataCorrupt(f"{kind} {name!r}: sealed with another secret")
