@@ -348,9 +348,11 @@ class ClusterView:
 
     async def _maybe_unhost(self, groups: dict[str, ShardRecord]) -> None:
         """Stop the placed groups whose record no longer lists this node once this replica has
-        heard from no leader for UNHOST_LEADERLESS_MS: the leader stops replicating to a member
-        it removed (pysyncobj does not tell the member), while a member still counted hears
-        from it. Before that, the leader may still need this replica."""
+        been cut off for UNHOST_LEADERLESS_MS: no leader, or connected to no other member. The
+        leader stops replicating to a member it removed and the members drop its links
+        (pysyncobj does not tell the member; a member connected to nobody never campaigns, so
+        it keeps naming its old leader), while a member still counted hears from the leader.
+        Before that, the leader may still need this replica."""
         if self.unhost_shard is None:
             return
         me, now_ms = self.node.node_id, self._clock_ms()
@@ -369,7 +371,7 @@ class ClusterView:
             if group is None or me in group.members or shard is None:
                 self._unlisted_since_ms.pop(gid, None)
                 continue
-            if shard.leader is not None:
+            if shard.leader is not None and len(shard.status().connected) > 1:
                 self._unlisted_since_ms.pop(gid, None)
                 continue
             since = self._unlisted_since_ms.setdefault(gid, now_ms)
