@@ -213,6 +213,32 @@ def _judge(shard: ShardView) -> None:
         )
 
 
+def _node_names(views: list[NodeView]) -> dict[str, str]:
+    """gRPC and Raft addresses -> node ids, from what the nodes that answered said: the
+    directory (so a node that does not answer is named too) and each replica's own address
+    (``members[0]``; placed groups use Raft ports above the node's base)."""
+    names: dict[str, str] = {}
+    for v in views:
+        if v.status is None:
+            continue
+        for n in v.status.nodes:
+            if n.grpc_address:
+                names[n.grpc_address] = n.node_id
+            if n.raft_address:
+                names[n.raft_address] = n.node_id
+        for info in v.status.shards:
+            if info.members and v.status.node_id:
+                names[info.members[0]] = v.status.node_id
+        if v.status.node_id:
+            names[v.address] = v.status.node_id
+    return names
+
+
+def _named(names: dict[str, str], address: str) -> str:
+    """``address`` as its node id (the address itself when no node said whose it is)."""
+    return names.get(address, address)
+
+
 def _settled(shards: list[ShardView]) -> bool:
     """Every shard's replicas were compared at one applied index (or there is one replica)."""
     for s in shards:
@@ -348,10 +374,11 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
         final = _refresh(views, ctx.timeout_s, ctx.security, skip_digest=True)
         last = Sample({**last.statuses, **Sample.of(final).statuses})
         samples += 1
-    problems = [f"node {v.address}: {v.error}" for v in views if v.status is None]
+    names = _node_names(views)
+    problems = [f"node {_shown(names, v.address)}: {v.error}" for v in views if v.status is None]
     if final:
         problems += [
-            f"node {f.address}: {f.error}"
+            f"node {_shown(names, f.address)}: {f.error}"
             for v, f in zip(views, final, strict=True)
             if v.status is not None and f.status is None
         ]
@@ -361,7 +388,9 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
         if v.status is not None and v.status.metadata_error
     ]
     for s in shards:
-        problems.extend(s.problems)
+        problems.extend(
+            p.replace(s.leader, _named(names, s.leader)) if s.leader else p for p in s.problems
+        )
     healthy = not problems
     queues = _queue_views(first, last, samples > 1)
     if ctx.out.json:
@@ -369,6 +398,11 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
     else:
         _print(ctx, views, shards, problems, queues, last, args.top)
     return 0 if healthy else 1
+
+
+def _shown(names: dict[str, str], address: str) -> str:
+    name = names.get(address)
+    return address if name is None else f"{name} ({address})"
 
 
 def _document(
@@ -381,13 +415,14 @@ def _document(
     def latest(v: NodeView) -> apb.ClusterStatus | None:
         return last.statuses.get(v.status.node_id, v.status) if v.status else None
 
+    names = _node_names(views)
     return {
         "healthy": not problems,
         "problems": problems,
         "nodes": [
             {
                 "address": v.address,
-                "node_id": v.status.node_id if v.status else "",
+                "node_id": v.status.node_id if v.status else names.get(v.address, ""),
                 "reachable": v.status is not None,
                 "error": v.error,
                 "metadata_error": v.status.metadata_error if v.status else "",
@@ -402,6 +437,7 @@ def _document(
             {
                 "shard_id": s.shard_id,
                 "leader": s.leader,
+                "leader_node": names.get(s.leader, "") if s.leader else "",
                 "members": s.members,
                 "replicas_reached": len(s.replicas),
                 "digests": s.verdict,
@@ -444,11 +480,12 @@ def _print(
     top: int,
 ) -> None:
     out = ctx.out
+    names = _node_names(views)
     out.table(
         ["NODE", "ADDRESS", "STATUS", "READY", "ETCD"],
         [
             [
-                v.status.node_id if v.status else "?",
+                v.status.node_id if v.status else names.get(v.address, "?"),
                 v.address,
                 "ok" if v.status else "unreachable",
                 READY_SHOWN.get(v.status.readiness, "-") if v.status else "-",
@@ -465,9 +502,9 @@ def _print(
             rows.append(
                 [
                     s.shard_id,
-                    v.status.node_id if v.status else "?",
+                    v.status.node_id if v.status else names.get(v.address, "?"),
                     f"{i.role} (probation)" if i.on_probation else i.role,
-                    i.leader or "-",
+                    _named(names, i.leader) if i.leader else "-",
                     i.term,
                     i.commit_index,
                     i.applied_index,
@@ -500,7 +537,7 @@ def _print(
             [
                 s.shard_id,
                 f"{len(s.replicas)}/{max(len(s.members), 1)}",
-                s.leader or "-",
+                _named(names, s.leader) if s.leader else "-",
                 s.verdict,
                 _queues(s.queues),
             ]

@@ -15,7 +15,7 @@ import pytest
 from fluxmq._pb.v1 import admin_pb2 as apb
 from fluxmq._pb.v1 import admin_pb2_grpc, queue_pb2_grpc
 from fluxmq._pb.v1 import queue_pb2 as pb
-from fluxmq.cli.cluster import NodeView, Sample, _queue_views, _shards
+from fluxmq.cli.cluster import NodeView, Sample, _node_names, _queue_views, _shards
 from fluxmq.devcluster.launcher import LocalCluster, port_free
 from fluxmq.server import node_stats
 from tests.integration.cluster import Cluster
@@ -86,7 +86,11 @@ def test_three_replicas_agree(cluster: Cluster, tmp_path: Path) -> None:
         ("ok", "yes", "-")
     ] * 3
     assert sorted(r["ROLE"] for r in table(sections[1])) == ["follower", "follower", "leader"]
+    # Leaders are named by node id, not by Raft address.
+    assert {r["LEADER"] for r in table(sections[1])} == {leader_id}
+    assert shard["leader_node"] == leader_id
     (summary,) = table(sections[2])
+    assert summary["LEADER"] == leader_id
     assert (summary["REPLICAS"], summary["DIGESTS"], summary["QUEUES"]) == (
         "3/3",
         "AGREE",
@@ -143,6 +147,14 @@ def test_etcd_cluster_is_found_from_one_node(tmp_path: Path) -> None:
         assert [n["etcd_session"] for n in doc["nodes"]] == ["up", "up", "up"]
         out = ctl.ok("cluster", "status", "--window", "0")
         assert [r["ETCD"] for r in table(out.split("\n\n")[0])] == ["up", "up", "up"]
+        # A node that does not answer is named from the directory (its registration lasts
+        # until its lease lapses), not shown as "?".
+        lc.kill9(3)
+        proc = ctl.run("cluster", "status", "--window", "0")
+        assert proc.returncode == 1
+        rows = {r["NODE"]: r["STATUS"] for r in table(proc.stdout.split("\n\n")[0])}
+        assert rows["node3"] == "unreachable" and "?" not in rows, rows
+        assert "node node3 (127.0.0.1:" in proc.stdout
     finally:
         lc.down(purge=True)
 
@@ -393,3 +405,22 @@ def test_rates_sum_over_nodes_and_survive_resets() -> None:
 )
 def test_latency_quantiles(q: float, buckets: list[tuple[float, float]], expected: float) -> None:
     assert node_stats.quantile(q, buckets) == pytest.approx(expected)
+
+
+def test_addresses_are_named_by_the_nodes_that_own_them() -> None:
+    """Leaders of placed groups use Raft ports above the node's base: each replica's own
+    address (members[0]) names it; a node that did not answer is named by the directory."""
+    me = apb.ClusterStatus(
+        node_id="n1",
+        nodes=[
+            apb.NodeEntry(node_id="n1", grpc_address="h:1", raft_address="h:7100"),
+            apb.NodeEntry(node_id="n2", grpc_address="h:2", raft_address="h:7200"),
+        ],
+        shards=[apb.ShardInfo(shard_id="g7", members=["h:7103", "h:7204"], leader="h:7204")],
+    )
+    other = apb.ClusterStatus(
+        node_id="n2", shards=[apb.ShardInfo(shard_id="g7", members=["h:7204", "h:7103"])]
+    )
+    names = _node_names([NodeView("h:1", me), NodeView("h:2", other), NodeView("h:3", None)])
+    assert names["h:7204"] == "n2" and names["h:7103"] == "n1" and names["h:7100"] == "n1"
+    assert names["h:2"] == "n2" and "h:3" not in names
