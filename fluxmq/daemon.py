@@ -18,7 +18,6 @@ import ssl
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
-from importlib import metadata
 from typing import Any
 
 from grpc_health.v1 import health_pb2
@@ -1002,13 +1001,6 @@ usage: fluxmq serve [--help] | fluxmq cluster up|down|status [--help]
             unsealed (`fluxmq seal-records [the node's settings]`, once, when upgrading)"""
 
 
-def package_version() -> str:
-    try:
-        return metadata.version("fluxmq")
-    except metadata.PackageNotFoundError:  # a source tree that was never installed
-        return "unknown (not installed)"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "cluster":
@@ -1024,7 +1016,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return seal_main(args[1:])
     if args and args[0] in ("--version", "-V"):
-        print(f"fluxmq {package_version()}")
+        print(f"fluxmq {metrics.package_version()}")
         return 0
     if args and args[0] in ("--help", "-h"):
         print(USAGE)

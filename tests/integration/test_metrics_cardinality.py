@@ -5,6 +5,8 @@ first ``metrics_queue_series_max`` queues by name, the rest counted in
 
 from __future__ import annotations
 
+import importlib.metadata
+import platform
 import re
 import shutil
 import subprocess
@@ -12,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from fluxmq._pb.v1 import queue_pb2 as pb
@@ -119,3 +122,21 @@ def test_capped_metrics_pass_promtool_lint(capped: Node) -> None:
         timeout=30,
     )
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+
+
+def test_build_info_names_what_runs_and_no_created_series_are_scraped(capped: Node) -> None:
+    """One fluxmq_build_info series (version, Python, gRPC, pysyncobj), as a node's shard
+    process serves it through the front end; and no <name>_created series, which would double
+    what every scrape carries."""
+    with capped.channel() as ch:
+        setup_queues(queue_pb2_grpc.QueueServiceStub(ch))
+    text = scrape(capped)
+    (line,) = [x for x in text.splitlines() if x.startswith("fluxmq_build_info{")]
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    assert labels["version"] == importlib.metadata.version("fluxmq")
+    assert labels["python"] == platform.python_version()
+    assert labels["grpc"] == grpc.__version__ and labels["pysyncobj"] == "0.3.17"
+    assert line.endswith(" 1.0")
+    assert "fluxmq_published_messages_total{" in text
+    created = [x for x in text.splitlines() if re.match(r"^\w+_created[{ ]", x)]
+    assert not created, created[:3]
