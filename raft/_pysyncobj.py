@@ -68,6 +68,17 @@ pysyncobj upgrade that moves them fails loudly instead of silently losing data.
    replica far behind a loaded leader is not sent its backlog again for every message it
    could not use. (In the transport, not in pysyncobj: listed here because it answers a
    pysyncobj behaviour.)
+12. Append-entries answers carry their term. pysyncobj's answer (``next_node_idx``) says how
+   far the follower's log matches but not for which term's append-entries, and a leader
+   counts every success answer toward its match index. A node that leads again after other
+   leaders (whose entries replaced the ones it had sent) could take an answer to its earlier
+   term's append-entries, delayed on a slow but unbroken connection, as proof that the
+   follower holds the entries now at those indexes, and commit an entry only it holds
+   (tests/sim/stale_answer.py has the schedule). ``_SyncObj__sendNextNodeIdx`` is replaced
+   by one that adds the follower's current term (the term of the append-entries it answers),
+   and an answer of another term than the receiver's current one is dropped before the
+   stock handler sees it (Raft's rule for stale responses). Answers from a node without this
+   hook carry no term and are taken as before.
 """
 
 from __future__ import annotations
@@ -135,6 +146,8 @@ def check_assumptions() -> list[str]:
         "_SyncObj__applyLogEntries",
         "_SyncObj__sendAppendEntries",
         "_SyncObj__setCurrentTerm",
+        "_SyncObj__sendNextNodeIdx",
+        "_SyncObj__getCurrentLogIndex",
         "_onTick",
         "_applyCommand",
         "_checkCommandsToApply",
@@ -477,6 +490,8 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             self.fx_on_message(node, message)
         if isinstance(message, dict) and self._fx_probation_message(node, message):
             return
+        if _is_stale_answer(message, self.raftCurrentTerm):
+            return  # hook 12: an answer to an append-entries of another term
         hide: int | None = None
         if (
             isinstance(message, dict)
@@ -504,6 +519,30 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
                 commit, int(self.raftCommitIndex), self._fx_term_at(commit), int(message["term"])
             )
             self._fx_maybe_whole()
+
+    # -- hook 12: append-entries answers carry their term ------------------------------------
+
+    def _SyncObj__sendNextNodeIdx(
+        self,
+        node: Any,
+        reset: bool = False,
+        nextNodeIdx: int | None = None,
+        success: bool = False,
+    ) -> None:
+        # Stock, plus the term. Every caller runs inside the handling of an append-entries
+        # whose term was at least ours and became ours: the term answered is the current one.
+        if nextNodeIdx is None:
+            nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+        self._SyncObj__transport.send(
+            node,
+            {
+                "type": "next_node_idx",
+                "next_node_idx": nextNodeIdx,
+                "reset": reset,
+                "success": success,
+                "term": self.raftCurrentTerm,
+            },
+        )
 
     def _fx_is_snapshot_chunk(self, message: Any) -> bool:
         return (
@@ -598,6 +637,16 @@ class HardenedSyncObj(SyncObj):  # type: ignore[misc]
             # The reply and the commit index that follow cover the snapshot, not entries kept
             # after it (unproven until an append-entries matches them).
             journal.hide_after(info.index)
+
+
+def _is_stale_answer(message: Any, current_term: int) -> bool:
+    """An append-entries answer (hook 12) to an append-entries of another term than ours."""
+    return (
+        isinstance(message, dict)
+        and message.get("type") == "next_node_idx"
+        and "term" in message
+        and message["term"] != current_term
+    )
 
 
 def _is_leader_append(message: Any, current_term: int) -> bool:

@@ -4,7 +4,7 @@ path.
 pysyncobj's messages are dicts. Of them, ``append_entries`` (with its entries) and its answer
 ``next_node_idx`` are sent every round by every node; everything else (votes, snapshot chunks,
 leadership transfer, the chunked form of one huge entry) is rare and stays pickled
-(raft/wire.py). ``encode`` returns None for any message that is not exactly one of the two
+(raft/wire.py). ``encode`` returns None for any message that is not exactly one of the
 shapes below, with every field of the exact type and range, so a message is never changed on
 its way: ``decode(kind, encode(m)) == m`` for every message it encodes.
 
@@ -19,6 +19,11 @@ Layouts, little endian:
 
     u64 next_node_idx | u8 flags (bit 0 reset, bit 1 success)
 
+``next_node_idx`` with the term it answers (``KIND_NEXT_INDEX_TERM``, raft/_pysyncobj.py hook
+12; sent only to a peer that said it reads it, ``termed_answers``)::
+
+    u64 next_node_idx | u64 term | u8 flags
+
 Decoding checks every length against the body before reading it and refuses trailing bytes.
 It runs only on bytes whose MAC has been verified (wire.Session.open).
 """
@@ -30,7 +35,8 @@ from typing import Any
 
 KIND_APPEND_ENTRIES = 17
 KIND_NEXT_INDEX = 18
-HOT_KINDS = frozenset((KIND_APPEND_ENTRIES, KIND_NEXT_INDEX))
+KIND_NEXT_INDEX_TERM = 19
+HOT_KINDS = frozenset((KIND_APPEND_ENTRIES, KIND_NEXT_INDEX, KIND_NEXT_INDEX_TERM))
 # A frame is bounded by the wire's frame limit; this bounds the entry count of a hostile body
 # before any list is built (each entry takes at least its 20-byte header).
 ENTRIES_PER_MESSAGE_MAX = 1 << 20
@@ -39,10 +45,12 @@ _U64_MAX = (1 << 64) - 1
 _APPEND = struct.Struct("<QQQQI")
 _ENTRY = struct.Struct("<QQI")
 _NEXT = struct.Struct("<QB")
+_NEXT_TERM = struct.Struct("<QQB")
 _RESET = 1
 _SUCCESS = 2
 _APPEND_KEYS = frozenset(("type", "term", "commit_index", "entries", "prevLogIdx", "prevLogTerm"))
 _NEXT_KEYS = frozenset(("type", "next_node_idx", "reset", "success"))
+_NEXT_TERM_KEYS = _NEXT_KEYS | {"term"}
 
 
 class HotMessageError(Exception):
@@ -53,9 +61,10 @@ def _u64(value: Any) -> bool:
     return type(value) is int and 0 <= value <= _U64_MAX
 
 
-def encode(message: Any) -> tuple[int, bytes] | None:
+def encode(message: Any, termed_answers: bool = True) -> tuple[int, bytes] | None:
     """-> (kind, body) for an append-entries or next-index message; None for anything else
-    (it is sent pickled).
+    (it is sent pickled). ``termed_answers`` False: a next-index message with a term is left
+    to pickle too (the peer does not read ``KIND_NEXT_INDEX_TERM``).
 
     >>> encode({"type": "next_node_idx", "next_node_idx": 5, "reset": False, "success": True})
     (18, b'\\x05\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02')
@@ -68,13 +77,18 @@ def encode(message: Any) -> tuple[int, bytes] | None:
     if kind == "append_entries":
         return _encode_append(message)
     if kind == "next_node_idx":
-        if message.keys() != _NEXT_KEYS:
+        keys = message.keys()
+        if keys != _NEXT_KEYS and not (termed_answers and keys == _NEXT_TERM_KEYS):
             return None
         index, reset, success = message["next_node_idx"], message["reset"], message["success"]
         if not _u64(index) or type(reset) is not bool or type(success) is not bool:
             return None
         flags = (_RESET if reset else 0) | (_SUCCESS if success else 0)
-        return KIND_NEXT_INDEX, _NEXT.pack(index, flags)
+        if "term" not in message:
+            return KIND_NEXT_INDEX, _NEXT.pack(index, flags)
+        if not _u64(message["term"]):
+            return None
+        return KIND_NEXT_INDEX_TERM, _NEXT_TERM.pack(index, message["term"], flags)
     return None
 
 
@@ -102,18 +116,22 @@ def _encode_append(message: dict[str, Any]) -> tuple[int, bytes] | None:
 
 def decode(kind: int, body: bytes) -> dict[str, Any]:
     """The message ``encode`` made ``body`` from. Raises HotMessageError otherwise."""
-    if kind == KIND_NEXT_INDEX:
-        if len(body) != _NEXT.size:
+    if kind in (KIND_NEXT_INDEX, KIND_NEXT_INDEX_TERM):
+        layout = _NEXT if kind == KIND_NEXT_INDEX else _NEXT_TERM
+        if len(body) != layout.size:
             raise HotMessageError(f"a next-index message of {len(body)} bytes")
-        index, flags = _NEXT.unpack(body)
+        index, *term, flags = layout.unpack(body)
         if flags & ~(_RESET | _SUCCESS):
             raise HotMessageError(f"a next-index message with unknown flags {flags:#x}")
-        return {
+        answer = {
             "type": "next_node_idx",
             "next_node_idx": index,
             "reset": bool(flags & _RESET),
             "success": bool(flags & _SUCCESS),
         }
+        if term:
+            answer["term"] = term[0]
+        return answer
     if kind != KIND_APPEND_ENTRIES:
         raise HotMessageError(f"kind {kind} is not a hot message")
     if len(body) < _APPEND.size:

@@ -27,6 +27,9 @@ Kinds:
   ``fx_wire_features`` message, said it reads them; every other message stays pickled. A node
   from before them ignores the features message (pysyncobj drops unknown message types), so
   nodes of both kinds replicate together during a rolling upgrade.
+- ``NEXT_INDEX_TERM``: the append-entries answer with its term (raft/_pysyncobj.py hook 12),
+  binary only to a peer whose features say ``next_node_idx_term``; to any other it goes
+  pickled (a node from before it ignores the term).
 - ``REFUSED`` (either way, before authentication): a UTF-8 reason, only ever logged.
 
 The MAC is verified before anything is decoded, and only an authenticated peer's bytes are ever
@@ -59,10 +62,12 @@ KIND_PROOF = 3
 KIND_MESSAGE = 16
 KIND_APPEND_ENTRIES = hot_messages.KIND_APPEND_ENTRIES  # 17
 KIND_NEXT_INDEX = hot_messages.KIND_NEXT_INDEX  # 18
+KIND_NEXT_INDEX_TERM = hot_messages.KIND_NEXT_INDEX_TERM  # 19
 KIND_REFUSED = 127
 
 FEATURES_TYPE = "fx_wire_features"
 HOT_READS = ("append_entries", "next_node_idx")
+TERMED_ANSWERS_READ = "next_node_idx_term"
 
 NONCE_BYTES = 32
 MAC_BYTES = 32
@@ -221,6 +226,8 @@ class Session:
     recv_seq: int = 0
     # Set once the peer's features message says it reads the binary hot messages.
     peer_reads_hot: bool = False
+    # ... and the binary append-entries answer with its term (KIND_NEXT_INDEX_TERM).
+    peer_reads_termed_answers: bool = False
 
     @classmethod
     def derive(
@@ -240,7 +247,11 @@ class Session:
         """One message as a frame (length prefix included): an append-entries or next-index
         message in its binary layout when the peer said it reads them (``peer_reads_hot``),
         anything else pickled in a MESSAGE frame."""
-        hot = hot_messages.encode(message) if self.peer_reads_hot else None
+        hot = (
+            hot_messages.encode(message, termed_answers=self.peer_reads_termed_answers)
+            if self.peer_reads_hot
+            else None
+        )
         if hot is None:
             kind, body = KIND_MESSAGE, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         else:
@@ -277,7 +288,7 @@ def features() -> dict[str, Any]:
     """The message a node sends first on every link: what it reads besides pickled messages.
     A node that predates it hands it to pysyncobj, which ignores message types it does not
     know, and keeps receiving pickled messages only (a rolling upgrade mixes the two)."""
-    return {"type": FEATURES_TYPE, "reads": list(HOT_READS)}
+    return {"type": FEATURES_TYPE, "reads": [*HOT_READS, TERMED_ANSWERS_READ]}
 
 
 def reads_hot(message: Any) -> bool | None:
@@ -287,3 +298,12 @@ def reads_hot(message: Any) -> bool | None:
         return None
     reads = message.get("reads")
     return isinstance(reads, list) and all(r in reads for r in HOT_READS)
+
+
+def reads_termed_answers(message: Any) -> bool:
+    """Whether a features message says its sender reads ``KIND_NEXT_INDEX_TERM`` (False for
+    a node from before it, and for anything that is not a features message)."""
+    if reads_hot(message) is not True:
+        return False
+    assert isinstance(message, dict)
+    return TERMED_ANSWERS_READ in message["reads"]

@@ -725,6 +725,7 @@ class WireTransport(Transport):  # type: ignore[misc]
             reads_hot = wire.reads_hot(message)
             if reads_hot is not None:
                 link.session.peer_reads_hot = reads_hot  # the link's first message
+                link.session.peer_reads_termed_answers = wire.reads_termed_answers(message)
                 return
             self.messages_received += 1
             self._onMessageReceived(link.node, message)

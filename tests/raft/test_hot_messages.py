@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from raft import hot_messages
-from raft.hot_messages import KIND_APPEND_ENTRIES, KIND_NEXT_INDEX, HotMessageError, decode, encode
+from raft.hot_messages import (
+    KIND_APPEND_ENTRIES,
+    KIND_NEXT_INDEX,
+    KIND_NEXT_INDEX_TERM,
+    HotMessageError,
+    decode,
+    encode,
+)
 
 SEED = 3500
 U64_MAX = (1 << 64) - 1
@@ -29,8 +36,19 @@ def append(entries: list[Any], **fields: Any) -> dict[str, Any]:
     return message
 
 
-def next_index(index: int = 21, *, reset: bool = False, success: bool = True) -> dict[str, Any]:
-    return {"type": "next_node_idx", "next_node_idx": index, "reset": reset, "success": success}
+def next_index(
+    index: int = 21, *, reset: bool = False, success: bool = True, term: int | None = None
+) -> dict[str, Any]:
+    message = {"type": "next_node_idx", "next_node_idx": index, "reset": reset, "success": success}
+    if term is not None:
+        message["term"] = term  # raft/_pysyncobj.py hook 12
+    return message
+
+
+def _kind(message: dict[str, Any]) -> int:
+    if message["type"] == "append_entries":
+        return KIND_APPEND_ENTRIES
+    return KIND_NEXT_INDEX_TERM if "term" in message else KIND_NEXT_INDEX
 
 
 def random_message(rng: random.Random) -> dict[str, Any]:
@@ -39,6 +57,7 @@ def random_message(rng: random.Random) -> dict[str, Any]:
             rng.choice([0, 1, rng.randrange(U64_MAX), U64_MAX]),
             reset=rng.random() < 0.5,
             success=rng.random() < 0.5,
+            term=rng.choice([None, 0, rng.randrange(U64_MAX), U64_MAX]),
         )
     first = rng.randrange(1, 1 << 40)
     entries = [
@@ -55,10 +74,17 @@ def test_every_hot_message_decodes_to_exactly_what_was_encoded() -> None:
         encoded = encode(message)
         assert encoded is not None, (SEED, k, message)
         kind, body = encoded
-        assert kind == (
-            KIND_NEXT_INDEX if message["type"] == "next_node_idx" else KIND_APPEND_ENTRIES
-        )
+        assert kind == _kind(message)
         assert decode(kind, body) == message, (SEED, k)
+
+
+def test_an_answer_with_its_term_is_binary_only_for_a_peer_that_reads_it() -> None:
+    assert encode(next_index(term=5)) == (
+        KIND_NEXT_INDEX_TERM,
+        (21).to_bytes(8, "little") + (5).to_bytes(8, "little") + b"\x02",
+    )
+    assert encode(next_index(term=5), termed_answers=False) is None  # pickled: term kept
+    assert encode(next_index(), termed_answers=False) == encode(next_index())
 
 
 def test_a_heartbeat_with_no_entries_keeps_its_empty_entry_list() -> None:
@@ -83,7 +109,9 @@ def test_a_heartbeat_with_no_entries_keeps_its_empty_entry_list() -> None:
         ),  # entries not a list
         append([], extra=1),
         next_index(reset=1),  # type: ignore[arg-type]
-        {**next_index(), "term": 3},
+        next_index(term=True),  # type: ignore[arg-type]
+        next_index(term=-1),
+        {**next_index(term=3), "extra": 1},
         {"type": "next_node_idx", "next_node_idx": 3, "success": True},
         {"type": "request_vote", "term": 3, "last_log_index": 1, "last_log_term": 1},
         {"type": "response_vote", "term": 3},
@@ -124,6 +152,9 @@ def test_a_body_that_does_not_hold_a_message_is_refused_and_only_with_hot_messag
     [
         (KIND_NEXT_INDEX, b"\x00" * 8, "of 8 bytes"),
         (KIND_NEXT_INDEX, b"\x00" * 8 + b"\x04", "unknown flags"),
+        (KIND_NEXT_INDEX, b"\x00" * 17, "of 17 bytes"),
+        (KIND_NEXT_INDEX_TERM, b"\x00" * 9, "of 9 bytes"),
+        (KIND_NEXT_INDEX_TERM, b"\x00" * 16 + b"\x08", "unknown flags"),
         (KIND_APPEND_ENTRIES, b"\x00" * 10, "shorter than its header"),
         (KIND_APPEND_ENTRIES, b"\x00" * 32 + (1 << 31).to_bytes(4, "little"), "claims"),
         (16, b"", "not a hot message"),

@@ -157,6 +157,69 @@ def test_matching_entries_already_present_are_not_rewritten(harness: Any) -> Non
     assert h.journal.fsyncs - fsyncs <= 1  # commit index only, no entry rewritten
 
 
+def _sent(h: Harness) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+    h.so.transport.send = lambda node, message: sent.append(message) or True
+    return sent
+
+
+def test_an_answer_carries_the_term_of_the_append_it_answers(harness: Any) -> None:
+    # Hook 12. Stock pysyncobj's answer says how far the log matches, not for which term.
+    h = harness([1, 1, 1], current_term=2)
+    sent = _sent(h)
+    h.append(term=3, prev=3, prev_term=1, entries=[(4, 3)], commit=1)  # a new leader's
+    h.append(term=3, prev=7, prev_term=3, entries=[], commit=1)  # beyond our log: reset
+    assert [(m["next_node_idx"], m["success"], m["reset"], m["term"]) for m in sent] == [
+        (5, True, False, 3),
+        (5, False, True, 3),
+    ]
+    stock = harness([1, 1, 1], current_term=2)
+    sent = _sent(stock)
+    stock.append(term=3, prev=3, prev_term=1, entries=[(4, 3)], commit=1, stock=True)
+    assert "term" in sent[0]  # the stock handler sends through the replaced method too
+
+
+def _leader_of_term(h: Harness, term: int) -> None:
+    h.journal.setCurrentTerm(term, h.so.selfNode.id)
+    h.so._SyncObj__raftCurrentTerm = term
+    _sent(h)  # the appends it sends on taking office go nowhere
+    h.so._SyncObj__onBecomeLeader()  # its no-op at the log end + 1, of this term
+    assert h.so._isLeader()
+
+
+@pytest.mark.parametrize("stock", [True, False], ids=["stock", "hardened"])
+def test_a_leader_does_not_count_an_answer_to_its_appends_of_an_earlier_term(
+    harness: Any, stock: bool
+) -> None:
+    # This node led term 3 and sent entries 2-4 to a follower, whose answer (success up to 4)
+    # was delayed; other leaders replaced entries 2.. since, and it leads again in term 7 with
+    # its no-op at 4. The answer says nothing about the entry now at 4 (tests/sim/
+    # stale_answer.py has the whole schedule).
+    h = harness([1, 4, 6], current_term=6)
+    _leader_of_term(h, 7)
+    assert h.log()[-1] == (4, 7)
+    follower = h.leader  # a peer
+    stale = {"type": "next_node_idx", "next_node_idx": 5, "reset": False, "success": True}
+    if stock:
+        SyncObj._SyncObj__onMessageReceived(h.so, follower, stale)
+        assert h.so.match_index[follower.id] == 4  # counted: a majority of 3 "holds" entry 4
+        return
+    h.so._SyncObj__onMessageReceived(follower, {**stale, "term": 3})
+    assert h.so.match_index[follower.id] == 0
+    h.so._SyncObj__onMessageReceived(follower, {**stale, "term": 7})  # an answer of term 7
+    assert h.so.match_index[follower.id] == 4
+
+
+def test_an_answer_without_a_term_from_a_node_before_hook_12_counts_as_before(
+    harness: Any,
+) -> None:
+    h = harness([1, 1], current_term=1)
+    _leader_of_term(h, 2)
+    answer = {"type": "next_node_idx", "next_node_idx": 4, "reset": False, "success": True}
+    h.so._SyncObj__onMessageReceived(h.leader, answer)
+    assert h.so.match_index[h.leader.id] == 3
+
+
 def _snapshot(h: Harness, index: int, term: int) -> str:
     state = os.path.join(h.root, "state.bin")
     with open(state, "wb") as f:

@@ -392,14 +392,22 @@ def test_a_follower_answers_the_appends_of_one_read_after_a_single_fsync(
     assert node.journal.fsyncs - fsyncs_before == 1
 
 
-@pytest.mark.parametrize("peer_reads_hot", [True, False])
+@pytest.mark.parametrize(
+    ("peer_reads_hot", "peer_reads_termed_answers"), [(True, True), (True, False), (False, False)]
+)
 def test_a_round_is_binary_with_a_current_peer_and_pickled_with_an_older_one(
-    peer_reads_hot: bool, node: TickedNode, unpickled: list[int]
+    peer_reads_hot: bool, peer_reads_termed_answers: bool, node: TickedNode, unpickled: list[int]
 ) -> None:
     """Append-entries and its answer cross in their binary layout, nothing unpickled on either
     side, once the peer said it reads them; a peer from before them (a rolling upgrade) keeps
-    getting pickled answers that mean the same."""
-    leader = WirePeer(node, node.peers[0], reads_hot=peer_reads_hot)
+    getting pickled answers that mean the same. The answer carries its term (hook 12): in its
+    own binary layout to a peer that reads it, pickled to one from before it."""
+    leader = WirePeer(
+        node,
+        node.peers[0],
+        reads_hot=peer_reads_hot,
+        reads_termed_answers=peer_reads_termed_answers,
+    )
     leader.authenticate()
     assert leader.node_reads_hot is True  # the node announced itself on opening the link
     unpickled[0] = 0
@@ -414,10 +422,19 @@ def test_a_round_is_binary_with_a_current_peer_and_pickled_with_an_older_one(
         }
     )
     kind, answer = leader.recv_kind()
-    assert answer == {"type": "next_node_idx", "next_node_idx": 3, "reset": False, "success": True}
-    if peer_reads_hot:
-        assert kind == wire.KIND_NEXT_INDEX
+    assert answer == {
+        "type": "next_node_idx",
+        "next_node_idx": 3,
+        "reset": False,
+        "success": True,
+        "term": 1,
+    }
+    if peer_reads_termed_answers:
+        assert kind == wire.KIND_NEXT_INDEX_TERM
         assert unpickled == [0]
+    elif peer_reads_hot:
+        assert kind == wire.KIND_MESSAGE
+        assert unpickled == [1]  # the test's answer only: the append was binary
     else:
         assert kind == wire.KIND_MESSAGE
         assert unpickled == [2]  # the node's append and the test's answer

@@ -209,13 +209,22 @@ class WirePeer:
     ``peer_id`` and the cluster secret ``secret`` would (raft/wire.py does the bytes).
 
     With ``reads_hot`` (the default) it announces, as a current node does, that it reads the
-    binary append-entries and next-index messages; without, it is a node from before them."""
+    binary append-entries and next-index messages; without, it is a node from before them.
+    ``reads_termed_answers`` False: it reads them, but not the answer with its term (a node
+    from before raft/_pysyncobj.py hook 12)."""
 
     def __init__(
-        self, node: TickedNode, peer_id: str, secret: str = SECRET, *, reads_hot: bool = True
+        self,
+        node: TickedNode,
+        peer_id: str,
+        secret: str = SECRET,
+        *,
+        reads_hot: bool = True,
+        reads_termed_answers: bool = True,
     ) -> None:
         self.node = node
         self.reads_hot = reads_hot
+        self.reads_termed_answers = reads_termed_answers
         self.node_reads_hot: bool | None = None  # what the node's features message said
         self.id = peer_id
         self.secret = secret
@@ -260,7 +269,11 @@ class WirePeer:
         assert self.node_reads_hot is not None, f"the node's first message was {first!r}"
         if self.reads_hot:
             session.peer_reads_hot = self.node_reads_hot
-            self.send(wire.features())
+            session.peer_reads_termed_answers = wire.reads_termed_answers(first)
+            features = wire.features()
+            if not self.reads_termed_answers:
+                features["reads"] = list(wire.HOT_READS)
+            self.send(features)
             link = next(v for n, v in self.node.transport._open.items() if n.id == self.id)
             self.node.tick_until("the node reads our features", lambda: link.session.peer_reads_hot)
         return session

@@ -5,8 +5,10 @@
   command, and the same term just before it. By induction two logs that share an entry share
   every entry before it. Checked on every append, in every replica's journal, so a divergence is
   caught when it is written, not when it happens to be compared.
-- Leader completeness: every committed entry is in the log of every leader of a later term,
-  checked when a leader is first seen and whenever an entry is found committed.
+- Leader completeness: every committed entry is in the log of every leader of a term after
+  the one it was committed in, checked when a leader is first seen and whenever an entry is
+  found committed. (An entry is committed in the term of the leader that commits it, which
+  may be later than its own term: a leader of a term in between may lack it.)
 - Committed entries are durable on a majority: when a leader's commit index moves, each newly
   committed entry is on a majority of durable journals (what a crash of every node keeps).
 - Committed entries are never lost: an index, once committed, keeps its term and command; a
@@ -115,10 +117,16 @@ class SafetyChecker:
         node: str,
         item: Item,
         leaders: Iterable[tuple[str, int, Sequence[Item]]],
+        committed_by: int | None = None,
     ) -> None:
         """``node`` holds ``item`` as committed; ``leaders`` are (id, term, log) of the live
-        leaders, checked for it now."""
+        leaders, checked for it now. ``committed_by``: a term at or after the one it was
+        committed in (the lowest current term of the replicas whose commit index covers it;
+        default its own term): live leaders of later terms must hold it. A leader of an
+        earlier term may be one still in office, cut off, that lacks an entry of an older
+        term which a later leader committed with its own entries."""
         command, index, term = item
+        after = term if committed_by is None else max(term, committed_by)
         known = self.committed.get(index)
         if known is not None:
             if known != (term, command):
@@ -130,7 +138,7 @@ class SafetyChecker:
             return
         self.committed[index] = (term, command)
         for leader, leader_term, log in leaders:
-            if leader_term > term:
+            if leader_term > after:
                 self._leader_has(leader, leader_term, log, index, term, command)
 
     def check_majority_durable(

@@ -224,7 +224,13 @@ class Cluster:
             self.leader_commits_before_own_fsync += 1
         for index in range(max(r.commit_seen + 1, first), min(commit, log.last_index) + 1):
             item = log[index - first]
-            self.checker.on_commit(node, item, leaders)
+            # Whoever holds it as committed learned that in its current term or before.
+            committed_by = min(
+                int(o.so.raftCurrentTerm)
+                for o in self.replicas.values()
+                if o.so.raftCommitIndex >= index
+            )
+            self.checker.on_commit(node, item, leaders, committed_by)
             if is_leader:
                 self.checker.check_majority_durable(node, item, durable)
         r.commit_seen = commit

@@ -89,6 +89,17 @@ def test_an_entry_committed_after_a_later_leader_was_seen_is_checked_against_it(
         c.on_commit("a", (b"x", 2, 1), [("b", 3, leader_log)])
 
 
+def test_a_leader_of_a_term_before_the_commit_may_lack_an_entry_of_an_older_term() -> None:
+    # Seen over the datagram network: a leader of term 4, cut off and still in office, holds
+    # another entry at index 2 than the one (of term 3) that the leader of term 6 committed
+    # with its own entries. Raft asks it of leaders after term 6 only.
+    c = _checker()
+    stale_leader_log = [(b"n", 1, 0), (b"w", 2, 2), (b"v", 3, 4)]
+    c.on_commit("a", (b"x", 2, 3), [("b", 4, stale_leader_log)], committed_by=6)
+    with pytest.raises(SafetyViolation, match="leader completeness"):
+        c.on_new_leader("c", 7, stale_leader_log)
+
+
 def test_an_acknowledged_command_not_committed_at_its_index_is_caught() -> None:
     c = _checker()
     entry_command = b"\x00" + pysyncobj.pickle.dumps((0, (b"cmd-1",)))
