@@ -162,3 +162,53 @@ def test_consume(ctl: Ctl) -> None:
     assert ctl.json("consume", "tasks", "-g", "workers", "--wait-ms", "100")["messages"] == []
     err = ctl.fails(1, "consume", "tasks", "-g", "nobody", "--wait-ms", "100")
     assert err.startswith("error: GROUP_NOT_FOUND: ")
+
+
+def test_consume_can_nack_and_dead_letter(ctl: Ctl) -> None:
+    """--nack gives the printed messages back (delivered again, next attempt); --dead sends
+    them to the dead-letter queue with --reason; misused flags are usage errors."""
+    ctl.ok("queue", "create", "jobs", "--type", "work")
+    ctl.ok("group", "create", "jobs", "w")
+    ctl.ok("publish", "jobs", "j1", "j2")
+    doc = ctl.json("consume", "jobs", "-g", "w", "-n", "1", "--nack", "--retry-after-ms", "0")
+    assert doc["settled"] == "nacked" and doc["acked"] is False
+    assert [m["record"]["value"] for m in doc["messages"]] == [b64("j1")]
+    # j1 again (attempt 2), then j2: both sent to the dead-letter queue with the reason
+    deadline = time.monotonic() + 10
+    got: list[tuple[str, int]] = []
+    while len(got) < 2:
+        assert time.monotonic() < deadline, got
+        doc = ctl.json("consume", "jobs", "-g", "w", "-n", "2", "--dead", "--reason", "bad input",
+                       "--wait-ms", "300")  # fmt: skip
+        assert doc["settled"] == "dead"
+        got += [
+            (base64.b64decode(m["record"]["value"]).decode(), m["receipt"]["attempt"])
+            for m in doc["messages"]
+        ]
+    assert sorted(got) == [("j1", 2), ("j2", 1)]
+    deadline = time.monotonic() + 10
+    while len(dead := ctl.json("dlq", "list", "jobs")["dead_letters"]) < 2:
+        assert time.monotonic() < deadline, dead
+        time.sleep(0.2)
+    assert {d["reason"] for d in dead} == {"bad input"}
+    assert ctl.json("offsets", "get", "jobs", "w")["partitions"][0]["committed"] == "2"
+    err = ctl.fails(2, "consume", "jobs", "-g", "w", "--reason", "x")
+    assert "--reason: only with --dead" in err
+    err = ctl.fails(2, "consume", "jobs", "-g", "w", "--dead", "--retry-after-ms", "5")
+    assert "--retry-after-ms: only with --nack" in err
+
+
+def test_tail_exit_at_end_stops_at_the_high_watermarks_of_the_start(ctl: Ctl) -> None:
+    ctl.ok("queue", "create", "ended", "--partitions", "2")
+    for i in range(5):
+        ctl.ok("publish", "ended", f"e{i}", "--partition", str(i % 2))
+    doc = ctl.json("tail", "ended", "--from", "earliest", "--exit-at-end")
+    assert sorted(base64.b64decode(r["value"]).decode() for r in doc["records"]) == [
+        f"e{i}" for i in range(5)
+    ]
+    rows = table(ctl.ok("tail", "ended", "-e", "--from", "offset:1", "-p", "0"))
+    assert [r["VALUE"] for r in rows] == ["e2", "e4"]
+    # From the end (the default, latest) there is nothing to read: it exits at once.
+    assert ctl.json("tail", "ended", "-e")["records"] == []
+    err = ctl.fails(2, "tail", "ended", "-e", "-p", "7")
+    assert "has no partition 7" in err
