@@ -85,6 +85,8 @@ def test_spark_submit_runs_the_job_on_an_archive_and_clean_data_exits_0_with_the
             str(submit),
             "--master",
             "local[2]",
+            "--driver-java-options",
+            "-XX:TieredStopAtLevel=1",  # a short job: C2 would cost more CPU than it saves
             job_path,
             "--archive",
             str(archive),
