@@ -60,7 +60,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="replay or skip: restart delivery at a position",
         description="Drops the leases and retries of the chosen partitions (default every "
-        "partition) and restarts delivery at --to.",
+        "partition) and restarts delivery at --to. --dry-run shows, per partition, where it "
+        "would restart, how many messages that replays (+) or skips (-), and the leases and "
+        "retries it would drop, and changes nothing.",
     )
     p.add_argument("queue")
     p.add_argument("group")
@@ -68,6 +70,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--partition", "-p", type=non_negative, action="append", default=[], help="repeatable"
     )
+    p.add_argument("--dry-run", action="store_true", help="show what would move, change nothing")
     p.set_defaults(handler=reset_offsets)
 
     p = verbs.add_parser("delete", parents=[common], help="delete a consumer group")
@@ -230,13 +233,41 @@ def create(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def reset_offsets(args: argparse.Namespace, ctx: Context) -> int:
-    resp = ctx.conn.call(
+    resp: pb.OffsetsResponse = ctx.conn.call(
         ctx.conn.queues.ResetOffsets,
         pb.ResetOffsetsRequest(
-            queue=args.queue, group=args.group, partitions=args.partition, to=args.to
+            queue=args.queue,
+            group=args.group,
+            partitions=args.partition,
+            to=args.to,
+            dry_run=args.dry_run,
         ),
     )
-    show_offsets(ctx, resp)
+    if not args.dry_run:
+        show_offsets(ctx, resp)
+        return 0
+    if ctx.out.json:
+        ctx.out.doc({**message_dict(resp), "dry_run": True})
+        return 0
+    ctx.out.table(
+        ["PARTITION", "COMMITTED", "RESET_TO", "MOVE", "LATEST", "IN_FLIGHT", "SCHEDULED"],
+        [
+            [
+                p.partition,
+                p.committed,
+                p.reset_to,
+                f"{p.committed - p.reset_to:+d}" if p.reset_to != p.committed else "0",
+                p.latest,
+                p.in_flight,
+                p.scheduled,
+            ]
+            for p in resp.partitions
+        ],
+    )
+    ctx.out.line(
+        "dry run: nothing changed (MOVE: + replays that many messages, - skips them; "
+        "IN_FLIGHT and SCHEDULED are dropped)"
+    )
     return 0
 
 

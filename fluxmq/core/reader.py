@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.core import dead_letters, keys
 from fluxmq.core.catalog import QueueEntry, dead_letter_entry, find_entry
+from fluxmq.core.commands.leases import start_offset
 from fluxmq.core.commands.letters import dead_letter_depth
 from fluxmq.core.commands.results import member_view
 from fluxmq.core.commands.rules import group_view
@@ -288,6 +289,30 @@ class QueueReader:
                 latest=gp.high_watermark,
                 lag=gp.lag,
             )
+        return resp
+
+    def reset_preview(
+        self, entry: QueueEntry, group: str, partitions: Sequence[int], to: pb.StartPosition
+    ) -> pb.OffsetsResponse:
+        """ResetOffsets with dry_run: each chosen partition as it is now, where the reset
+        would restart it and the leases and retries it would drop (the same ``start_offset``
+        the command applies, on this replica's state)."""
+        g = self.group(entry, group)
+        resp = pb.OffsetsResponse()
+        with self._store.read() as txn:
+            for p in sorted(set(partitions)) if partitions else range(entry.policy.partitions):
+                v = g.part(p)
+                log = txn.log(keys.log_id(entry.queue_id, p))
+                high = log.watermarks().high
+                resp.partitions.add(
+                    partition=p,
+                    committed=v.committed,
+                    latest=high,
+                    lag=max(high - v.committed, 0),
+                    reset_to=start_offset(log, to),
+                    in_flight=v.leased,
+                    scheduled=v.scheduled_after(0),
+                )
         return resp
 
     def group_lags(self, entry: QueueEntry, now_ms: int) -> list[pb.GroupLag]:

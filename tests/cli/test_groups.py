@@ -90,6 +90,27 @@ def test_groups_and_offsets(ctl: Ctl, node: Node) -> None:
     assert rest.strip() == "members: none joined"
     assert ctl.json("group", "describe", "stream1", "readers")["members"] == []
 
+    # reset-offsets --dry-run: what would move, per partition, and nothing moves
+    before = ctl.json("offsets", "get", "stream1", "readers")
+    rows = table(
+        ctl.ok(
+            "group", "reset-offsets", "stream1", "readers", "--to", "earliest", "--dry-run"
+        ).split("dry run:")[0]
+    )
+    assert [(r["COMMITTED"], r["RESET_TO"], r["MOVE"]) for r in rows] == [
+        ("2", "0", "+2"),
+        ("0", "0", "0"),
+    ]
+    doc = ctl.json(
+        "group", "reset-offsets", "stream1", "readers", "--to", "latest", "-p", "1", "--dry-run"
+    )
+    assert doc["dry_run"] is True
+    assert [(p["partition"], p["reset_to"]) for p in doc["partitions"]] == [(1, "1")]
+    assert ctl.json("offsets", "get", "stream1", "readers") == before
+    err = ctl.fails(1, "group", "reset-offsets", "stream1", "readers", "--to", "earliest",
+                    "-p", "9", "--dry-run")  # fmt: skip
+    assert "PARTITION_OUT_OF_RANGE" in err or "partition" in err
+
     # reset-offsets: to earliest for one partition, then to an offset / a time for all
     reset = ctl.json(
         "group", "reset-offsets", "stream1", "readers", "--to", "earliest", "--partition", "0"

@@ -925,16 +925,22 @@ class ExtendLeaseResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[ReceiptStatus, str]]] = ..., lease_deadlines_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PartitionOffsets(_message.Message):
-    __slots__ = ("partition", "committed", "latest", "lag")
+    __slots__ = ("partition", "committed", "latest", "lag", "reset_to", "in_flight", "scheduled")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     LATEST_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
+    RESET_TO_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FIELD_NUMBER: _ClassVar[int]
     partition: int
     committed: int
     latest: int
     lag: int
-    def __init__(self, partition: _Optional[int] = ..., committed: _Optional[int] = ..., latest: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+    reset_to: int
+    in_flight: int
+    scheduled: int
+    def __init__(self, partition: _Optional[int] = ..., committed: _Optional[int] = ..., latest: _Optional[int] = ..., lag: _Optional[int] = ..., reset_to: _Optional[int] = ..., in_flight: _Optional[int] = ..., scheduled: _Optional[int] = ...) -> None: ...
 
 class OffsetsResponse(_message.Message):
     __slots__ = ("partitions",)
@@ -972,16 +978,18 @@ class GetOffsetsRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
 
 class ResetOffsetsRequest(_message.Message):
-    __slots__ = ("queue", "group", "partitions", "to")
+    __slots__ = ("queue", "group", "partitions", "to", "dry_run")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     partitions: _containers.RepeatedScalarFieldContainer[int]
     to: StartPosition
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., to: _Optional[_Union[StartPosition, _Mapping]] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., to: _Optional[_Union[StartPosition, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
     __slots__ = ("id", "record", "group", "reason", "attempts", "dead_at_ms", "original_partition", "original_offset")

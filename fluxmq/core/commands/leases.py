@@ -377,6 +377,10 @@ def prepare_reset_offsets(
 ) -> cpb.ResetOffsetsCmd:
     group_view(view, entry, req.group)
     validation.start_position(req.to, "to")
+    npart = entry.policy.partitions
+    for i, p in enumerate(req.partitions):
+        if p >= npart:  # checked again at apply (the queue may change): a dry run needs it now
+            raise partition_out_of_range(entry.name, p, npart, f"partitions[{i}]")
     return cpb.ResetOffsetsCmd(
         queue=req.queue,
         queue_id=entry.queue_id,

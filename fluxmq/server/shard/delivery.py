@@ -310,5 +310,8 @@ class GroupDelivery:
 
     async def reset_offsets(self, req: pb.ResetOffsetsRequest) -> pb.OffsetsResponse:
         entry = self._reader.entry(req.queue)
-        await self._proposer.propose(prepare_reset_offsets(self._reader.view, entry, req))
+        cmd = prepare_reset_offsets(self._reader.view, entry, req)
+        if req.dry_run:
+            return self._reader.reset_preview(entry, req.group, cmd.partitions, cmd.to)
+        await self._proposer.propose(cmd)
         return self._reader.offsets(entry, req.group)
