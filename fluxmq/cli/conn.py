@@ -122,8 +122,8 @@ def load_profile(env: Mapping[str, str]) -> Profile:
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
     ):
         raise UsageError(f"profile {path}: timeout must be a positive number of seconds")
-    if output is not None and output not in ("table", "json"):
-        raise UsageError(f'profile {path}: output must be "table" or "json"')
+    if output is not None and output not in ("table", "json", "jsonl"):
+        raise UsageError(f'profile {path}: output must be "table", "json" or "jsonl"')
     return Profile(
         server=server,
         timeout=float(timeout) if timeout is not None else None,

@@ -20,6 +20,7 @@ from fluxmq.cli.output import (
     show_key,
     show_time,
 )
+from fluxmq.cli.record_output import FormatError, RecordFormat, json_line
 from fluxmq.cli.values import POSITIONS, non_negative, positive, start_position
 
 LEASE_MAX = 1000
@@ -60,6 +61,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="with --nack: redeliver after this long (default the queue's retry backoff)",
     )
     p.add_argument("--reason", default="", help="with --dead: why (kept in the dead letter)")
+    _format_argument(p)
     p.add_argument("--lease-ms", type=non_negative, default=0, help="(default the queue's)")
     p.add_argument("--consumer-id", default="", help="(default fluxmqctl-<host>-<pid>)")
     p.set_defaults(handler=consume)
@@ -97,7 +99,39 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="stop at the end: once every partition was read up to its high watermark as of "
         "the start (kcat -e)",
     )
+    _format_argument(p)
     p.set_defaults(handler=tail)
+
+
+def _format_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format",
+        "-f",
+        type=_record_format,
+        metavar="FMT",
+        help="print each record with kcat's tokens instead of a table: %%s value, %%k key, "
+        "%%p partition, %%o offset, %%T timestamp ms, %%t queue, %%h headers, %%a attempt, "
+        "%%S value size, %%%% percent; \\n \\t escapes (e.g. '%%p:%%o %%s\\n')",
+    )
+
+
+def _record_format(text: str) -> RecordFormat:
+    try:
+        return RecordFormat(text)
+    except FormatError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _one_by_one(ctx: Context, args: argparse.Namespace) -> bool:
+    """Records printed one at a time (--format, -o jsonl), not in a table or one document."""
+    return args.format is not None or ctx.out.jsonl
+
+
+def _print_one(ctx: Context, args: argparse.Namespace, record: pb.Record, attempt: int = 0) -> None:
+    if args.format is not None:
+        ctx.out.raw(args.format.render(record, args.queue, attempt))
+    else:
+        ctx.out.json_line(json_line(record, args.queue, attempt))
 
 
 def consume(args: argparse.Namespace, ctx: Context) -> int:
@@ -128,6 +162,12 @@ def consume(args: argparse.Namespace, ctx: Context) -> int:
         if not resp.messages:
             break
         remaining -= len(resp.messages)
+        if _one_by_one(ctx, args):
+            for m in resp.messages:
+                _print_one(ctx, args, m.record, m.receipt.attempt)
+            if not args.no_ack:
+                _settle(ctx, args, [m.receipt for m in resp.messages])
+            continue
         if ctx.out.json:
             kept.extend(message_dict(m) for m in resp.messages)
             unacked.extend(m.receipt for m in resp.messages)
@@ -147,7 +187,7 @@ def consume(args: argparse.Namespace, ctx: Context) -> int:
         )
         if not args.no_ack:
             _settle(ctx, args, [m.receipt for m in resp.messages])
-    if ctx.out.json:
+    if ctx.out.json and not _one_by_one(ctx, args):
         settled = _settled_as(args)
         ctx.out.doc({"messages": kept, "acked": settled == "acked", "settled": settled})
         if not args.no_ack:
@@ -238,8 +278,9 @@ def _ends(args: argparse.Namespace, ctx: Context) -> dict[int, int]:
 
 def tail(args: argparse.Namespace, ctx: Context) -> int:
     ends = _ends(args, ctx) if args.exit_at_end else None
+    one_by_one = _one_by_one(ctx, args)
     if ends is not None and not ends:  # nothing to read up to the end
-        if ctx.out.json:
+        if ctx.out.json and not one_by_one:
             ctx.out.doc({"records": []})
         return 0
     request = pb.TailRequest(
@@ -258,7 +299,10 @@ def tail(args: argparse.Namespace, ctx: Context) -> int:
             if args.count is not None:
                 records = records[: args.count - seen]
             seen += len(records)
-            if ctx.out.json:
+            if one_by_one:
+                for r in records:
+                    _print_one(ctx, args, r)
+            elif ctx.out.json:
                 kept.extend(message_dict(r) for r in records)
             else:
                 table.rows(
@@ -283,11 +327,11 @@ def tail(args: argparse.Namespace, ctx: Context) -> int:
             if ends is not None and not ends:
                 break
     except KeyboardInterrupt:
-        if ctx.out.json:  # what was read so far is still one document
+        if ctx.out.json and not one_by_one:  # what was read so far is still one document
             ctx.out.doc({"records": kept})
         raise
     finally:
         stream.close()  # cancels the call
-    if ctx.out.json:
+    if ctx.out.json and not one_by_one:
         ctx.out.doc({"records": kept})
     return 0

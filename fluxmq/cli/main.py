@@ -46,7 +46,10 @@ bundle) or --tls (the system's roots) makes every connection TLS; --tls-cert + -
 client certificate (mutual TLS). Rate-limited calls are repeated after the broker's advised delay.
 
 output: human tables by default; -o json prints one JSON document per command (the protobuf
-JSON mapping with proto field names: 64-bit integers are strings, bytes are base64).
+JSON mapping with proto field names: 64-bit integers are strings, bytes are base64); -o jsonl
+prints that document on one line, and tail and consume one object per record as it arrives
+(text where the bytes are UTF-8, base64 where not, flagged). tail and consume also take kcat
+--format strings (%s value, %k key, %p partition, %o offset, %T timestamp, %h headers, ...).
 
 exit codes:
   0    ok

@@ -1,6 +1,8 @@
 """What fluxmqctl prints: aligned tables and ``field: value`` blocks for people, one JSON document
-per command for scripts (``-o json``, the protobuf JSON mapping with the proto field names), and
-the small renderings they share (bytes, times, enums)."""
+per command for scripts (``-o json``, the protobuf JSON mapping with the proto field names; ``-o
+jsonl``: the same document on one line, and for ``tail`` and ``consume`` one object per record
+as it arrives, fluxmq.cli.record_output), and the small renderings they share (bytes, times,
+enums)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-FORMATS = ("table", "json")
+FORMATS = ("table", "json", "jsonl")
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 BYTES_SHOWN_MAX = 64  # binary values are shown as hex, cut here
 _NUMBER_RE = re.compile(r"^[0-9]+(?:\.[0-9]+)?$")
@@ -142,12 +144,36 @@ class Printer:
 
     @property
     def json(self) -> bool:
-        return self.format == "json"
+        """A JSON document (``-o json``, or ``-o jsonl`` for a command that is not a stream)."""
+        return self.format in ("json", "jsonl")
+
+    @property
+    def jsonl(self) -> bool:
+        """One JSON object per line: streams print each record as it arrives."""
+        return self.format == "jsonl"
 
     def doc(self, value: Any) -> None:
-        """The one JSON document of the command."""
-        self.out.write(json.dumps(value, indent=2) + "\n")
+        """The one JSON document of the command (on one line with ``-o jsonl``)."""
+        if self.jsonl:
+            self.out.write(json.dumps(value, separators=(",", ":")) + "\n")
+        else:
+            self.out.write(json.dumps(value, indent=2) + "\n")
         self.out.flush()
+
+    def json_line(self, value: Any) -> None:
+        """One object of a JSON lines stream, written at once."""
+        self.out.write(json.dumps(value, separators=(",", ":"), ensure_ascii=False) + "\n")
+        self.out.flush()
+
+    def raw(self, data: bytes) -> None:
+        """Bytes as they are (a ``--format`` rendering: values are written unchanged)."""
+        self.out.flush()
+        buffer = getattr(self.out, "buffer", None)
+        if buffer is None:
+            self.out.write(data.decode("utf-8", "replace"))
+        else:
+            buffer.write(data)
+            buffer.flush()
 
     def line(self, text: str = "") -> None:
         self.out.write(text + "\n")

@@ -9,6 +9,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq._pb.v1 import queue_pb2_grpc
+from tests.integration.conftest import Node
+
 from .conftest import Ctl
 from .test_queues import table
 
@@ -212,3 +216,45 @@ def test_tail_exit_at_end_stops_at_the_high_watermarks_of_the_start(ctl: Ctl) ->
     assert ctl.json("tail", "ended", "-e")["records"] == []
     err = ctl.fails(2, "tail", "ended", "-e", "-p", "7")
     assert "has no partition 7" in err
+
+
+def test_jsonl_streams_one_object_per_record_and_format_strings_render_like_kcat(
+    ctl: Ctl, node: Node
+) -> None:
+    """-o jsonl: one JSON object per record, text where the bytes are UTF-8 and base64 (said
+    so) where not; --format: kcat's tokens, bytes as they are; -o jsonl elsewhere: the one
+    document on one line."""
+    ctl.ok("queue", "create", "lines", "--partitions", "1")
+    with node.channel() as ch:
+        queue_pb2_grpc.QueueServiceStub(ch).Publish(  # type: ignore[no-untyped-call]
+            pb.PublishRequest(
+                queue="lines",
+                messages=[
+                    pb.PublishMessage(value=b"caf\xc3\xa9", key=b"k1", headers={"h": b"v"}),
+                    pb.PublishMessage(value=b"\xff\x00bin", headers={"raw": b"\xfe"}),
+                ],
+            ),
+            timeout=10,
+        )
+    out = ctl.ok("-o", "jsonl", "tail", "lines", "--from", "earliest", "-e")
+    first, second = (json.loads(line) for line in out.splitlines())
+    assert (first["value"], first["value_encoding"]) == ("café", "utf-8")
+    assert (first["key"], first["key_encoding"], first["headers"]) == ("k1", "utf-8", {"h": "v"})
+    assert (first["queue"], first["partition"], first["offset"]) == ("lines", 0, 0)
+    assert second["value_encoding"] == "base64"
+    assert base64.b64decode(second["value"]) == b"\xff\x00bin" and "key" not in second
+    assert second["headers_base64"] == ["raw"]
+    assert base64.b64decode(second["headers"]["raw"]) == b"\xfe"
+
+    rendered = ctl.ok("tail", "lines", "--from", "earliest", "-e", "-f", r"%t/%p:%o %k=%s (%S)\n",
+                      "-n", "1")  # fmt: skip
+    assert rendered == "lines/0:0 k1=café (5)\n"
+    err = ctl.fails(2, "tail", "lines", "-f", "%q")
+    assert "%q is not a token" in err
+
+    ctl.ok("group", "create", "lines", "g")
+    out = ctl.ok("-o", "jsonl", "consume", "lines", "-g", "g", "-n", "2", "--wait-ms", "200")
+    assert [json.loads(line)["attempt"] for line in out.splitlines()] == [1, 1]
+    assert ctl.json("offsets", "get", "lines", "g")["partitions"][0]["committed"] == "2"
+    stats = ctl.ok("-o", "jsonl", "queue", "stats", "lines")
+    assert len(stats.splitlines()) == 1 and json.loads(stats)["name"] == "lines"
