@@ -40,6 +40,9 @@ sysdeps:
 	@command -v iptables >/dev/null 2>&1 || { \
 	  echo "installing Debian package iptables (network partitions of the fault schedules in tests/chaos)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables >/dev/null; }
+	@command -v zsh >/dev/null 2>&1 && command -v fish >/dev/null 2>&1 || { \
+	  echo "installing Debian packages zsh and fish (the shell completion tests of fluxmqctl)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zsh fish >/dev/null; }
 	@command -v docker-compose >/dev/null 2>&1 || { \
 	  echo "installing Debian package docker-compose (checks deploy/compose offline; no engine needed)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null; }

@@ -12,7 +12,18 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from fluxmq.cli import cluster, consume, dlq, group, key, node, offsets, publish, queue
+from fluxmq.cli import (
+    cluster,
+    completion,
+    consume,
+    dlq,
+    group,
+    key,
+    node,
+    offsets,
+    publish,
+    queue,
+)
 from fluxmq.cli.conn import (
     API_KEY_ENV,
     DEFAULT_PROFILE,
@@ -179,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.register(sub, common)
     key.register(sub, common)
     node.register(sub, common)
+    completion.register(sub, common)
     return parser
 
 
@@ -201,7 +213,11 @@ def _context(args: argparse.Namespace) -> Context:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # SystemExit(2) on bad usage
+    parser = build_parser()
+    args = parser.parse_args(argv)  # SystemExit(2) on bad usage
+    if getattr(args, "completion", False):  # needs no broker, no profile
+        sys.stdout.write(completion.script(args.shell, parser))
+        return 0
     ctx = _context(args)
     try:
         return int(args.handler(args, ctx))

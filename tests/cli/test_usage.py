@@ -124,7 +124,11 @@ def test_every_command_takes_options_before_between_and_after_its_arguments() ->
             if group.required:
                 flag = group._group_actions[0].option_strings[0]
                 options += [flag, REQUIRED_VALUES[flag]]
-        positionals = [f"arg{n}" for n, a in enumerate(parser._actions) if not a.option_strings]
+        positionals = [
+            str(next(iter(a.choices))) if a.choices else f"arg{n}"
+            for n, a in enumerate(parser._actions)
+            if not a.option_strings
+        ]
         orders = [options + positionals, positionals + options]
         if positionals:
             orders.append(positionals[:1] + options + positionals[1:])
