@@ -69,6 +69,7 @@ from fluxmq.client.errors import (
 )
 from fluxmq.client.producer import OutgoingMessage, PublishResult
 from fluxmq.client.reader import StreamReader, StreamRecord
+from fluxmq.client.tail import Tail
 
 __all__ = [
     "NO_RETRY",
@@ -99,6 +100,7 @@ __all__ = [
     "StaleGeneration",
     "StreamReader",
     "StreamRecord",
+    "Tail",
     "Unauthenticated",
     "Unavailable",
     "from_rpc_error",

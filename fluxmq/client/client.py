@@ -44,6 +44,8 @@ from fluxmq.client.producer import (
 from fluxmq.client.reader import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_FETCH_MAX, StreamReader
 from fluxmq.client.reader import DEFAULT_WAIT_MS as DEFAULT_READ_WAIT_MS
 from fluxmq.client.record_batches import CorruptBatchError, add_records
+from fluxmq.client.tail import BATCH_MAX as TAIL_BATCH_MAX
+from fluxmq.client.tail import Start, Tail
 
 log = logging.getLogger("fluxmq.client")
 
@@ -431,6 +433,33 @@ class AsyncClient:
         )
         self._readers.add(r)
         return r
+
+    def tail(
+        self,
+        queue: str,
+        *,
+        partition: int | None = None,
+        partitions: Sequence[int] | None = None,
+        start: Start = "earliest",
+        batch_max: int = TAIL_BATCH_MAX,
+        codec: str | Codec | None = None,
+    ) -> Tail:
+        """A :class:`Tail`: the queue's records as they are appended (``async for rec in
+        client.tail(q)``), every partition merged or ``partition`` / ``partitions`` only, from
+        ``start``: ``"earliest"`` (default), ``"latest"``, an offset, or an aware datetime.
+        It reconnects after node failures and leader changes and goes on after the last record
+        it handed out. Reads only: no group, no offsets stored."""
+        if partition is not None and partitions is not None:
+            raise ValueError("give partition or partitions, not both")
+        t = Tail(
+            self,
+            queue,
+            codec=self._codec(codec),
+            partitions=[partition] if partition is not None else partitions,
+            start=start,
+            batch_max=batch_max,
+        )
+        return t
 
     async def consume(
         self,

@@ -90,6 +90,18 @@ async def test_failover_to_another_node_keeps_publishing_and_consuming(cluster: 
         consuming = asyncio.ensure_future(
             client.consume("fo", "g", handle, lease_ms=2000, wait_ms=200, stop=stop, batch=20)
         )
+        # A tail of the queue too: its stream is on the same node, and goes on elsewhere from
+        # the last record it handed out.
+        tail = client.tail("fo")
+        tailed: Counter[bytes] = Counter()
+
+        async def tail_all() -> None:
+            async for rec in tail:
+                tailed[rec.value] += 1
+                if sum(tailed.values()) == total:
+                    return
+
+        tailing = asyncio.ensure_future(tail_all())
         async with client.producer("fo", max_messages=20, linger_ms=2) as producer:
             for i in range(total // 2):
                 await producer.send(f"m{i}".encode())
@@ -106,6 +118,10 @@ async def test_failover_to_another_node_keeps_publishing_and_consuming(cluster: 
         assert client.transport.target("fo") != victim and client.transport.retries > 0
         await asyncio.wait_for(consuming, 30)
         assert set(seen) == {f"m{i}".encode() for i in range(total)}
+        await asyncio.wait_for(tailing, 30)
+        await tail.close()
+        assert tailed == Counter({f"m{i}".encode(): 1 for i in range(total)})  # each once
+        assert tail.reconnects >= 1
         desc = await client.admin.describe_group("fo", "g")
         assert sum(p.acked for p in desc.partitions) == total
         assert took < 20
