@@ -6,7 +6,9 @@ the tail opens (GetQueueStats, SeekToTimestamp), and every record handed out mov
 partition's position past it. A stream that fails with a retriable error is opened again
 (another node when the error says so, else after a backoff) from those positions, so nothing
 is skipped and nothing is handed out twice: records below a partition's position are dropped.
-Partitions at the same position share one stream (at the start, typically all of them).
+Partitions at the same position share one stream (at the start, typically all of them). The
+broker sends its stored batches unopened (``record_batches``); the tail checks and decodes them
+as ``fetch`` does.
 
 Reading only: no group, no offsets stored (``client.reader`` keeps a group's position).
 """
@@ -18,6 +20,7 @@ import contextlib
 import datetime
 import logging
 from collections.abc import Sequence
+from itertools import count, repeat
 from typing import Any
 
 import grpc
@@ -26,6 +29,7 @@ from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client.codecs import Codec
 from fluxmq.client.errors import FluxMQError, from_rpc_error
 from fluxmq.client.reader import StreamRecord
+from fluxmq.client.record_batches import add_records
 
 log = logging.getLogger("fluxmq.client")
 
@@ -81,8 +85,8 @@ class Tail:
         self._batch_max = batch_max
         self.positions: dict[int, int] = {}  # partition -> the next offset to hand out
         self.reconnects = 0  # streams opened again after a failure (for monitoring)
-        self._ready: asyncio.Queue[list[pb.Record] | BaseException] = asyncio.Queue(READY_MAX)
-        self._current: list[pb.Record] = []
+        self._ready: asyncio.Queue[pb.TailResponse | BaseException] = asyncio.Queue(READY_MAX)
+        self._current: list[tuple[int, int, pb.Record]] = []  # (partition, offset, record)
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
@@ -136,22 +140,43 @@ class Tail:
         return self
 
     async def __anext__(self) -> StreamRecord:
-        await self.start()
-        while True:
-            while not self._current:
-                if self._closed:
-                    raise StopAsyncIteration
-                got = await self._ready.get()
-                if isinstance(got, BaseException):
-                    await self.close()
-                    raise got
-                self._current = got
-                self._current.reverse()  # popped from the end, in stream order
-            record = self._current.pop()
-            if record.offset < self.positions.get(record.partition, 0):
-                continue  # sent again by a stream opened after a failure
-            self.positions[record.partition] = record.offset + 1
-            return StreamRecord(self.codec, record.partition, record)
+        if not self._started:
+            await self.start()
+        while not self._current:
+            if self._closed:
+                raise StopAsyncIteration
+            got = await self._ready.get()
+            if isinstance(got, BaseException):
+                await self.close()
+                raise got
+            self._current = self._fresh(got)
+        partition, offset, record = self._current.pop()
+        self.positions[partition] = offset + 1
+        return StreamRecord(self.codec, partition, record)
+
+    def _fresh(self, resp: pb.TailResponse) -> list[tuple[int, int, pb.Record]]:
+        """The records of ``resp`` not handed out yet (a stream opened after a failure sends
+        again what was queued from the old one), last first: popped in stream order. Checked
+        once per response: the previous one was handed out whole, so positions are current.
+        Stored batches are checked (crc32c) and decoded here; CorruptBatchError ends the
+        tail."""
+        positions = self.positions
+        fresh: list[tuple[int, int, pb.Record]] = []
+        for part in resp.partitions:
+            p = part.partition
+            start = max(part.from_offset, positions.get(p, 0))
+            if start >= part.next_offset:
+                continue
+            decoded = pb.TailResponse()
+            add_records(decoded.records, part.record_batches, part.log_id, p, start)
+            # A partition's records are consecutive from ``start``: no field read per record.
+            fresh.extend(zip(repeat(p), count(start), decoded.records, strict=False))
+        for record in resp.records:
+            partition, offset = record.partition, record.offset
+            if offset >= positions.get(partition, 0):
+                fresh.append((partition, offset, record))
+        fresh.reverse()
+        return fresh
 
     # -- streams ---------------------------------------------------------------------------------
 
@@ -166,6 +191,7 @@ class Tail:
                 partitions=parts,
                 start=pb.StartPosition(offset=offset),
                 max_messages=self._batch_max,
+                record_batches=True,
             )
             for offset, parts in sorted(by_offset.items())
         ]
@@ -216,8 +242,8 @@ class Tail:
 
     async def _read(self, call: Any) -> None:
         async for resp in call:
-            if resp.records:
-                await self._ready.put(list(resp.records))
+            if resp.partitions or resp.records:
+                await self._ready.put(resp)
 
 
 __all__ = ["FluxMQError", "Start", "Tail", "start_position"]

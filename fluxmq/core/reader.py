@@ -46,6 +46,11 @@ class FetchResult:
         return not self.records and not self.batches
 
     @property
+    def start_offset(self) -> int:
+        """The offset asked for: records below it in the first batch are not to be read."""
+        return self._start
+
+    @property
     def messages(self) -> int:
         """Records this result hands on (of the batches: those from the start offset on)."""
         return len(self.records) if self.records else self.next_offset - self._start

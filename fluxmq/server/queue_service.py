@@ -492,13 +492,24 @@ class QueueService(pb_grpc.QueueServiceServicer):
         if batch_max > 10_000:
             raise invalid_argument("max_messages", "at most 10000")
         stream = self._shard.streams.tail(
-            request.queue, request.partitions, request.start, batch_max
+            request.queue, request.partitions, request.start, batch_max, request.record_batches
         )
         try:
             async for chunk in stream:
                 resp = pb.TailResponse()
-                for partition, records in chunk:
-                    _fill_records(resp.records, partition, records)
+                for partition, read in chunk:
+                    if request.record_batches:
+                        part = resp.partitions.add(
+                            partition=partition,
+                            from_offset=read.start_offset,
+                            next_offset=read.next_offset,
+                            log_id=read.log_id,
+                        )
+                        add = part.record_batches.add
+                        for b in read.batches:
+                            add(base_offset=b.base_offset, data=b.data)
+                    else:
+                        _fill_records(resp.records, partition, read.records)
                 yield resp
         finally:
             with contextlib.suppress(Exception):

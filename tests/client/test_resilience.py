@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.request
 from collections import Counter
@@ -115,12 +116,16 @@ async def test_failover_to_another_node_keeps_publishing_and_consuming(cluster: 
             for i in range(total // 2, total):
                 await producer.send(f"m{i}".encode())
         took = time.monotonic() - t0
-        assert client.transport.target("fo") != victim and client.transport.retries > 0
+        assert client.transport.target("fo") != victim, (victim, client.transport)
+        assert client.transport.retries > 0
         await asyncio.wait_for(consuming, 30)
         assert set(seen) == {f"m{i}".encode() for i in range(total)}
-        await asyncio.wait_for(tailing, 30)
+        with contextlib.suppress(TimeoutError):  # what is missing is said below
+            await asyncio.wait_for(tailing, 30)
         await tail.close()
-        assert tailed == Counter({f"m{i}".encode(): 1 for i in range(total)})  # each once
+        missing = [f"m{i}" for i in range(total) if f"m{i}".encode() not in tailed]
+        doubled = [v for v, n in tailed.items() if n > 1]
+        assert not missing and not doubled, (missing[:10], doubled[:10], tail.positions)
         assert tail.reconnects >= 1
         desc = await client.admin.describe_group("fo", "g")
         assert sum(p.acked for p in desc.partitions) == total

@@ -501,22 +501,40 @@ class StartPosition(_message.Message):
     def __init__(self, earliest: _Optional[bool] = ..., latest: _Optional[bool] = ..., offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
 
 class TailRequest(_message.Message):
-    __slots__ = ("queue", "partitions", "start", "max_messages")
+    __slots__ = ("queue", "partitions", "start", "max_messages", "record_batches")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RECORD_BATCHES_FIELD_NUMBER: _ClassVar[int]
     queue: str
     partitions: _containers.RepeatedScalarFieldContainer[int]
     start: StartPosition
     max_messages: int
-    def __init__(self, queue: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., max_messages: _Optional[int] = ...) -> None: ...
+    record_batches: bool
+    def __init__(self, queue: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., max_messages: _Optional[int] = ..., record_batches: _Optional[bool] = ...) -> None: ...
 
 class TailResponse(_message.Message):
-    __slots__ = ("records",)
+    __slots__ = ("records", "partitions")
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[Record]
-    def __init__(self, records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ...) -> None: ...
+    partitions: _containers.RepeatedCompositeFieldContainer[TailBatches]
+    def __init__(self, records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[TailBatches, _Mapping]]] = ...) -> None: ...
+
+class TailBatches(_message.Message):
+    __slots__ = ("partition", "from_offset", "next_offset", "record_batches", "log_id")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RECORD_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    LOG_ID_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    from_offset: int
+    next_offset: int
+    record_batches: _containers.RepeatedCompositeFieldContainer[RecordBatch]
+    log_id: int
+    def __init__(self, partition: _Optional[int] = ..., from_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., record_batches: _Optional[_Iterable[_Union[RecordBatch, _Mapping]]] = ..., log_id: _Optional[int] = ...) -> None: ...
 
 class SeekToTimestampRequest(_message.Message):
     __slots__ = ("queue", "partition", "timestamp_ms")

@@ -14,7 +14,7 @@ from fluxmq.core.commands.leases import start_offset
 from fluxmq.core.errors import FluxError, queue_not_found
 from fluxmq.core.reader import FetchResult, QueueReader
 from fluxmq.server.shard.wakeups import Wakeups
-from storage import Record, Store
+from storage import Store
 
 TAIL_BYTES_MAX = 4 * 1024 * 1024  # one tail read per partition
 TAIL_RECHECK_S = 1.0  # an idle tail looks again this often (queue deleted, ...)
@@ -69,9 +69,15 @@ class Streams:
             }
 
     async def tail(
-        self, queue: str, partitions: Sequence[int], start: pb.StartPosition, batch_max: int
-    ) -> AsyncIterator[list[tuple[int, list[Record]]]]:
-        """Yields [(partition, records)] as records arrive, forever (until cancelled)."""
+        self,
+        queue: str,
+        partitions: Sequence[int],
+        start: pb.StartPosition,
+        batch_max: int,
+        batches: bool = False,
+    ) -> AsyncIterator[list[tuple[int, FetchResult]]]:
+        """Yields [(partition, what was read)] as records arrive, forever (until cancelled);
+        with ``batches`` the stored batches, not opened."""
         entry = self._reader.entry(queue)
         parts = list(partitions) or list(range(entry.policy.partitions))
         for i, p in enumerate(parts):
@@ -86,9 +92,9 @@ class Streams:
             self._wakeups.check_open()  # a draining node ends its tails, even busy ones
             events = [self._wakeups.event(keys.log_id(entry.queue_id, p)) for p in parts]
             out = [
-                (p, records)
+                (p, read)
                 for p in parts
-                if (records := self._tail_read(queue, entry, p, offsets, batch_max))
+                if not (read := self._tail_read(queue, entry, p, offsets, batch_max, batches)).empty
             ]
             if out:
                 yield out
@@ -98,25 +104,32 @@ class Streams:
                 raise queue_not_found(queue)  # deleted (and maybe re-created): this tail is over
 
     def _tail_read(
-        self, queue: str, entry: QueueEntry, p: int, offsets: dict[int, int], batch_max: int
-    ) -> list[Record]:
-        """The next records of partition ``p`` from ``offsets[p]``, which it moves past them."""
+        self,
+        queue: str,
+        entry: QueueEntry,
+        p: int,
+        offsets: dict[int, int],
+        batch_max: int,
+        batches: bool,
+    ) -> FetchResult:
+        """The next records (or batches) of partition ``p`` from ``offsets[p]``, which it
+        moves past them."""
         wm = self._reader.watermarks(entry, p)
         # Retention may have removed what we had not read yet: skip ahead, as Kafka's
         # auto.offset.reset=earliest does.
         offsets[p] = max(offsets[p], wm.low)
         if offsets[p] >= wm.high:
-            return []
+            return FetchResult([], offsets[p], wm)
         try:
-            res = self._reader.fetch(entry, p, offsets[p], batch_max, TAIL_BYTES_MAX)
+            res = self._reader.fetch(entry, p, offsets[p], batch_max, TAIL_BYTES_MAX, batches)
         except FluxError as err:
             if err.reason != "OFFSET_OUT_OF_RANGE":
                 raise
-            return []  # retention moved low since we looked: skip ahead next round
-        if res.records:
+            return FetchResult([], offsets[p], wm)  # retention moved low: skip ahead next round
+        if not res.empty:
             offsets[p] = res.next_offset
             _count_fetched(queue, res)
-        return res.records
+        return res
 
     def seek(self, queue: str, partition: int, timestamp_ms: int) -> int:
         return self._reader.offset_for_timestamp(self._reader.entry(queue), partition, timestamp_ms)
