@@ -990,12 +990,13 @@ async def serve_node(cfg: config_mod.NodeConfig) -> None:
 
 
 USAGE = """\
-usage: fluxmq serve [--help] | fluxmq cluster up|down|status [--help]
+usage: fluxmq serve [--help] | fluxmq cluster COMMAND [--help]
        | fluxmq migrate --data-dir DIR | fluxmq seal-records [--help] | fluxmq --version
 
   serve     run a node (single node by default; `fluxmq serve --help` lists every setting,
             its default and its FLUXMQ_* variable)
-  cluster   a local 3-node cluster on etcd for development (up, down, status)
+  cluster   a local cluster on etcd for development (up, down, status, stop-node,
+            kill-node, start-node, add-node, remove-node)
   migrate   rewrite a stopped node's data directory from record format 1 to record batches
   seal-records  seal, with the cluster secret, the etcd records an older version wrote
             unsealed (`fluxmq seal-records [the node's settings]`, once, when upgrading)"""
