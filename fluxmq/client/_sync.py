@@ -148,11 +148,44 @@ class SyncConsumer:
         self._loop.run(self.consumer.__aexit__(exc_type, exc, tb))
 
 
-async def _next(consumer: Consumer) -> Any:
+async def _next(consumer: Any) -> Any:
     try:
         return await consumer.__anext__()
     except StopAsyncIteration:
         return _END
+
+
+class SyncRecords:
+    """A blocking iterator of :class:`~fluxmq.client.reader.StreamRecord` over an async one
+    that starts and closes (``client.reader()``, ``client.tail()``); use ``with``."""
+
+    def __init__(self, records: Any, loop: LoopThread) -> None:
+        self.records = records
+        self._loop = loop
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        item = self._loop.run(_next(self.records))
+        if item is _END:
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._loop.run(self.records.close())
+
+    def __enter__(self) -> SyncRecords:
+        self._loop.run(self.records.start())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class SyncProducer:

@@ -17,7 +17,14 @@ import grpc
 from fluxmq._pb.v1 import admin_pb2
 from fluxmq._pb.v1 import queue_pb2 as pb
 from fluxmq.client._security import Credentials, PathLike
-from fluxmq.client._sync import LoopThread, SyncAdmin, SyncConsumer, SyncMessage, SyncProducer
+from fluxmq.client._sync import (
+    LoopThread,
+    SyncAdmin,
+    SyncConsumer,
+    SyncMessage,
+    SyncProducer,
+    SyncRecords,
+)
 from fluxmq.client._transport import RetryPolicy, Transport
 from fluxmq.client.admin import Admin
 from fluxmq.client.arguments import check_integers
@@ -620,6 +627,18 @@ class Client:
         """A blocking iterator of messages (``ack()`` / ``nack()`` block); use ``with``."""
         consumer = self._loop.run(_in_loop(self._client.consumer, queue, group, **kwargs))
         return SyncConsumer(consumer, self._loop)
+
+    def reader(self, queue: str, group: str, **kwargs: Any) -> SyncRecords:
+        """A blocking iterator of a stream queue's records for ``group`` (see
+        :meth:`AsyncClient.reader`); use ``with`` (leaving commits the position)."""
+        reader = self._loop.run(_in_loop(self._client.reader, queue, group, **kwargs))
+        return SyncRecords(reader, self._loop)
+
+    def tail(self, queue: str, **kwargs: Any) -> SyncRecords:
+        """A blocking iterator of a queue's records as they are appended (see
+        :meth:`AsyncClient.tail`); use ``with``."""
+        tail = self._loop.run(_in_loop(self._client.tail, queue, **kwargs))
+        return SyncRecords(tail, self._loop)
 
     def consume(
         self,

@@ -41,6 +41,7 @@ def test_readme_sdk_blocks_run_against_a_node(broker: Node) -> None:
     out = run(broker, "-c", block("sdk-async"))
     assert "stored at 0 0" in out and "11 acked" in out and "QUEUE_NOT_FOUND" in out
     assert "ada@example.com attempt 1" in out
+    assert re.search(r"^tailed \d+ 0 ", out, re.M)
     out = run(broker, "-c", block("sdk-sync"))
     assert "thumbnails" in out
 

@@ -9,7 +9,7 @@ import datetime
 
 import pytest
 
-from fluxmq.client import AsyncClient, Tail
+from fluxmq.client import AsyncClient, Client, Tail
 from tests.integration.conftest import Node
 
 TIMEOUT_S = 20
@@ -55,3 +55,20 @@ async def test_tail_merges_partitions_in_order_and_starts_where_asked(broker: No
             client.tail("tailed", start=datetime.datetime(2026, 1, 1))
         with pytest.raises(ValueError, match="not both"):
             client.tail("tailed", partition=0, partitions=[1])
+
+
+def test_the_blocking_client_tails_and_reads_a_stream(broker: Node) -> None:
+    """``Client.tail()`` and ``Client.reader()``: blocking iterators over the same objects."""
+    with Client(broker.address) as client:
+        client.admin.create_queue("tailed-sync", partitions=1)
+        client.admin.create_group("tailed-sync", "g")
+        for i in range(3):
+            client.publish("tailed-sync", f"s{i}".encode())
+        with client.tail("tailed-sync", start=1) as tail:
+            got = [next(tail).value for _ in range(2)]
+        assert got == [b"s1", b"s2"]
+        with client.reader("tailed-sync", "g") as reader:
+            assert [next(reader).value for _ in range(3)] == [b"s0", b"s1", b"s2"]
+        # leaving the reader committed its position
+        (offsets,) = client.admin.get_offsets("tailed-sync", "g")
+        assert offsets.committed == 3
