@@ -37,6 +37,7 @@ from fluxmq.client.consumer import (
     ConsumerStats,
     Handler,
     Message,
+    RebalanceCallback,
 )
 from fluxmq.client.errors import FluxMQError
 from fluxmq.client.pipeline import WINDOW_DEFAULT, LanePool, PublishPipeline
@@ -387,9 +388,14 @@ class AsyncClient:
         strategy: str = "",
         stop: asyncio.Event | None = None,
         codec: str | Codec | None = None,
+        on_assigned: RebalanceCallback | None = None,
+        on_revoked: RebalanceCallback | None = None,
     ) -> Consumer:
         """A :class:`Consumer` (``async for msg in client.consumer(q, g)``; better inside
-        ``async with`` so that leaving the loop closes it)."""
+        ``async with`` so that leaving the loop closes it). ``on_assigned`` / ``on_revoked``
+        (plain or async, called with a frozenset of partitions) say when this member's
+        partitions change: revoked ones once their messages are settled, before they are
+        released to another member."""
         c = Consumer(
             self._transport,
             queue,
@@ -407,6 +413,8 @@ class AsyncClient:
             strategy=strategy,
             stop=stop,
             on_close=self._consumers.discard,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
         )
         self._consumers.add(c)
         return c
@@ -488,6 +496,8 @@ class AsyncClient:
         session_timeout_ms: int = 0,
         strategy: str = "",
         codec: str | Codec | None = None,
+        on_assigned: RebalanceCallback | None = None,
+        on_revoked: RebalanceCallback | None = None,
     ) -> ConsumerStats:
         """Runs ``handler(msg)`` on every message until ``stop`` is set (or one of
         ``stop_signals`` arrives, e.g. ``(signal.SIGINT, signal.SIGTERM)``), then stops
@@ -512,6 +522,8 @@ class AsyncClient:
                 session_timeout_ms=session_timeout_ms,
                 strategy=strategy,
                 codec=codec,
+                on_assigned=on_assigned,
+                on_revoked=on_revoked,
             )
             return await c.run(handler, concurrency=concurrency, nack_delay_ms=nack_delay_ms,
                                stop=stop)  # fmt: skip

@@ -107,6 +107,11 @@ class ConsumerStats:
     released: int = 0  # leased, never handed out, given back at close
 
 
+# on_assigned / on_revoked: called with the partitions, plain or async (aiokafka's
+# ConsumerRebalanceListener).
+RebalanceCallback = Callable[[frozenset[int]], Awaitable[None] | None]
+
+
 class Message:
     """One leased message. ``data`` is the value decoded with the consumer's codec; ``value``
     the raw bytes. Settle it once with ``ack()``, ``nack()`` (or let ``auto_ack`` do it)."""
@@ -244,6 +249,8 @@ class Consumer:
         ack_linger_ms: float = 5.0,
         stop: asyncio.Event | None = None,
         on_close: Callable[[Consumer], None] | None = None,
+        on_assigned: RebalanceCallback | None = None,
+        on_revoked: RebalanceCallback | None = None,
     ) -> None:
         if not 1 <= batch <= RECEIPTS_PER_CALL:
             raise ValueError(f"batch must be 1..{RECEIPTS_PER_CALL}")
@@ -272,6 +279,9 @@ class Consumer:
         self._ack_linger_s = ack_linger_ms / 1000
         self._stop_event = stop
         self._on_close = on_close
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._revoked_told: frozenset[int] = frozenset()  # told on_revoked, not released yet
         # membership
         self.member_id = ""
         self.generation = 0
@@ -437,6 +447,11 @@ class Consumer:
                 await self._release(rest)
             await self._flush_acks()
             if self.member_id:
+                # What it holds is settled: it is about to give its partitions up.
+                held = (self.assigned | self.revoking) - self._revoked_told
+                if held:
+                    self._revoked_told |= held
+                    await self._callback(self._on_revoked, held)
                 with contextlib.suppress(FluxMQError):
                     await self._call(
                         "LeaveGroup",
@@ -605,6 +620,7 @@ class Consumer:
     # -- membership ------------------------------------------------------------------------------
 
     async def _join(self) -> None:
+        before = self.assigned | self.revoking
         a = await self._call(
             "JoinGroup",
             pb.JoinGroupRequest(
@@ -619,6 +635,7 @@ class Consumer:
         self._adopt(a)
         log.debug("fluxmq: %s joined %s/%s as %s gen %d", self.consumer_id, self.queue,
                   self.group, self.member_id, self.generation)  # fmt: skip
+        await self._tell_rebalance(before)
 
     def _adopt(self, a: pb.MemberAssignment) -> None:
         self.member_id = a.member_id
@@ -653,7 +670,33 @@ class Consumer:
                          self.group, a.reason)  # fmt: skip
                 await self._join()
             else:
+                before = self.assigned | self.revoking
                 self._adopt(a)
+                await self._tell_rebalance(before)
+
+    async def _tell_rebalance(self, before: frozenset[int]) -> None:
+        """The rebalance callbacks, after an assignment changed: ``on_assigned`` with the
+        partitions newly held; ``on_revoked`` with those lost outright (a new membership
+        without them); partitions being revoked are told once their messages are settled
+        (``_heartbeat_loop``), before the heartbeat that releases them."""
+        held = self.assigned | self.revoking
+        lost = before - held - self._revoked_told
+        self._revoked_told &= held
+        gained = self.assigned - before
+        if lost:
+            await self._callback(self._on_revoked, lost)
+        if gained:
+            await self._callback(self._on_assigned, gained)
+
+    async def _callback(self, fn: RebalanceCallback | None, partitions: frozenset[int]) -> None:
+        if fn is None:
+            return
+        try:
+            result = fn(partitions)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # the application's own: logged, the consumer goes on
+            log.exception("fluxmq: rebalance callback of %s/%s failed", self.queue, self.group)
 
     async def _refresh(self, asked_at: float) -> None:
         """After STALE_GENERATION: learn the current generation now."""
@@ -684,6 +727,10 @@ class Consumer:
                 continue
             if self.revoking:
                 await self._finish_partitions(self.revoking, self._hb_interval_s)
+                fresh = self.revoking - self._revoked_told
+                if fresh:
+                    self._revoked_told |= fresh
+                    await self._callback(self._on_revoked, fresh)
                 self._hb_now.set()  # heartbeat at once: it releases them
 
     async def _finish_partitions(self, partitions: frozenset[int], timeout_s: float) -> None:

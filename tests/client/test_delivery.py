@@ -189,7 +189,9 @@ async def test_ordered_group_hands_partitions_to_a_new_member_in_order(
 ) -> None:
     """Ordered group, 4 partitions: a second member joins mid-stream; the first finishes what
     it holds of the revoked partitions and releases them at once. Every message is handled
-    once (attempt 1), and each partition in offset order across both members."""
+    once (attempt 1), and each partition in offset order across both members. The rebalance
+    callbacks say it: a is assigned all 4, then told which it loses only after it handled
+    the last of their messages it held; b is assigned those."""
     n = 400
     async with AsyncClient(broker.address) as client:
         await client.admin.create_queue(f"ordered-{mode}", type="work", partitions=4)
@@ -198,11 +200,19 @@ async def test_ordered_group_hands_partitions_to_a_new_member_in_order(
             f"ordered-{mode}", [OutgoingMessage(f"m{i}", key=f"k{i % 8}") for i in range(n)]
         )
         handled: list[tuple[str, int, int, int]] = []
+        events: list[tuple[str, str, frozenset[int]]] = []  # (member, what, partitions)
         stop = asyncio.Event()
         b_started = asyncio.Event()
 
+        def told(cid: str, what: str):  # type: ignore[no-untyped-def]
+            async def callback(partitions: frozenset[int]) -> None:
+                events.append((cid, what, partitions))
+
+            return callback
+
         def handler(cid: str):  # type: ignore[no-untyped-def]
             async def handle(msg: Message) -> None:
+                events.append((cid, f"handled {msg.offset}", frozenset({msg.partition})))
                 handled.append((cid, msg.partition, msg.offset, msg.attempt))
                 await asyncio.sleep(0.004)
                 if len(handled) >= 60:
@@ -218,6 +228,7 @@ async def test_ordered_group_hands_partitions_to_a_new_member_in_order(
                     f"ordered-{mode}", "g", handler(cid), consumer_id=cid, batch=10, wait_ms=200,
                     mode=mode,
                     session_timeout_ms=1500, concurrency=2, stop=stop,
+                    on_assigned=told(cid, "assigned"), on_revoked=told(cid, "revoked"),
                 )
             )  # fmt: skip
 
@@ -233,6 +244,24 @@ async def test_ordered_group_hands_partitions_to_a_new_member_in_order(
             offsets = [o for _, q, o, _ in handled if q == p]
             assert offsets == sorted(offsets), p
         assert {cid for cid, *_ in handled} == {"a", "b"}
+        told_events = [(cid, what, ps) for cid, what, ps in events if what in TOLD]
+        assert told_events[0] == ("a", "assigned", frozenset(range(4))), told_events
+        revoked = [(i, ps) for i, (cid, what, ps) in enumerate(events) if (cid, what) == (
+            "a", "revoked")]  # fmt: skip
+        assert revoked, told_events
+        # b gained while a was running only what a was told it lost (the rest once a left);
+        # a, leaving, was told it lost what it still had.
+        first_lost = revoked[0][1]
+        b_first = next(ps for cid, what, ps in told_events if (cid, what) == ("b", "assigned"))
+        assert first_lost != frozenset(range(4)) and b_first <= first_lost, told_events
+        lost = frozenset().union(*(ps for _, ps in revoked))
+        assert lost == frozenset(range(4)), told_events
+        for i, ps in revoked:  # a handled nothing of a partition after it was told it lost it
+            assert not [e for e in events[i:] if e[0] == "a" and e[1].startswith("handled")
+                        and e[2] <= ps], (ps, events[i:i + 5])  # fmt: skip
+
+
+TOLD = ("assigned", "revoked")
 
 
 async def test_push_consumers_handle_every_message_once_while_it_is_published(
