@@ -45,7 +45,7 @@ from fluxmq.client._security import mask_key
 from fluxmq.client._transport import NO_RETRY, RetryPolicy
 from fluxmq.client.admin import Admin
 from fluxmq.client.buffered import BufferedProducer
-from fluxmq.client.client import AsyncClient, Client
+from fluxmq.client.client import AsyncClient, Client, ClientStats
 from fluxmq.client.codecs import Codec, get_codec
 from fluxmq.client.consumer import Consumer, ConsumerStats, Message
 from fluxmq.client.errors import (
@@ -78,6 +78,7 @@ __all__ = [
     "AsyncClient",
     "BufferedProducer",
     "Client",
+    "ClientStats",
     "Codec",
     "Consumer",
     "ConsumerStats",

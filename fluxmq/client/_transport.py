@@ -71,6 +71,40 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 Service = Literal["queue", "admin"]
 
 
+NODES_TIMED_MAX = 256
+
+
+@dataclass
+class NodeLatency:
+    """Calls to one node as the client timed them (each attempt, answered or failed)."""
+
+    calls: int = 0
+    errors: int = 0
+    seconds_total: float = 0.0
+    seconds_max: float = 0.0
+
+    @property
+    def mean_ms(self) -> float:
+        return 1000 * self.seconds_total / self.calls if self.calls else 0.0
+
+    def observe(self, seconds: float, ok: bool) -> None:
+        self.calls += 1
+        self.errors += 0 if ok else 1
+        self.seconds_total += seconds
+        self.seconds_max = max(self.seconds_max, seconds)
+
+
+@dataclass
+class PublishCounters:
+    """Every publish pipeline of one client adds to these (``AsyncClient.stats()``)."""
+
+    requests_sent: int = 0
+    messages_sent: int = 0
+    bytes_sent: int = 0
+    requests_split: int = 0
+    requests_streamed: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Attempts per call (the first included) and the backoff between them: attempt ``n``
@@ -163,6 +197,8 @@ class Transport:
         self._nodes: dict[str, _Node] = {}
         self.closed = False
         self.retries = 0  # attempts after a failure, over the client's life (for monitoring)
+        self.latency: dict[str, NodeLatency] = {}  # address -> its calls, as timed here
+        self.published = PublishCounters()  # every pipeline's, over the client's life
         # No key from the environment here: the clients resolve FLUXMQ_API_KEY themselves.
         self.credentials = credentials or Credentials(api_key="")
         self._metadata = self.credentials.metadata
@@ -311,9 +347,11 @@ class Transport:
             attempt += 1
             stub = getattr(self._node(target), service)
             call = getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
+            t0 = time.monotonic()
             try:
                 response = await call
             except grpc.aio.AioRpcError as rpc_err:
+                self.observe(target, time.monotonic() - t0, ok=False)
                 err = from_rpc_error(rpc_err)
                 if (
                     attempt >= policy.max_attempts
@@ -346,9 +384,19 @@ class Transport:
                 self.retries += 1
                 await asyncio.sleep(delay)
                 continue
+            self.observe(target, time.monotonic() - t0, ok=True)
             if queue is not None:
                 self._remember_leader(queue, await call.trailing_metadata())
             return response
+
+    def observe(self, address: str, seconds: float, ok: bool) -> None:
+        """One call to ``address`` took ``seconds`` (stream requests are told here too)."""
+        node = self.latency.get(address)
+        if node is None:
+            if len(self.latency) >= NODES_TIMED_MAX:
+                return  # a bound: a client given many addresses keeps the first ones
+            node = self.latency[address] = NodeLatency()
+        node.observe(seconds, ok)
 
     async def close(self) -> None:
         self.closed = True

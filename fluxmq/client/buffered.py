@@ -86,6 +86,10 @@ class BufferedProducer:
         self.closed = False
 
     @property
+    def pipeline(self) -> PublishPipeline:
+        return self._pipeline
+
+    @property
     def sent_requests(self) -> int:
         return self._pipeline.requests_sent
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -25,7 +27,7 @@ from fluxmq.client._sync import (
     SyncProducer,
     SyncRecords,
 )
-from fluxmq.client._transport import RetryPolicy, Transport
+from fluxmq.client._transport import NodeLatency, RetryPolicy, Transport
 from fluxmq.client.admin import Admin
 from fluxmq.client.arguments import check_integers
 from fluxmq.client.buffered import BufferedProducer
@@ -122,6 +124,7 @@ class AsyncClient:
         self.admin = Admin(self._transport)
         self._producers: set[BufferedProducer] = set()
         self._consumers: set[Consumer] = set()
+        self._consumed_closed = ConsumerStats()  # the closed consumers' counters, summed
         self._readers: set[StreamReader] = set()
         self._publish_window = publish_window
         self._publish_linger_ms = publish_linger_ms
@@ -198,6 +201,33 @@ class AsyncClient:
         await self._transport.close()
         if errors:
             raise errors[0]
+
+    def _consumer_closed(self, c: Consumer) -> None:
+        self._consumers.discard(c)
+        _add_stats(self._consumed_closed, c.stats)
+
+    def stats(self) -> ClientStats:
+        """A snapshot of what this client did (see :class:`ClientStats`)."""
+        pipelines = [*self._pipelines.values(), *(p.pipeline for p in self._producers)]
+        totals = self._transport.published
+        consumed = dataclasses.replace(self._consumed_closed)
+        held = 0
+        for c in self._consumers:
+            _add_stats(consumed, c.stats)
+            held += c.held
+        return ClientStats(
+            requests_sent=totals.requests_sent,
+            messages_sent=totals.messages_sent,
+            bytes_sent=totals.bytes_sent,
+            requests_in_flight=sum(p.requests_in_flight for p in pipelines),
+            messages_waiting=sum(p.messages_waiting for p in pipelines),
+            requests_split=totals.requests_split,
+            requests_streamed=totals.requests_streamed,
+            retries=self._transport.retries,
+            consumed=consumed,
+            messages_held=held,
+            nodes={a: dataclasses.replace(n) for a, n in self._transport.latency.items()},
+        )
 
     def _codec(self, codec: str | Codec | None) -> Codec:
         return self.codec if codec is None else get_codec(codec)
@@ -412,7 +442,7 @@ class AsyncClient:
             session_timeout_ms=session_timeout_ms,
             strategy=strategy,
             stop=stop,
-            on_close=self._consumers.discard,
+            on_close=self._consumer_closed,
             on_assigned=on_assigned,
             on_revoked=on_revoked,
         )
@@ -532,6 +562,35 @@ class AsyncClient:
                 loop.remove_signal_handler(sig)
 
 
+def _add_stats(into: ConsumerStats, more: ConsumerStats) -> None:
+    for name in ConsumerStats.__dataclass_fields__:
+        setattr(into, name, getattr(into, name) + getattr(more, name))
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    """What a client did since it started (``AsyncClient.stats()``): a snapshot.
+
+    Publishing (every queue's pipeline): requests and messages answered, their bytes, requests
+    in flight and messages waiting for one, requests split after a refusal about one message,
+    requests answered on a publish stream. ``retries``: calls sent again after a failure.
+    Consuming: the consumers' counters summed, and the messages they hold (leased, not
+    settled). ``nodes``: per node address, the calls timed (each attempt: count, errors, mean
+    and max seconds)."""
+
+    requests_sent: int
+    messages_sent: int
+    bytes_sent: int
+    requests_in_flight: int
+    messages_waiting: int
+    requests_split: int
+    requests_streamed: int
+    retries: int
+    consumed: ConsumerStats
+    messages_held: int
+    nodes: dict[str, NodeLatency] = field(default_factory=dict)
+
+
 class Client:
     """The blocking twin of :class:`AsyncClient`: the same methods, run on an event loop in a
     background thread. ``consumer()`` is a blocking iterator; ``consume()`` runs a plain
@@ -611,6 +670,10 @@ class Client:
             self._loop.run(self._client.close())
         finally:
             self._loop.close()
+
+    def stats(self) -> ClientStats:
+        """See :meth:`AsyncClient.stats`."""
+        return self._loop.run(_in_loop(self._client.stats))
 
     def publish(self, queue: str, value: Any, **kwargs: Any) -> PublishResult:
         """See :meth:`AsyncClient.publish`."""

@@ -97,6 +97,9 @@ def status_name(status: int) -> str:
 
 @dataclass(slots=True)
 class ConsumerStats:
+    """A consumer's counters since it started (``Consumer.stats``; summed by
+    ``AsyncClient.stats()``)."""
+
     leased: int = 0
     acked: int = 0
     nacked: int = 0
@@ -418,6 +421,11 @@ class Consumer:
     @property
     def failure(self) -> BaseException | None:
         return self._failure
+
+    @property
+    def held(self) -> int:
+        """Messages leased to this consumer and not settled yet."""
+        return len(self._held)
 
     async def close(self, *, release: bool = True) -> None:
         """Graceful end: stop leasing, settle (auto-ack) the current message, give back the

@@ -303,7 +303,27 @@ class PublishPipeline:
         self.requests_sent = 0
         self.requests_streamed = 0  # of requests_sent, answered on a stream
         self.messages_sent = 0
+        self.bytes_sent = 0  # of the messages answered (their values, keys and headers)
         self.requests_split = 0  # failed requests whose messages were sent again one by one
+
+    def _count(self, messages: int, size_bytes: int) -> None:
+        """One request answered: this pipeline's counters and the client's."""
+        self.requests_sent += 1
+        self.messages_sent += messages
+        self.bytes_sent += size_bytes
+        totals = self._transport.published
+        totals.requests_sent += 1
+        totals.messages_sent += messages
+        totals.bytes_sent += size_bytes
+
+    @property
+    def messages_waiting(self) -> int:
+        """Messages given to the pipeline and not in a request yet."""
+        return self._waiting
+
+    @property
+    def requests_in_flight(self) -> int:
+        return self._in_flight
 
     async def publish(self, message: pb.PublishMessage, size_bytes: int) -> PublishResult:
         """Send ``message`` with whatever else is waiting; -> its own result."""
@@ -525,6 +545,7 @@ class PublishPipeline:
                 results = await send_request(self._transport, request, safe=safe)
             else:
                 self.requests_streamed += 1
+                self._transport.published.requests_streamed += 1
             if len(results) != len(taken):
                 raise FluxMQError(
                     grpc.StatusCode.INTERNAL,
@@ -535,6 +556,7 @@ class PublishPipeline:
                 # All or nothing on the broker: find out whose message it was, one request
                 # at a time (this slot of the window).
                 self.requests_split += 1
+                self._transport.published.requests_split += 1
                 for w in taken:
                     if not w.result.done():
                         await self._send_request([w], safe)
@@ -544,8 +566,7 @@ class PublishPipeline:
         except BaseException as err:  # cancelled, or a bug: every caller hears of it
             _fail(taken, err)
             raise
-        self.requests_sent += 1
-        self.messages_sent += len(results)
+        self._count(len(results), sum(w.size_bytes for w in taken))
         for w, r in zip(taken, results, strict=True):
             if not w.result.done():
                 w.result.set_result(r)
@@ -592,6 +613,7 @@ class PublishPipeline:
                 # All or nothing on the broker: find out whose message it was, one request at
                 # a time (this slot of the window), each in this request's place.
                 self.requests_split += 1
+                self._transport.published.requests_split += 1
                 taken = _one_each(taken)
                 session.split(failed, len(taken))
                 for part, w in enumerate(taken, start=1):
@@ -618,8 +640,7 @@ class PublishPipeline:
             _fail(taken, err)
             raise
         session.release(results_stamp(results, stamp))
-        self.requests_sent += 1
-        self.messages_sent += len(results)
+        self._count(len(results), sum(w.size_bytes for w in taken))
         _settle(taken, results)
 
     async def _stamped(self, frame: pb.PublishStreamRequest, stamp: Stamp) -> _Results:
@@ -641,6 +662,7 @@ class PublishPipeline:
                     results = await send_request(self._transport, request, safe=True, give_up=stale)
                 else:
                     self.requests_streamed += 1
+                    self._transport.published.requests_streamed += 1
                 return _Results(results, stamp)
             except FluxMQError as err:
                 if err.reason == UNKNOWN_PRODUCER:
@@ -685,11 +707,14 @@ class PublishPipeline:
         lane = self._maybe_lane()
         if lane is None:
             return None
+        t0 = time.monotonic()
         try:
             resp = await lane.request(frame, self._transport.timeout_s)
         except LaneBrokenError:
+            self._transport.observe(lane.address, time.monotonic() - t0, ok=False)
             self._lanes.drop(lane)
             return None  # outcome unknown: sent again on the unary path (keys make it safe)
+        self._transport.observe(lane.address, time.monotonic() - t0, ok=not resp.HasField("error"))
         if resp.HasField("error"):
             err = from_request_error(resp.error, field_prefix="publish.")
             if err.retriable:

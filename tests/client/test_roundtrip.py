@@ -240,3 +240,37 @@ def test_retry_rules() -> None:
     delays = [policy.backoff_s(n) for n in range(1, 9)]
     assert all(0 <= d <= 1.0 for d in delays)
     assert NO_RETRY.max_attempts == 1
+
+
+async def test_stats_count_what_the_client_did(broker: Node) -> None:
+    """``client.stats()``: messages and bytes published, requests, retries, what consumers
+    leased and acked and still hold, and per node the calls timed."""
+    async with AsyncClient(broker.address) as client:
+        before = client.stats()
+        await client.admin.create_queue("counted", type="work", partitions=1)
+        await client.admin.create_group("counted", "g")
+        async with client.producer("counted", max_messages=10, linger_ms=2) as producer:
+            for i in range(25):
+                await producer.send(f"m{i:02d}".encode())  # 3 bytes each
+        mid = client.stats()
+        assert mid.messages_sent - before.messages_sent == 25
+        assert mid.bytes_sent - before.bytes_sent >= 25 * 3
+        assert mid.requests_sent >= 3 and mid.messages_waiting == 0
+        async with client.consumer("counted", "g", batch=5, wait_ms=100) as consumer:
+            n = 0
+            async for msg in consumer:
+                n += 1
+                if n == 10:
+                    now = client.stats()
+                    assert now.consumed.leased >= 10 and now.messages_held >= 1
+                    await msg.ack()
+                    break
+        after = client.stats()
+        assert after.consumed.acked >= 10 and after.messages_held == 0
+        (node,) = after.nodes.values()
+        assert node.calls >= 5 and node.errors == 0 and 0 < node.mean_ms < 10_000
+        assert node.seconds_max >= node.mean_ms / 1000
+        assert after.retries == 0
+    with Client(broker.address) as sync:
+        sync.publish("counted", b"x")
+        assert sync.stats().messages_sent == 1

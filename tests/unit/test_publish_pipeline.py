@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.client._transport import PublishCounters
 from fluxmq.client.errors import FluxMQError, InvalidArgument
 from fluxmq.client.pipeline import PublishPipeline
 
@@ -28,6 +29,11 @@ class TransportTwin:
         self.in_flight = 0
         self.in_flight_max = 0
         self._offset = 0
+        self.published = PublishCounters()  # as the real transport: every pipeline adds to it
+        self.observed: list[tuple[str, bool]] = []  # (address, answered) per timed call
+
+    def observe(self, address: str, seconds: float, ok: bool) -> None:
+        self.observed.append((address, ok))
 
     def leader_of(self, queue: str) -> str | None:
         return "twin"

@@ -13,6 +13,7 @@ import pytest
 
 from fluxmq._pb.internal import commands_pb2 as cpb
 from fluxmq._pb.v1 import queue_pb2 as pb
+from fluxmq.client._transport import PublishCounters
 from fluxmq.client.errors import FieldViolation, FluxMQError
 from fluxmq.client.pipeline import PublishPipeline
 from fluxmq.client.record_batches import decode
@@ -61,6 +62,11 @@ class BrokerTwin:
         self.queue = self.apply(cpb.CreateQueueCmd(config=cfg, now_ms=T0))
         self.hook: Callable[[pb.PublishRequest, int], Any] | None = None
         self.lost_after_apply: set[bytes] = set()  # first values whose first answer is lost
+        self.published = PublishCounters()  # as the real transport: every pipeline adds to it
+        self.observed: list[tuple[str, bool]] = []  # (address, answered) per timed call
+
+    def observe(self, address: str, seconds: float, ok: bool) -> None:
+        self.observed.append((address, ok))
 
     def apply(self, cmd: Any) -> Any:
         self.index += 1
