@@ -8,7 +8,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -111,33 +111,56 @@ class SyncMessage:
         return repr(self.message)
 
 
-class SyncConsumer:
+class _SyncIterator:
+    """A blocking iterator over an async one that starts and closes, run on ``loop``."""
+
+    def __init__(self, source: Any, loop: LoopThread) -> None:
+        self._source = source
+        self._loop = loop
+
+    def __iter__(self) -> _SyncIterator:
+        return self
+
+    def _next_item(self) -> Any:
+        item = self._loop.run(_next(self._source))
+        if item is _END:
+            raise StopIteration
+        return item
+
+    def __next__(self) -> Any:
+        return self._next_item()
+
+    def close(self) -> None:
+        self._loop.run(self._source.close())
+
+    def __enter__(self) -> Any:
+        self._loop.run(self._source.start())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SyncConsumer(_SyncIterator):
     """A blocking iterator of :class:`SyncMessage`."""
 
     def __init__(self, consumer: Consumer, loop: LoopThread) -> None:
+        super().__init__(consumer, loop)
         self.consumer = consumer
-        self._loop = loop
-
-    def __iter__(self) -> Iterator[SyncMessage]:
-        return self
 
     def __next__(self) -> SyncMessage:
-        item = self._loop.run(_next(self.consumer))
-        if item is _END:
-            raise StopIteration
+        item = self._next_item()
         assert isinstance(item, Message)
         return SyncMessage(item, self._loop)
 
     def stop(self) -> None:
         """Thread-safe: no new leases; the iteration ends after what is leased."""
         self._loop.loop.call_soon_threadsafe(self.consumer.stop)
-
-    def close(self) -> None:
-        self._loop.run(self.consumer.close())
-
-    def __enter__(self) -> SyncConsumer:
-        self._loop.run(self.consumer.start())
-        return self
 
     def __exit__(
         self,
@@ -148,44 +171,20 @@ class SyncConsumer:
         self._loop.run(self.consumer.__aexit__(exc_type, exc, tb))
 
 
+class SyncRecords(_SyncIterator):
+    """A blocking iterator of :class:`~fluxmq.client.reader.StreamRecord` over an async one
+    that starts and closes (``client.reader()``, ``client.tail()``); use ``with``."""
+
+    def __init__(self, records: Any, loop: LoopThread) -> None:
+        super().__init__(records, loop)
+        self.records = records
+
+
 async def _next(consumer: Any) -> Any:
     try:
         return await consumer.__anext__()
     except StopAsyncIteration:
         return _END
-
-
-class SyncRecords:
-    """A blocking iterator of :class:`~fluxmq.client.reader.StreamRecord` over an async one
-    that starts and closes (``client.reader()``, ``client.tail()``); use ``with``."""
-
-    def __init__(self, records: Any, loop: LoopThread) -> None:
-        self.records = records
-        self._loop = loop
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        item = self._loop.run(_next(self.records))
-        if item is _END:
-            raise StopIteration
-        return item
-
-    def close(self) -> None:
-        self._loop.run(self.records.close())
-
-    def __enter__(self) -> SyncRecords:
-        self._loop.run(self.records.start())
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class SyncProducer:
