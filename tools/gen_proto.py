@@ -24,6 +24,7 @@ IMPORT_RE = re.compile(r"^from fluxmq\.(v1|internal) import", re.M)
 # them. They use nothing newer than pyproject's floor (grpcio>=1.70), so they say that floor:
 # the stubs are then the same whichever patch release of grpcio-tools a machine installs.
 GRPC_FLOOR = "1.70.0"
+DESCRIPTOR_SET = "descriptors_with_comments.binpb"  # a FileDescriptorSet of proto/, comments kept
 GENERATED_VERSION_RE = re.compile(r"^GRPC_GENERATED_VERSION = '[^']*'$", re.M)
 
 
@@ -45,6 +46,13 @@ def generate(dest: Path) -> None:
             *files,
         ]
         subprocess.run(cmd, check=True)
+        # The same files with their comments (source info), for reflection: grpcurl describe
+        # shows them (fluxmq/server/reflection.py). The generated modules carry none.
+        described = Path(tmp) / DESCRIPTOR_SET
+        subprocess.run(
+            [*cmd[:5], "--include_source_info", f"--descriptor_set_out={described}", *files],
+            check=True,
+        )
         gen = Path(tmp) / "fluxmq"
         for path in sorted(gen.rglob("*.py*")):
             rel = path.relative_to(gen)
@@ -55,6 +63,7 @@ def generate(dest: Path) -> None:
             target.write_text(text)
         for sub in {p.relative_to(gen).parent for p in gen.rglob("*.py")}:
             (dest / sub / "__init__.py").touch()
+        shutil.copyfile(described, dest / DESCRIPTOR_SET)
     (dest / "__init__.py").write_text('"""Generated from proto/ by tools/gen_proto.py."""\n')
 
 

@@ -7,12 +7,12 @@ from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from fluxmq._pb.v1 import admin_pb2, queue_pb2
 from fluxmq.server import admin_service, queue_service
 from fluxmq.server.forwarding import RESPONSE_BYTES_MAX
 from fluxmq.server.interceptors import EdgeInterceptor
+from fluxmq.server.reflection import add_reflection
 from fluxmq.server.router import Router, RoutingInterceptor
 from fluxmq.server.tls import TlsConfig
 
@@ -84,14 +84,13 @@ def public_server(
 def add_health_and_reflection(server: grpc.aio.Server) -> health.aio.HealthServicer:
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
+    add_reflection(
+        server,
         (
             QUEUE_SERVICE,
             ADMIN_SERVICE,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
         ),
-        server,
     )
     return health_servicer
 

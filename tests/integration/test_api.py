@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import field_mask_pb2
+from google.protobuf import descriptor_pb2, field_mask_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from fluxmq._pb.v1 import queue_pb2 as pb
@@ -253,6 +254,47 @@ def test_health_and_reflection_list_the_services(node: Node) -> None:
         )
         names = {s.name for s in resp.list_services_response.service}
     assert {"fluxmq.v1.QueueService", "grpc.health.v1.Health"} <= names
+    assert {
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= names
+
+
+def _reflect(node: Node, service: str, request: reflection_pb2.ServerReflectionRequest) -> Any:
+    """One request to reflection under ``service``'s name (v1 and v1alpha share messages)."""
+    with node.channel() as ch:
+        call = ch.stream_stream(
+            f"/{service}/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        return next(iter(call(iter([request]), timeout=10)))
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+def test_reflection_serves_the_contract_with_its_comments(node: Node, version: str) -> None:
+    """What grpcurl describe shows: the .proto files as written, comments included, under the
+    v1 reflection service and the older v1alpha one."""
+    service = f"grpc.reflection.{version}.ServerReflection"
+    resp = _reflect(
+        node,
+        service,
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="fluxmq.v1.QueueService"),
+    )
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(b)
+        for b in resp.file_descriptor_response.file_descriptor_proto
+    ]
+    queue_proto = next(f for f in files if f.name == "fluxmq/v1/queue.proto")
+    comments = " ".join(loc.leading_comments for loc in queue_proto.source_code_info.location)
+    assert "OK means every message is durable" in comments  # Publish's comment
+    assert any(f.name.startswith("google/protobuf/") for f in files)  # dependencies too
+    listed = _reflect(node, service, reflection_pb2.ServerReflectionRequest(list_services=""))
+    assert "fluxmq.v1.AdminService" in {s.name for s in listed.list_services_response.service}
+    missing = _reflect(
+        node, service, reflection_pb2.ServerReflectionRequest(file_by_filename="nope.proto")
+    )
+    assert missing.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
 def test_sigterm_stops_the_node_cleanly(node: Node) -> None:
