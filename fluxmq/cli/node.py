@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fluxmq._pb.v1 import admin_pb2 as apb
@@ -27,11 +28,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = verbs.add_parser(
         "list",
         parents=[common],
-        help="every node: live or not, state, the groups it holds and leads",
+        help="every node: live or not, state, the groups it holds and leads, its lag",
         description="STATE is active, draining (its replicas and leadership are moving away), "
         "leaving (the same, for the node's own stop: active again when it starts), drained "
         "(nothing left on it) or decommissioned (never placed on again). GROUPS are "
-        "the placed groups whose record lists the node; LEADS the groups it leads.",
+        "the placed groups whose record lists the node; LEADS the groups it leads; LAG how many "
+        "entries its replicas are behind their leaders' commit (the largest; - when it does "
+        "not answer).",
     )
     p.set_defaults(handler=list_nodes)
     for verb, what in (
@@ -95,7 +98,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=rebalance)
 
 
-def _rows(nodes: list[apb.NodeSummary]) -> list[list[object]]:
+def _rows(nodes: list[apb.NodeSummary], lags: dict[str, int | None]) -> list[list[object]]:
     return [
         [
             n.node_id,
@@ -104,21 +107,67 @@ def _rows(nodes: list[apb.NodeSummary]) -> list[list[object]]:
             len(n.groups),
             ",".join(n.groups) or "-",
             ",".join(n.leading) or "-",
+            "-" if (lag := lags.get(n.node_id)) is None else lag,
             n.grpc_address or "-",
         ]
         for n in nodes
     ]
 
 
-HEADERS = ["NODE", "LIVE", "STATE", "REPLICAS", "GROUPS", "LEADS", "ADDRESS"]
+HEADERS = ["NODE", "LIVE", "STATE", "REPLICAS", "GROUPS", "LEADS", "LAG", "ADDRESS"]
+
+
+def _status(ctx: Context, address: str) -> apb.ClusterStatus | None:
+    conn = Connection([address], ctx.conn.timeout_s, ctx.conn.security)
+    try:
+        st: apb.ClusterStatus = conn.call(
+            conn.admin.GetClusterStatus, apb.GetClusterStatusRequest(skip_digest=True)
+        )
+        return st
+    except CliError:
+        return None
+    finally:
+        conn.close()
+
+
+def lags(ctx: Context, nodes: list[apb.NodeSummary]) -> dict[str, int | None]:
+    """Node id -> how far its replicas are behind, in entries: the largest (commit index of
+    the group's leader - applied index of the node's replica) over the groups it runs, as the
+    live nodes say (asked at once). None: not live, or it did not answer."""
+    live = [n for n in nodes if n.live and n.grpc_address]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(live)))) as pool:
+        statuses = dict(zip((n.node_id for n in live), pool.map(
+            lambda n: _status(ctx, n.grpc_address), live), strict=True))  # fmt: skip
+    commits = {
+        s.shard_id: s.commit_index
+        for st in statuses.values()
+        if st is not None
+        for s in st.shards
+        if s.role == "leader"
+    }
+    out: dict[str, int | None] = {}
+    for node_id, st in statuses.items():
+        if st is None:
+            continue
+        behind = [
+            max(0, commits[s.shard_id] - s.applied_index)
+            for s in st.shards
+            if s.shard_id in commits
+        ]
+        out[node_id] = max(behind, default=0)
+    return out
 
 
 def list_nodes(args: argparse.Namespace, ctx: Context) -> int:
     resp: apb.ListNodesResponse = ctx.conn.call(ctx.conn.admin.ListNodes, apb.ListNodesRequest())
+    behind = lags(ctx, list(resp.nodes))
     if ctx.out.json:
-        ctx.out.doc(message_dict(resp))
+        doc = message_dict(resp)
+        for n in doc.get("nodes", []):
+            n["lag"] = behind.get(n["node_id"])
+        ctx.out.doc(doc)
         return 0
-    ctx.out.table(HEADERS, _rows(list(resp.nodes)))
+    ctx.out.table(HEADERS, _rows(list(resp.nodes), behind))
     return 0
 
 

@@ -147,6 +147,16 @@ def test_etcd_cluster_is_found_from_one_node(tmp_path: Path) -> None:
         assert [n["etcd_session"] for n in doc["nodes"]] == ["up", "up", "up"]
         out = ctl.ok("cluster", "status", "--window", "0")
         assert [r["ETCD"] for r in table(out.split("\n\n")[0])] == ["up", "up", "up"]
+        # node list: every node with its lag (entries behind its groups' leaders), 0 here
+        deadline = time.monotonic() + 30
+        while True:
+            listed = ctl.json("node", "list")["nodes"]
+            if [n["lag"] for n in listed] == [0, 0, 0]:
+                break
+            assert time.monotonic() < deadline, listed
+            time.sleep(0.2)
+        assert [n["node_id"] for n in listed] == ["node1", "node2", "node3"]
+        assert table(ctl.ok("node", "list"))[0]["LAG"] == "0"
         # A node that does not answer is named from the directory (its registration lasts
         # until its lease lapses), not shown as "?".
         lc.kill9(3)
@@ -155,6 +165,8 @@ def test_etcd_cluster_is_found_from_one_node(tmp_path: Path) -> None:
         rows = {r["NODE"]: r["STATUS"] for r in table(proc.stdout.split("\n\n")[0])}
         assert rows["node3"] == "unreachable" and "?" not in rows, rows
         assert "node node3 (127.0.0.1:" in proc.stdout
+        by_id = {n["node_id"]: n for n in ctl.json("node", "list")["nodes"]}
+        assert by_id["node3"]["lag"] is None and by_id["node1"]["lag"] == 0
     finally:
         lc.down(purge=True)
 
