@@ -58,8 +58,12 @@ cluster: $(RUN_STAMP)
 cluster-down: $(RUN_STAMP)
 	$(PY) -m fluxmq cluster down
 
+# The in-process tiers (no broker processes, no timing of elections) run on two workers;
+# the rest, which starts nodes, clusters and Spark, one test at a time.
+PARALLEL_TIERS := tests/unit tests/sim tests/contract
 test: $(STAMP) sysdeps
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 $(PARALLEL_TIERS)
+	$(PY) -m pytest -q -p no:cacheprovider $(addprefix --ignore=,$(PARALLEL_TIERS))
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
